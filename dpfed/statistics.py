@@ -1,0 +1,168 @@
+"""Sufficient statistics of linear regression and their lossless byte encoding.
+
+The model of Honkela et al. (2018), eq. (4.1), depends on the data only through
+``Sxx = X^T X``, ``Sxy = X^T y``, ``Syy = y^T y`` and ``n`` (method.md section 1). A
+``Statistics`` value carries exactly these four quantities, from a private release, from
+public data, or from a sum of both (``+``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+_MAGIC = b"DPST"
+_VERSION = 1
+# magic, version, d, n, then (d(d+1)/2 + d + 1) float64 little-endian.
+_HEADER = struct.Struct("<4sHIQ")
+MAX_DIMENSION = 4096
+
+
+class StatisticsError(ValueError):
+    """Raised for malformed statistics or an encoding that cannot be decoded."""
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=np.float64, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class Statistics:
+    """Immutable sufficient statistics ``(xtx, xty, yty, n)`` of one or more data sets.
+
+    ``xtx`` must be symmetric bit for bit (the release mirrors its upper triangle), every
+    value finite and ``n`` a non-negative integer. Adding two values sums every field, which
+    is how the aggregator combines sites and public data (method.md section 3).
+    """
+
+    xtx: np.ndarray
+    xty: np.ndarray
+    yty: float
+    n: int
+
+    def __post_init__(self) -> None:
+        xtx = _readonly(self.xtx)
+        xty = _readonly(self.xty)
+        if xtx.ndim != 2 or xtx.shape[0] != xtx.shape[1]:
+            raise StatisticsError(f"xtx must be a square matrix, got shape {xtx.shape}")
+        d = xtx.shape[0]
+        if d < 1 or d > MAX_DIMENSION:
+            raise StatisticsError(f"dimension must be in [1, {MAX_DIMENSION}], got {d}")
+        if xty.shape != (d,):
+            raise StatisticsError(f"xty must have shape ({d},), got {xty.shape}")
+        if not (np.all(np.isfinite(xtx)) and np.all(np.isfinite(xty)) and np.isfinite(self.yty)):
+            raise StatisticsError("statistics contain NaN or infinite values")
+        if not np.array_equal(xtx, xtx.T):
+            raise StatisticsError("xtx must be exactly symmetric")
+        if isinstance(self.n, bool) or int(self.n) != self.n or self.n < 0:
+            raise StatisticsError(f"n must be a non-negative integer, got {self.n!r}")
+        object.__setattr__(self, "xtx", xtx)
+        object.__setattr__(self, "xty", xty)
+        object.__setattr__(self, "yty", float(self.yty))
+        object.__setattr__(self, "n", int(self.n))
+
+    @property
+    def dim(self) -> int:
+        return self.xtx.shape[0]
+
+    @classmethod
+    def zeros(cls, d: int) -> "Statistics":
+        return cls(np.zeros((d, d)), np.zeros(d), 0.0, 0)
+
+    def __add__(self, other: "Statistics") -> "Statistics":
+        if not isinstance(other, Statistics):
+            return NotImplemented
+        if other.dim != self.dim:
+            raise StatisticsError(f"cannot add statistics of dimension {self.dim} and {other.dim}")
+        return Statistics(self.xtx + other.xtx, self.xty + other.xty, self.yty + other.yty,
+                          self.n + other.n)
+
+    def __radd__(self, other):
+        # Lets sum() start from 0.
+        if isinstance(other, int) and other == 0:
+            return self
+        return NotImplemented
+
+    def __eq__(self, other) -> bool:
+        if not isinstance(other, Statistics):
+            return NotImplemented
+        return (self.n == other.n and self.dim == other.dim
+                and np.array_equal(self.xtx, other.xtx) and np.array_equal(self.xty, other.xty)
+                and self.yty == other.yty)
+
+    def __hash__(self) -> int:
+        return hash(self.to_bytes())
+
+    def __repr__(self) -> str:
+        return f"Statistics(dim={self.dim}, n={self.n}, yty={self.yty:.6g})"
+
+    # Wire encoding: the upper triangle of xtx (row-major), xty, yty as little-endian
+    # float64. Lossless because xtx is exactly symmetric; about half the bytes of the full
+    # matrix, and independent of protobuf's serialisation so it can be signed.
+    def to_bytes(self) -> bytes:
+        d = self.dim
+        iu = np.triu_indices(d)
+        body = np.concatenate([self.xtx[iu], self.xty, [self.yty]]).astype("<f8")
+        return _HEADER.pack(_MAGIC, _VERSION, d, self.n) + body.tobytes()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Statistics":
+        if len(data) < _HEADER.size:
+            raise StatisticsError("encoded statistics are too short")
+        magic, version, d, n = _HEADER.unpack_from(data)
+        if magic != _MAGIC:
+            raise StatisticsError("not an encoded Statistics value (bad magic)")
+        if version != _VERSION:
+            raise StatisticsError(f"unsupported Statistics encoding version {version}")
+        if d < 1 or d > MAX_DIMENSION:
+            raise StatisticsError(f"dimension {d} out of range")
+        count = d * (d + 1) // 2 + d + 1
+        if len(data) != _HEADER.size + 8 * count:
+            raise StatisticsError(
+                f"encoded statistics of dimension {d} must be {_HEADER.size + 8 * count} bytes, "
+                f"got {len(data)}")
+        body = np.frombuffer(data, dtype="<f8", offset=_HEADER.size).astype(np.float64)
+        m = d * (d + 1) // 2
+        xtx = np.zeros((d, d))
+        xtx[np.triu_indices(d)] = body[:m]
+        xtx = np.triu(xtx) + np.triu(xtx, 1).T
+        return cls(xtx, body[m:m + d], float(body[-1]), n)
+
+
+def validate_data(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``x`` (n x d) and ``y`` (n,) as float64 arrays, or raise a clear ValueError."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim != 2:
+        raise ValueError(f"x must be a 2-D array (n rows x d features), got {x.ndim} dimension(s)")
+    if y.ndim != 1:
+        raise ValueError(f"y must be a 1-D array, got {y.ndim} dimension(s)")
+    if x.shape[0] != y.shape[0]:
+        raise ValueError(f"x has {x.shape[0]} rows but y has {y.shape[0]} values")
+    if x.shape[0] == 0:
+        raise ValueError("no data: n = 0 rows")
+    if x.shape[1] == 0:
+        raise ValueError("x has no feature columns (d = 0)")
+    if not np.all(np.isfinite(x)):
+        bad = np.argwhere(~np.isfinite(x))[0]
+        raise ValueError(f"x contains NaN or infinite values (first at row {bad[0]}, column {bad[1]})")
+    if not np.all(np.isfinite(y)):
+        bad = int(np.flatnonzero(~np.isfinite(y))[0])
+        raise ValueError(f"y contains NaN or infinite values (first at row {bad})")
+    return x, y
+
+
+def symmetric_gram(x: np.ndarray) -> np.ndarray:
+    """``x^T x`` with its lower triangle mirrored from the upper one (exactly symmetric)."""
+    g = x.T @ x
+    return np.triu(g) + np.triu(g, 1).T
+
+
+def exact_statistics(x, y) -> Statistics:
+    """Exact (noise-free) statistics of *public* data. Never use on private data."""
+    x, y = validate_data(x, y)
+    return Statistics(symmetric_gram(x), x.T @ y, float(y @ y), x.shape[0])
