@@ -1,0 +1,236 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Preprocessing(_message.Message):
+    __slots__ = ("x_mean", "y_mean", "normalize_rows")
+    X_MEAN_FIELD_NUMBER: _ClassVar[int]
+    Y_MEAN_FIELD_NUMBER: _ClassVar[int]
+    NORMALIZE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    x_mean: _containers.RepeatedScalarFieldContainer[float]
+    y_mean: float
+    normalize_rows: bool
+    def __init__(self, x_mean: _Optional[_Iterable[float]] = ..., y_mean: _Optional[float] = ..., normalize_rows: _Optional[bool] = ...) -> None: ...
+
+class RoundSpec(_message.Message):
+    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    FEATURE_NAMES_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    X_BOUND_FIELD_NUMBER: _ClassVar[int]
+    Y_BOUND_FIELD_NUMBER: _ClassVar[int]
+    BUDGET_SPLIT_FIELD_NUMBER: _ClassVar[int]
+    PREPROCESSING_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_SOURCE_FIELD_NUMBER: _ClassVar[int]
+    PUBLIC_STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    CREATED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    FIT_METHOD_FIELD_NUMBER: _ClassVar[int]
+    FIT_DRAWS_FIELD_NUMBER: _ClassVar[int]
+    FIT_SEED_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    coordinator_id: str
+    target: str
+    feature_names: _containers.RepeatedScalarFieldContainer[str]
+    epsilon: float
+    x_bound: float
+    y_bound: float
+    budget_split: _containers.RepeatedScalarFieldContainer[float]
+    preprocessing: Preprocessing
+    public_source: str
+    public_statistics: bytes
+    quorum: int
+    deadline_unix_ms: int
+    sites: _containers.RepeatedScalarFieldContainer[str]
+    created_unix_ms: int
+    fit_method: str
+    fit_draws: int
+    fit_seed: int
+    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ...) -> None: ...
+
+class Contribution(_message.Message):
+    __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    site_id: str
+    statistics: bytes
+    n: int
+    epsilon_spent: float
+    spec_digest: str
+    timestamp_unix_ms: int
+    nonce: str
+    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., statistics: _Optional[bytes] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., spec_digest: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("round_id", "site_id", "spec_digest", "reason", "timestamp_unix_ms", "nonce")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    site_id: str
+    spec_digest: str
+    reason: str
+    timestamp_unix_ms: int
+    nonce: str
+    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., spec_digest: _Optional[str] = ..., reason: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
+
+class SiteHello(_message.Message):
+    __slots__ = ("site_id", "timestamp_unix_ms", "nonce", "software_version")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    timestamp_unix_ms: int
+    nonce: str
+    software_version: str
+    def __init__(self, site_id: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., software_version: _Optional[str] = ...) -> None: ...
+
+class SignedEnvelope(_message.Message):
+    __slots__ = ("payload", "signature", "key_id", "payload_type")
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_TYPE_FIELD_NUMBER: _ClassVar[int]
+    payload: bytes
+    signature: bytes
+    key_id: str
+    payload_type: str
+    def __init__(self, payload: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., key_id: _Optional[str] = ..., payload_type: _Optional[str] = ...) -> None: ...
+
+class ContributeReply(_message.Message):
+    __slots__ = ("round_id", "accepted", "duplicate", "message")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    DUPLICATE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    accepted: bool
+    duplicate: bool
+    message: str
+    def __init__(self, round_id: _Optional[str] = ..., accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., message: _Optional[str] = ...) -> None: ...
+
+class Ack(_message.Message):
+    __slots__ = ("message",)
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    def __init__(self, message: _Optional[str] = ...) -> None: ...
+
+class RoundQuery(_message.Message):
+    __slots__ = ("round_id",)
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    def __init__(self, round_id: _Optional[str] = ...) -> None: ...
+
+class SiteContribution(_message.Message):
+    __slots__ = ("site_id", "n", "epsilon_spent", "received_unix_ms")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    n: int
+    epsilon_spent: float
+    received_unix_ms: int
+    def __init__(self, site_id: _Optional[str] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., received_unix_ms: _Optional[int] = ...) -> None: ...
+
+class SiteRefusalInfo(_message.Message):
+    __slots__ = ("site_id", "reason")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    reason: str
+    def __init__(self, site_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class RoundStatus(_message.Message):
+    __slots__ = ("round_id", "state", "contributions", "refusals", "missing_sites", "message", "quorum", "deadline_unix_ms", "round_seconds", "fit_seconds", "spec_digest")
+    class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+        __slots__ = ()
+        STATE_UNSPECIFIED: _ClassVar[RoundStatus.State]
+        OPEN: _ClassVar[RoundStatus.State]
+        FITTING: _ClassVar[RoundStatus.State]
+        DONE: _ClassVar[RoundStatus.State]
+        FAILED: _ClassVar[RoundStatus.State]
+    STATE_UNSPECIFIED: RoundStatus.State
+    OPEN: RoundStatus.State
+    FITTING: RoundStatus.State
+    DONE: RoundStatus.State
+    FAILED: RoundStatus.State
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
+    REFUSALS_FIELD_NUMBER: _ClassVar[int]
+    MISSING_SITES_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    FIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    state: RoundStatus.State
+    contributions: _containers.RepeatedCompositeFieldContainer[SiteContribution]
+    refusals: _containers.RepeatedCompositeFieldContainer[SiteRefusalInfo]
+    missing_sites: _containers.RepeatedScalarFieldContainer[str]
+    message: str
+    quorum: int
+    deadline_unix_ms: int
+    round_seconds: float
+    fit_seconds: float
+    spec_digest: str
+    def __init__(self, round_id: _Optional[str] = ..., state: _Optional[_Union[RoundStatus.State, str]] = ..., contributions: _Optional[_Iterable[_Union[SiteContribution, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[SiteRefusalInfo, _Mapping]]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., round_seconds: _Optional[float] = ..., fit_seconds: _Optional[float] = ..., spec_digest: _Optional[str] = ...) -> None: ...
+
+class RoundResult(_message.Message):
+    __slots__ = ("round_id", "summary_json", "beta_draws", "draws", "dim")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
+    BETA_DRAWS_FIELD_NUMBER: _ClassVar[int]
+    DRAWS_FIELD_NUMBER: _ClassVar[int]
+    DIM_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    summary_json: str
+    beta_draws: bytes
+    draws: int
+    dim: int
+    def __init__(self, round_id: _Optional[str] = ..., summary_json: _Optional[str] = ..., beta_draws: _Optional[bytes] = ..., draws: _Optional[int] = ..., dim: _Optional[int] = ...) -> None: ...
+
+class ListSitesRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class SiteInfo(_message.Message):
+    __slots__ = ("site_id", "key_id", "connected", "last_seen_unix_ms")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_FIELD_NUMBER: _ClassVar[int]
+    LAST_SEEN_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    key_id: str
+    connected: bool
+    last_seen_unix_ms: int
+    def __init__(self, site_id: _Optional[str] = ..., key_id: _Optional[str] = ..., connected: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ...) -> None: ...
+
+class ListSitesReply(_message.Message):
+    __slots__ = ("sites",)
+    SITES_FIELD_NUMBER: _ClassVar[int]
+    sites: _containers.RepeatedCompositeFieldContainer[SiteInfo]
+    def __init__(self, sites: _Optional[_Iterable[_Union[SiteInfo, _Mapping]]] = ...) -> None: ...
