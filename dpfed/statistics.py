@@ -135,8 +135,11 @@ class Statistics:
 
 def validate_data(x, y) -> tuple[np.ndarray, np.ndarray]:
     """Return ``x`` (n x d) and ``y`` (n,) as float64 arrays, or raise a clear ValueError."""
-    x = np.asarray(x, dtype=np.float64)
-    y = np.asarray(y, dtype=np.float64)
+    try:
+        x = np.asarray(x, dtype=np.float64)
+        y = np.asarray(y, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"x and y must be arrays of numbers: {exc}") from exc
     if x.ndim != 2:
         raise ValueError(f"x must be a 2-D array (n rows x d features), got {x.ndim} dimension(s)")
     if y.ndim != 1:

@@ -1,0 +1,285 @@
+"""Tests of the eps-DP release (method.md section 2; Honkela et al. 2018, section 4.2).
+
+Calibration is checked statistically on thousands of releases of one fixed data set: the noise
+(noisy minus exact clipped statistic) must have mean 0, variance 2 b^2 and a Laplace(b) law
+(Kolmogorov-Smirnov). Each check is shown to *fail* on noise at a wrong scale, so the checks
+have power. Tolerances come from the sampling distribution of the sample variance of Laplace
+noise: Var(s^2) ~ (mu4 - sigma^4) / N with mu4 = 24 b^4 and sigma^2 = 2 b^2, i.e. 20 b^4 / N.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+import site_node.release as release_mod
+from dpfed.statistics import Statistics, exact_statistics
+from site_node.laplace import laplace_scale
+from site_node.release import clip, release_statistics
+from site_node.sensitivity import noise_calibration
+
+Z = 5.0  # sigmas of tolerance for the mean and variance checks
+KS_ALPHA = 1e-4  # the correct scale must not be rejected at this level
+
+
+def fixed_data(n, d, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    y = x @ rng.normal(size=d) + rng.normal(size=n)
+    return x, y
+
+
+def exact_clipped(x, y, bx, by) -> Statistics:
+    return exact_statistics(clip(x, bx), clip(y, by))
+
+
+def parts_of(s: Statistics):
+    iu = np.triu_indices(s.dim)
+    return s.xtx[iu], s.xty, np.array([s.yty])
+
+
+def collect_noise(x, y, reps, **kw):
+    """Noise of ``reps`` releases, per part: arrays (reps, m) for Sxx (upper), Sxy, Syy."""
+    exact = parts_of(exact_clipped(x, y, kw["x_bound"], kw["y_bound"]))
+    out = [np.empty((reps, len(e))) for e in exact]
+    for r in range(reps):
+        s = release_statistics(x, y, **kw)
+        assert np.array_equal(s.xtx, s.xtx.T)  # symmetric bit for bit
+        for k, (noisy, e) in enumerate(zip(parts_of(s), exact)):
+            out[k][r] = noisy - e
+    return out
+
+
+def expected_scales(d, kw):
+    cal = noise_calibration(d, kw["epsilon"], kw["x_bound"], kw["y_bound"],
+                            kw.get("budget_split", (0.35, 0.60, 0.05)))
+    m = d * (d + 1) // 2
+    return (laplace_scale(m, cal.xtx_sensitivity, cal.xtx_epsilon),
+            laplace_scale(d, cal.xty_sensitivity, cal.xty_epsilon),
+            laplace_scale(1, cal.yty_sensitivity, cal.yty_epsilon)), cal
+
+
+def calibration_failures(noise: np.ndarray, b: float) -> list[str]:
+    """Reasons why ``noise`` (reps x m, iid per column) is not Laplace(0, b); [] if consistent.
+
+    Per component: mean within Z sd of 0, sample variance within Z sd of 2 b^2. Pooled over the
+    components (standardised by b): the same two checks with the pooled sample size, and a KS
+    test against Laplace(0, 1).
+    """
+    reasons = []
+    reps, m = noise.shape
+    var_sd = math.sqrt(20.0 / reps) * b * b  # sd of the sample variance of Laplace(b)
+    for j in range(m):
+        col = noise[:, j]
+        if abs(col.mean()) > Z * math.sqrt(2 * b * b / reps):
+            reasons.append(f"component {j}: mean {col.mean():.4g}")
+        if abs(col.var() - 2 * b * b) > Z * var_sd:
+            reasons.append(f"component {j}: variance {col.var():.4g} vs {2 * b * b:.4g}")
+    z = (noise / b).ravel()
+    big_n = z.size
+    if abs(z.var() - 2.0) > Z * math.sqrt(20.0 / big_n):
+        reasons.append(f"pooled variance {z.var():.4g} vs 2")
+    if abs(z.mean()) > Z * math.sqrt(2.0 / big_n):
+        reasons.append(f"pooled mean {z.mean():.4g}")
+    p = stats.kstest(z, stats.laplace(scale=1.0).cdf).pvalue
+    if p < KS_ALPHA:
+        reasons.append(f"KS p-value {p:.3g}")
+    return reasons
+
+
+CONFIGS = [
+    dict(d=3, epsilon=1.0, x_bound=0.5, y_bound=1.0, budget_split=(0.35, 0.60, 0.05)),
+    dict(d=2, epsilon=2.0, x_bound=1.5, y_bound=0.3, budget_split=(0.2, 0.5, 0.3)),
+    dict(d=5, epsilon=0.3, x_bound=0.2, y_bound=2.0, budget_split=(0.5, 0.45, 0.05)),
+]
+
+
+@pytest.fixture(scope="module", params=range(len(CONFIGS)), ids=lambda i: f"cfg{i}")
+def noise_sample(request):
+    cfg = dict(CONFIGS[request.param])
+    d = cfg.pop("d")
+    x, y = fixed_data(40, d, seed=request.param)
+    reps = 3000
+    noise = collect_noise(x, y, reps, **cfg)
+    scales, cal = expected_scales(d, cfg)
+    return d, cfg, noise, scales, cal
+
+
+@pytest.mark.slow
+def test_noise_is_laplace_at_the_calibrated_scale(noise_sample):
+    d, cfg, noise, scales, cal = noise_sample
+    # The OpenDP-calibrated scale is sensitivity / (p eps) up to rounding-grid slack.
+    for b, nominal in zip(scales, (cal.xtx_scale, cal.xty_scale, cal.yty_scale)):
+        assert b == pytest.approx(nominal, rel=1e-6)
+        assert b >= nominal
+    for part, b, name in zip(noise, scales, ("xtx", "xty", "yty")):
+        failures = calibration_failures(part, b)
+        assert not failures, f"{name}: {failures}"
+
+
+@pytest.mark.slow
+def test_calibration_check_rejects_wrong_scales(noise_sample):
+    """Power: the same checks reject the released noise when the expected scale is wrong,
+    i.e. they would catch a release at b/1.2 or with a budget-split mistake."""
+    d, cfg, noise, scales, cal = noise_sample
+    for part, b in zip(noise, scales):
+        assert calibration_failures(part, b * 1.2), "noise at b/1.2 not detected"
+        assert calibration_failures(part, b / 1.2), "noise at 1.2 b not detected"
+    # A split mistake: the Sxx scale computed with p2 instead of p1 (and vice versa).
+    p1, p2, _ = cfg["budget_split"]
+    assert calibration_failures(noise[0], scales[0] * p1 / p2)
+    assert calibration_failures(noise[1], scales[1] * p2 / p1)
+    # Replace-one vs add/remove mistake: Sxy scale without the factor 2.
+    assert calibration_failures(noise[1], scales[1] / 2)
+
+
+def test_release_is_exactly_symmetric_and_keeps_n():
+    x, y = fixed_data(57, 6, seed=3)
+    s = release_statistics(x, y, epsilon=1.0, x_bound=0.8, y_bound=1.1)
+    assert np.array_equal(s.xtx, s.xtx.T)
+    assert s.n == 57 and s.dim == 6
+    # Two releases of the same data differ (fresh noise) ...
+    s2 = release_statistics(x, y, epsilon=1.0, x_bound=0.8, y_bound=1.1)
+    assert not np.array_equal(s.xty, s2.xty)
+
+
+def test_release_clips_before_computing():
+    """Data far beyond the bounds behave exactly like data at the bounds: with a huge epsilon
+    the release is close to the clipped statistic, far from the unclipped one."""
+    x = np.array([[100.0, -100.0], [0.1, 0.2]])
+    y = np.array([50.0, -0.1])
+    s = release_statistics(x, y, epsilon=1e9, x_bound=1.0, y_bound=1.0)
+    e = exact_clipped(x, y, 1.0, 1.0)
+    np.testing.assert_allclose(s.xtx, e.xtx, atol=1e-6)
+    np.testing.assert_allclose(s.xty, e.xty, atol=1e-6)
+    assert s.yty == pytest.approx(e.yty, abs=1e-6)
+
+
+CERT_CASES = [
+    (1, 1.0, 1.0, 1.0, (0.35, 0.60, 0.05)),
+    (10, 2.0, 0.3, 1.7, (0.35, 0.60, 0.05)),
+    (64, 0.1, 0.125, 3.0, (0.30, 0.65, 0.05)),
+    (7, 1e-3, 13.0, 1e-3, (1 / 3, 1 / 3, 1 / 3)),
+    (3, 50.0, 1e-4, 1e4, (0.05, 0.05, 0.90)),
+]
+
+
+@pytest.mark.parametrize("d,eps,bx,by,split", CERT_CASES)
+def test_certified_epsilon_never_exceeds_request(d, eps, bx, by, split):
+    x, y = fixed_data(20, d, seed=d)
+    _, info = release_statistics(x, y, epsilon=eps, x_bound=bx, y_bound=by, budget_split=split,
+                                 return_info=True)
+    total = info["epsilon_xtx"] + info["epsilon_xty"] + info["epsilon_yty"]
+    assert total <= eps * (1 + 1e-12)
+    assert info["epsilon_certified"] <= eps * (1 + 1e-12)
+    for key, p in zip(("epsilon_xtx", "epsilon_xty", "epsilon_yty"), split):
+        assert 0 < info[key] <= p * eps * (1 + 1e-12)
+    assert info["n"] == 20 and info["dim"] == d
+
+
+# ---------------------------------------------------------------- bad input releases nothing
+
+@pytest.fixture
+def sampler_calls(monkeypatch):
+    calls = []
+    real = release_mod.add_laplace_noise
+
+    def recording(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(release_mod, "add_laplace_noise", recording)
+    return calls
+
+
+GOOD = dict(epsilon=1.0, x_bound=1.0, y_bound=1.0)
+BAD_PARAMS = [
+    dict(epsilon=0), dict(epsilon=-1.0), dict(epsilon=float("nan")), dict(epsilon=float("inf")),
+    dict(epsilon="1"), dict(epsilon=None), dict(epsilon=True), dict(epsilon=[1.0]),
+    dict(x_bound=0.0), dict(x_bound=-1.0), dict(x_bound=float("nan")), dict(x_bound=float("inf")),
+    dict(y_bound=0), dict(y_bound=-0.5), dict(y_bound=float("-inf")), dict(y_bound="big"),
+    dict(x_bound=1e200), dict(epsilon=1e-320),
+    dict(budget_split=(0.5, 0.5, 0.0)), dict(budget_split=(0.6, 0.6, -0.2)),
+    dict(budget_split=(0.5, 0.5)), dict(budget_split=(0.25, 0.25, 0.25, 0.25)),
+    dict(budget_split=(0.3, 0.3, 0.3)), dict(budget_split=(0.35, 0.6, float("nan"))),
+    dict(budget_split=None), dict(budget_split="abc"), dict(budget_split=(0.35, None, 0.05)),
+]
+
+
+@pytest.mark.parametrize("bad", BAD_PARAMS, ids=repr)
+def test_bad_parameters_raise_and_release_nothing(bad, sampler_calls):
+    x, y = fixed_data(10, 3)
+    with pytest.raises(ValueError):
+        release_statistics(x, y, **(GOOD | bad))
+    assert sampler_calls == []
+
+
+def _bad_data():
+    x, y = fixed_data(10, 3)
+    xn = x.copy(); xn[2, 1] = np.nan
+    xi = x.copy(); xi[0, 0] = np.inf
+    yn = y.copy(); yn[4] = np.nan
+    yi = y.copy(); yi[9] = -np.inf
+    return [
+        ("nan in x", xn, y), ("inf in x", xi, y), ("nan in y", x, yn), ("inf in y", x, yi),
+        ("shape mismatch", x, y[:-1]), ("n = 0", x[:0], y[:0]), ("1-D x", x[:, 0], y),
+        ("2-D y", x, y[:, None]), ("d = 0", x[:, :0], y), ("strings", [["a"] * 3] * 10, y),
+        ("objects", np.array([[None] * 3] * 10, dtype=object), y), ("3-D x", x[None], y),
+    ]
+
+
+@pytest.mark.parametrize("name,x,y", _bad_data(), ids=[c[0] for c in _bad_data()])
+def test_bad_data_raises_and_releases_nothing(name, x, y, sampler_calls):
+    with pytest.raises(ValueError):
+        release_statistics(x, y, **GOOD)
+    assert sampler_calls == []
+
+
+def test_good_input_calls_the_sampler(sampler_calls):
+    """Control for the two tests above: the recording hook does see a real release."""
+    x, y = fixed_data(10, 3)
+    release_statistics(x, y, **GOOD)
+    assert len(sampler_calls) >= 3
+
+
+def test_numpy_scalars_are_accepted():
+    x, y = fixed_data(10, 3)
+    s = release_statistics(x, y, epsilon=np.float32(1.0), x_bound=np.int64(1), y_bound=np.float64(2),
+                           budget_split=np.array([0.35, 0.60, 0.05]))
+    assert s.dim == 3
+
+
+# ---------------------------------------------------------------- no numpy RNG for DP noise
+
+def test_noise_does_not_come_from_numpy(monkeypatch):
+    x, y = fixed_data(30, 4)
+
+    def forbidden(*a, **k):
+        raise AssertionError("numpy random generator used during a DP release")
+
+    np.random.seed(1234)
+    state = np.random.get_state()
+    for name in ("default_rng", "laplace", "normal", "uniform", "random", "exponential",
+                 "RandomState", "Generator", "seed"):
+        monkeypatch.setattr(np.random, name, forbidden)
+    a = release_statistics(x, y, **GOOD)
+    b = release_statistics(x, y, **GOOD)
+    monkeypatch.undo()
+    after = np.random.get_state()
+    assert state[0] == after[0] and np.array_equal(state[1], after[1]) and state[2:] == after[2:]
+    # Re-seeding numpy does not reproduce the noise either.
+    np.random.seed(1234)
+    c = release_statistics(x, y, **GOOD)
+    np.random.seed(1234)
+    d = release_statistics(x, y, **GOOD)
+    assert not np.array_equal(c.xty, d.xty) and not np.array_equal(a.xty, b.xty)
+
+
+def test_unconvertible_objects_raise_value_error(sampler_calls):
+    x = np.array([[{}, 1.0], [2.0, 3.0]], dtype=object)
+    with pytest.raises(ValueError):
+        release_statistics(x, [1.0, 2.0], **GOOD)
+    assert sampler_calls == []
