@@ -8,6 +8,8 @@ public data, or from a sum of both (``+``).
 
 from __future__ import annotations
 
+import math
+import numbers
 import struct
 from dataclasses import dataclass
 
@@ -45,8 +47,14 @@ class Statistics:
     n: int
 
     def __post_init__(self) -> None:
-        xtx = _readonly(self.xtx)
-        xty = _readonly(self.xty)
+        try:
+            xtx = _readonly(self.xtx)
+            xty = _readonly(self.xty)
+            yty = float(self.yty)
+        except (TypeError, ValueError) as exc:
+            raise StatisticsError(f"statistics must be numeric: {exc}") from exc
+        if isinstance(self.yty, (bool, np.bool_)) or np.ndim(self.yty) != 0:
+            raise StatisticsError(f"yty must be a scalar number, got {self.yty!r}")
         if xtx.ndim != 2 or xtx.shape[0] != xtx.shape[1]:
             raise StatisticsError(f"xtx must be a square matrix, got shape {xtx.shape}")
         d = xtx.shape[0]
@@ -54,15 +62,18 @@ class Statistics:
             raise StatisticsError(f"dimension must be in [1, {MAX_DIMENSION}], got {d}")
         if xty.shape != (d,):
             raise StatisticsError(f"xty must have shape ({d},), got {xty.shape}")
-        if not (np.all(np.isfinite(xtx)) and np.all(np.isfinite(xty)) and np.isfinite(self.yty)):
+        if not (np.all(np.isfinite(xtx)) and np.all(np.isfinite(xty)) and np.isfinite(yty)):
             raise StatisticsError("statistics contain NaN or infinite values")
         if not np.array_equal(xtx, xtx.T):
             raise StatisticsError("xtx must be exactly symmetric")
-        if isinstance(self.n, bool) or int(self.n) != self.n or self.n < 0:
+        n = self.n
+        integral = isinstance(n, numbers.Integral) or (
+            isinstance(n, (float, np.floating)) and math.isfinite(n) and float(n).is_integer())
+        if isinstance(n, (bool, np.bool_)) or not integral or not 0 <= n < 2**63:
             raise StatisticsError(f"n must be a non-negative integer, got {self.n!r}")
         object.__setattr__(self, "xtx", xtx)
         object.__setattr__(self, "xty", xty)
-        object.__setattr__(self, "yty", float(self.yty))
+        object.__setattr__(self, "yty", yty)
         object.__setattr__(self, "n", int(self.n))
 
     @property
@@ -95,7 +106,10 @@ class Statistics:
                 and self.yty == other.yty)
 
     def __hash__(self) -> int:
-        return hash(self.to_bytes())
+        # Consistent with __eq__: 0.0 == -0.0 but their bytes differ, so normalise (x + 0.0
+        # maps -0.0 to 0.0 and leaves every other value unchanged).
+        return hash((self.n, (self.xtx + 0.0).tobytes(), (self.xty + 0.0).tobytes(),
+                     self.yty + 0.0))
 
     def __repr__(self) -> str:
         return f"Statistics(dim={self.dim}, n={self.n}, yty={self.yty:.6g})"
