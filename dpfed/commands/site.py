@@ -1,0 +1,171 @@
+"""``dpfed site``: what a hospital runs.
+
+    dpfed site serve  --config site.toml   dial out to the aggregator and answer rounds
+    dpfed site ledger --config site.toml   show the privacy budget and every release
+    dpfed site check  --config site.toml   validate config, keys and data; releases nothing
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+
+from dpfed import exitcodes
+
+log = logging.getLogger("dpfed.site")
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser("site", help="run a hospital's site node",
+                                   description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="site_command", metavar="SUBCOMMAND")
+
+    serve = sub.add_parser("serve", help="connect to the aggregator and answer rounds")
+    serve.add_argument("--config", required=True, help="site.toml")
+    serve.set_defaults(func=cmd_serve)
+
+    ledger = sub.add_parser("ledger", help="show the privacy ledger (spent, remaining, releases)")
+    ledger.add_argument("--config", required=True, help="site.toml")
+    ledger.add_argument("--json", action="store_true", help="machine-readable output")
+    ledger.set_defaults(func=cmd_ledger)
+
+    check = sub.add_parser("check", help="validate config, keys and data without releasing")
+    check.add_argument("--config", required=True, help="site.toml")
+    check.set_defaults(func=cmd_check)
+
+    parser.set_defaults(func=lambda args: (parser.print_help(), exitcodes.USAGE)[1])
+
+
+def _load(path):
+    from site_node.config import ConfigError, load_config
+
+    try:
+        return load_config(path), None
+    except ConfigError as exc:
+        return None, str(exc)
+
+
+def cmd_serve(args) -> int:
+    from site_node.client import SiteClient
+    from site_node.ledger import LedgerError
+    from site_node.node import SiteNode
+
+    config, error = _load(args.config)
+    if error:
+        print(f"dpfed site serve: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        node = SiteNode(config)
+    except LedgerError as exc:
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.ERROR
+    except (OSError, ValueError) as exc:  # unreadable key files
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    log.info("site %s: privacy budget %g, spent %g, remaining %g", config.site_id,
+             node.ledger.total_epsilon, node.ledger.spent, node.ledger.remaining)
+    client = SiteClient(node)
+    # SIGTERM (systemd, docker stop) stops as cleanly as Ctrl-C.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: client.stop())
+    try:
+        client.run()
+    except KeyboardInterrupt:
+        client.stop()
+        return exitcodes.INTERRUPTED
+    return exitcodes.OK
+
+
+def cmd_ledger(args) -> int:
+    from site_node.ledger import LedgerError, PrivacyLedger
+
+    config, error = _load(args.config)
+    if error:
+        print(f"dpfed site ledger: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    if not config.state_db.exists():
+        print(f"dpfed site ledger: no ledger yet at {config.state_db} (nothing released)",
+              file=sys.stderr)
+        return exitcodes.ERROR
+    try:
+        with PrivacyLedger(config.state_db) as ledger:
+            summary = ledger.summary()
+    except LedgerError as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.ERROR
+    if args.json:
+        print(json.dumps(summary, indent=2, sort_keys=True))
+        return exitcodes.OK
+    total = summary["total_epsilon"]
+    print(f"site:      {summary['site_id']}")
+    print(f"ledger:    {summary['path']}")
+    print(f"budget:    epsilon {total:g}" if total is not None else "budget:    (not set)")
+    print(f"spent:     {summary['spent_epsilon']:g}")
+    if summary["remaining_epsilon"] is not None:
+        print(f"remaining: {summary['remaining_epsilon']:g}")
+    if config.policy.total_epsilon != total and total is not None:
+        print(f"note: site.toml says total_epsilon = {config.policy.total_epsilon:g}; the "
+              f"ledger's {total:g} applies (a budget is never raised)")
+    print(f"releases:  {len(summary['releases'])}")
+    for r in summary["releases"]:
+        when = datetime.fromtimestamp(r["created_unix_ms"] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        state = ("acknowledged" if r["acknowledged"] else
+                 f"rejected: {r['last_error']}" if r["last_error"] else
+                 "sent, unacknowledged" if r["sent"] else "stored, not sent")
+        print(f"  {when}  round {r['round_id']}  epsilon {r['epsilon']:g}  n {r['n']}  {state}")
+    return exitcodes.OK
+
+
+def cmd_check(args) -> int:
+    from dpfed.wire.signing import SigningKey
+    from site_node.data import DataError, describe
+    from site_node.policy import trusted_keys
+
+    config, error = _load(args.config)
+    if error:
+        print(f"dpfed site check: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    problems = []
+    try:
+        key = SigningKey.load(config.signing_key)
+        print(f"signing key: {config.signing_key} (key id {key.key_id})")
+    except (OSError, ValueError) as exc:
+        problems.append(f"signing_key {config.signing_key}: {exc}")
+    try:
+        keys = trusted_keys(config.policy.trusted_coordinators)
+        print(f"trusted coordinators: {', '.join(k[:16] for k in keys)}")
+    except (OSError, ValueError) as exc:
+        problems.append(f"policy.trusted_coordinators: {exc}")
+    try:
+        info = describe(config.data)
+        print(f"data: {info['path']} ({info['format']}), {info['rows']} rows, "
+              f"{len(info['columns'])} columns")
+        mapped = [c for c in config.data.columns.values() if c not in info["columns"]]
+        if mapped:
+            problems.append(f"data.columns maps to column(s) not in the file: {mapped}")
+    except DataError as exc:
+        problems.append(str(exc))
+    print(f"policy: max epsilon/round {config.policy.max_epsilon_per_round:g}, total "
+          f"{config.policy.total_epsilon:g}, min_n {config.policy.min_n}")
+    if config.state_db.exists():
+        from site_node.ledger import LedgerError, PrivacyLedger
+        try:
+            with PrivacyLedger(config.state_db) as ledger:
+                print(f"ledger: {config.state_db}: spent {ledger.spent:g} of "
+                      f"{ledger.total_epsilon:g}")
+        except (LedgerError, TypeError) as exc:
+            problems.append(f"state_db: {exc}")
+    else:
+        print(f"ledger: {config.state_db} (created on first serve)")
+    for p in problems:
+        print(f"problem: {p}", file=sys.stderr)
+    if problems:
+        return exitcodes.USAGE
+    print("ok: nothing was released")
+    return exitcodes.OK

@@ -1,0 +1,208 @@
+"""The site's only network code: it dials OUT to the aggregator and never listens.
+
+A hospital opens no inbound port. The site keeps one server-streaming call open
+(Aggregator.Subscribe, opened with a signed SiteHello) and the aggregator pushes signed round
+specs down it. Each spec is answered by ``SiteNode.handle_round`` and the signed answer goes
+back by a unary call: Contribute (a release) or Refuse (a reasoned refusal).
+
+Failure handling:
+* a broken stream (aggregator restarting, network down: UNAVAILABLE, or any other error) is
+  re-opened with exponential backoff and jitter, forever, until stopped;
+* Contribute/Refuse get a deadline each and are retried with backoff only on UNAVAILABLE and
+  DEADLINE_EXCEEDED; other codes are answers, not transport failures;
+* a release is marked acknowledged only when the aggregator says accepted or duplicate. On
+  every (re)connect, stored-but-unacknowledged releases are resent first, as the *stored
+  bytes*. They are never re-signed: a fresh timestamp/nonce would be a second envelope for the
+  same round. The price: after a long outage the stored timestamp may be older than the
+  aggregator's clock-skew window. The aggregator accepts a byte-identical duplicate of a
+  contribution it already holds; if it never received it and now rejects it as stale, the
+  release is marked rejected (with the reason, visible in ``dpfed site ledger``) and is not
+  resent again. The budget stays debited: the noise was drawn and may have left the site.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+
+import grpc
+
+from dpfed.transport import client_channel
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
+from dpfed.wire.canonical import digest, parse_canonical
+from site_node.node import CONTRIBUTION, REFUSAL, SiteNode
+
+log = logging.getLogger(__name__)
+
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+
+
+class Backoff:
+    """Exponential backoff with jitter: attempt k waits uniform(0.5, 1) * min(cap, base * 2^k).
+    The jitter keeps many sites from reconnecting in lock step after an aggregator restart."""
+
+    def __init__(self, base_s: float = 0.5, cap_s: float = 60.0, rng: random.Random | None = None):
+        self.base_s, self.cap_s = base_s, cap_s
+        self.attempt = 0
+        self._rng = rng or random.Random()
+
+    def next_delay(self) -> float:
+        delay = min(self.cap_s, self.base_s * (2 ** self.attempt))
+        self.attempt = min(self.attempt + 1, 32)
+        return delay * self._rng.uniform(0.5, 1.0)
+
+    def reset(self) -> None:
+        self.attempt = 0
+
+
+class SiteClient:
+    """Keeps a site node connected to its aggregator; ``run`` blocks until ``stop()``."""
+
+    def __init__(self, node: SiteNode, *, rpc_timeout_s: float = 30.0, max_attempts: int = 6,
+                 reconnect: Backoff | None = None, retry_base_s: float = 0.5,
+                 retry_cap_s: float = 30.0):
+        self.node = node
+        self.rpc_timeout_s = rpc_timeout_s
+        self.max_attempts = max_attempts
+        self.reconnect = reconnect or Backoff()
+        self.retry_base_s, self.retry_cap_s = retry_base_s, retry_cap_s
+        self._stop = threading.Event()
+        self._call = None
+        self._call_lock = threading.Lock()
+        self.rounds_handled = 0
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+        with self._call_lock:
+            if self._call is not None:
+                self._call.cancel()
+
+    def run(self, stop: threading.Event | None = None) -> None:
+        if stop is not None:
+            threading.Thread(target=lambda: (stop.wait(), self.stop()), daemon=True).start()
+        config = self.node.config
+        log.info("site %s dialling aggregator %s (no inbound port is opened)", config.site_id,
+                 config.aggregator)
+        while not self._stop.is_set():
+            channel = client_channel(config.aggregator, config.tls, server_name=config.server_name)
+            try:
+                stub = pb_grpc.AggregatorStub(channel)
+                self.resend_pending(stub)
+                self._subscribe(stub)
+                if not self._stop.is_set():
+                    log.warning("aggregator closed the round stream; reconnecting")
+            except grpc.RpcError as exc:
+                if self._stop.is_set():
+                    break
+                code = exc.code() if hasattr(exc, "code") else None
+                level = logging.WARNING if code in RETRYABLE else logging.ERROR
+                log.log(level, "connection to aggregator lost (%s: %s); reconnecting",
+                        code.name if code else "error", _details(exc))
+            finally:
+                channel.close()
+            if self._stop.is_set():
+                break
+            delay = self.reconnect.next_delay()
+            log.info("reconnecting in %.1f s", delay)
+            self._stop.wait(delay)
+        log.info("site %s stopped", config.site_id)
+
+    # -- the round stream --------------------------------------------------------------------
+    def _subscribe(self, stub) -> None:
+        call = stub.Subscribe(self.node.hello())
+        with self._call_lock:
+            self._call = call
+        if self._stop.is_set():
+            call.cancel()
+        opened = time.monotonic()
+        try:
+            for envelope in call:
+                self.reconnect.reset()  # the stream works: start backoff from the bottom again
+                self.handle(stub, envelope)
+        finally:
+            with self._call_lock:
+                self._call = None
+            # A stream that stayed up a while was a working connection, not a failed attempt.
+            if time.monotonic() - opened > 30:
+                self.reconnect.reset()
+
+    def handle(self, stub, spec_envelope: pb.SignedEnvelope) -> None:
+        """Answer one pushed spec and send the answer."""
+        try:
+            answer = self.node.handle_round(spec_envelope)
+        except Exception:  # noqa: BLE001 - a bug or a disk error must not kill the node
+            log.exception("internal error while handling a round; refusing it")
+            round_id = _spec_round_id(spec_envelope)
+            answer = self.node.refusal(round_id, digest(spec_envelope.payload), "internal error at the site (see site log)")
+        self.rounds_handled += 1
+        if answer.payload_type == CONTRIBUTION:
+            self.send_contribution(stub, answer)
+        elif answer.payload_type == REFUSAL:
+            self.send_refusal(stub, answer)
+        else:  # pragma: no cover - handle_round only returns the two
+            raise TypeError(f"unexpected answer type {answer.payload_type}")
+
+    # -- sending -------------------------------------------------------------------------------
+    def resend_pending(self, stub) -> None:
+        """Resend stored releases the aggregator has not acknowledged (the stored bytes)."""
+        for release in self.node.ledger.unacknowledged():
+            log.info("resending stored release for round %s (not yet acknowledged)", release.round_id)
+            self.send_contribution(stub, release.envelope)
+
+    def send_contribution(self, stub, envelope: pb.SignedEnvelope) -> bool:
+        round_id = parse_canonical(envelope.payload, CONTRIBUTION).round_id
+        self.node.ledger.mark_sent(round_id)
+        reply = self._with_retries(stub.Contribute, envelope, f"Contribute({round_id})")
+        if reply.accepted or reply.duplicate:
+            self.node.ledger.mark_acknowledged(round_id)
+            log.info("aggregator acknowledged round %s%s", round_id,
+                     " (duplicate of one it already had)" if reply.duplicate else "")
+            return True
+        self.node.ledger.mark_rejected(round_id, reply.message)
+        log.warning("aggregator rejected the release for round %s: %s (not resent; the "
+                    "epsilon stays debited)", round_id, reply.message)
+        return False
+
+    def send_refusal(self, stub, envelope: pb.SignedEnvelope) -> None:
+        refusal = parse_canonical(envelope.payload, REFUSAL)
+        try:
+            self._with_retries(stub.Refuse, envelope, f"Refuse({refusal.round_id})")
+        except grpc.RpcError as exc:
+            if exc.code() in RETRYABLE:
+                raise
+            # A refusal the aggregator will not take (e.g. a round it does not know, because
+            # the spec was forged) is not worth a reconnect.
+            log.warning("aggregator did not take the refusal for round %s: %s",
+                        refusal.round_id or "?", _details(exc))
+
+    def _with_retries(self, method, request, what: str):
+        backoff = Backoff(self.retry_base_s, self.retry_cap_s)
+        for attempt in range(1, self.max_attempts + 1):
+            try:
+                return method(request, timeout=self.rpc_timeout_s)
+            except grpc.RpcError as exc:
+                if exc.code() not in RETRYABLE or attempt == self.max_attempts or self._stop.is_set():
+                    raise
+                delay = backoff.next_delay()
+                log.warning("%s failed (%s), attempt %d/%d; retrying in %.1f s", what,
+                            exc.code().name, attempt, self.max_attempts, delay)
+                self._stop.wait(delay)
+        raise AssertionError("unreachable")
+
+
+def _spec_round_id(envelope: pb.SignedEnvelope) -> str:
+    try:
+        return parse_canonical(envelope.payload, "dpfed.v1.RoundSpec").round_id
+    except Exception:  # noqa: BLE001 - only a label for the refusal
+        return ""
+
+
+def _details(exc: grpc.RpcError) -> str:
+    try:
+        return exc.details() or ""
+    except Exception:  # noqa: BLE001 - some RpcErrors carry no details
+        return str(exc)

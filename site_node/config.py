@@ -1,0 +1,216 @@
+"""The site's configuration file, site.toml (docs/interfaces.md), parsed and validated.
+
+Every error names the file and the key, so a hospital administrator can fix it without reading
+code. Relative paths are resolved against the folder of the config file, not the working
+directory, so ``dpfed site serve --config /etc/dpfed/site.toml`` means the same thing from
+anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpfed.transport import TlsFiles
+
+DATA_FORMATS = ("csv", "tsv", "parquet")
+_EXTENSION_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "parquet",
+                      ".pq": "parquet"}
+
+
+class ConfigError(ValueError):
+    """site.toml is missing, unreadable or has an invalid value (the message says which)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where the private data are and how to read them."""
+
+    path: Path
+    format: str
+    id_column: str | None = None
+    # Model name (as in RoundSpec.target / feature_names) -> column name in the file, for
+    # sites whose column headers differ from the federation's names. Unmapped names are used
+    # as they are.
+    columns: dict[str, str] = field(default_factory=dict)
+
+    def column_for(self, name: str) -> str:
+        return self.columns.get(name, name)
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """What this site agrees to release (checked by site_node.policy)."""
+
+    trusted_coordinators: tuple[Path, ...]
+    max_epsilon_per_round: float
+    total_epsilon: float
+    min_n: int = 20
+    allowed_targets: tuple[str, ...] = ("*",)
+    allowed_features: tuple[str, ...] = ("*",)
+
+
+@dataclass(frozen=True)
+class SiteConfig:
+    site_id: str
+    aggregator: str
+    state_db: Path
+    signing_key: Path
+    data: DataConfig
+    policy: PolicyConfig
+    tls: TlsFiles | None = None
+    server_name: str | None = None   # TLS name of the aggregator if it differs from the address
+    source: Path | None = None        # the file this came from, for messages
+
+
+def load_config(path: str | Path) -> SiteConfig:
+    """Read and validate site.toml; raise ConfigError naming the file and key on any problem."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc}") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+    return parse_config(raw, base_dir=path.resolve().parent, source=path)
+
+
+def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None) -> SiteConfig:
+    """Validate an already-parsed site.toml mapping (``base_dir`` anchors relative paths)."""
+    where = str(source) if source else "site config"
+    r = _Reader(raw, where, base_dir, prefix="")
+
+    site_id = r.string("site_id")
+    aggregator = r.string("aggregator")
+    if ":" not in aggregator:
+        raise ConfigError(f"{where}: key 'aggregator' must be host:port, got {aggregator!r}")
+    state_db = r.path("state_db")
+    signing_key = r.path("signing_key", must_exist=True)
+    insecure = r.boolean("insecure", default=False)
+    server_name = r.string("server_name", default=None)
+
+    tls = None
+    if "tls" in raw:
+        t = r.table("tls")
+        tls = TlsFiles(ca_cert=t.path("ca_cert", must_exist=True), cert=t.path("cert", must_exist=True),
+                       key=t.path("key", must_exist=True))
+    if tls is None and not insecure:
+        raise ConfigError(f"{where}: no [tls] table; set insecure = true to use plaintext gRPC "
+                          "(local tests only)")
+    if tls is not None and insecure:
+        raise ConfigError(f"{where}: both insecure = true and a [tls] table; choose one")
+
+    d = r.table("data")
+    data_path = d.path("path")
+    fmt = d.string("format", default=None)
+    if fmt is None:
+        fmt = _EXTENSION_FORMATS.get(data_path.suffix.lower())
+        if fmt is None:
+            raise ConfigError(f"{where}: cannot tell the format of data.path {str(data_path)!r} "
+                              f"from its extension; set data.format to one of {DATA_FORMATS}")
+    fmt = fmt.lower()
+    if fmt not in DATA_FORMATS:
+        raise ConfigError(f"{where}: data.format must be one of {DATA_FORMATS}, got {fmt!r}")
+    columns = {}
+    if "columns" in d.raw:
+        cols = d.table("columns")
+        for name in cols.raw:
+            columns[name] = cols.string(name)
+    data = DataConfig(path=data_path, format=fmt, id_column=d.string("id_column", default=None),
+                      columns=columns)
+
+    p = r.table("policy")
+    trusted = p.string_list("trusted_coordinators")
+    if not trusted:
+        raise ConfigError(f"{where}: policy.trusted_coordinators must name at least one public key")
+    trusted_paths = tuple(p.resolve(t, "trusted_coordinators", must_exist=True) for t in trusted)
+    max_eps = p.positive_number("max_epsilon_per_round")
+    total_eps = p.positive_number("total_epsilon")
+    if max_eps > total_eps:
+        raise ConfigError(f"{where}: policy.max_epsilon_per_round ({max_eps}) exceeds "
+                          f"policy.total_epsilon ({total_eps})")
+    min_n = p.integer("min_n", default=20)
+    if min_n < 1:
+        raise ConfigError(f"{where}: policy.min_n must be >= 1, got {min_n}")
+    policy = PolicyConfig(
+        trusted_coordinators=trusted_paths, max_epsilon_per_round=max_eps, total_epsilon=total_eps,
+        min_n=min_n,
+        allowed_targets=tuple(p.string_list("allowed_targets", default=["*"])),
+        allowed_features=tuple(p.string_list("allowed_features", default=["*"])))
+    return SiteConfig(site_id=site_id, aggregator=aggregator, state_db=state_db,
+                      signing_key=signing_key, data=data, policy=policy, tls=tls,
+                      server_name=server_name, source=source)
+
+
+class _Reader:
+    """Typed access to one TOML table with error messages that name the file and dotted key."""
+
+    def __init__(self, raw: dict, where: str, base_dir: Path, prefix: str):
+        self.raw, self.where, self.base_dir, self.prefix = raw, where, base_dir, prefix
+
+    def _fail(self, key: str, problem: str):
+        raise ConfigError(f"{self.where}: key '{self.prefix}{key}' {problem}")
+
+    def _get(self, key, default, required):
+        if key not in self.raw:
+            if required:
+                self._fail(key, "is missing")
+            return default
+        return self.raw[key]
+
+    _REQUIRED = object()
+
+    def table(self, key: str) -> "_Reader":
+        value = self._get(key, None, True)
+        if not isinstance(value, dict):
+            self._fail(key, f"must be a table ([{self.prefix}{key}])")
+        return _Reader(value, self.where, self.base_dir, f"{self.prefix}{key}.")
+
+    def string(self, key: str, default=_REQUIRED):
+        value = self._get(key, default, default is self._REQUIRED)
+        if value is default and default is not self._REQUIRED:
+            return value
+        if not isinstance(value, str) or not value.strip():
+            self._fail(key, f"must be a non-empty string, got {value!r}")
+        return value
+
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self._get(key, default, False)
+        if not isinstance(value, bool):
+            self._fail(key, f"must be true or false, got {value!r}")
+        return value
+
+    def integer(self, key: str, default=_REQUIRED) -> int:
+        value = self._get(key, default, default is self._REQUIRED)
+        if isinstance(value, bool) or not isinstance(value, int):
+            self._fail(key, f"must be an integer, got {value!r}")
+        return value
+
+    def positive_number(self, key: str) -> float:
+        value = self._get(key, None, True)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            self._fail(key, f"must be a number, got {value!r}")
+        if not math.isfinite(value) or value <= 0:
+            self._fail(key, f"must be finite and > 0, got {value!r}")
+        return float(value)
+
+    def string_list(self, key: str, default=_REQUIRED) -> list[str]:
+        value = self._get(key, default, default is self._REQUIRED)
+        if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+            self._fail(key, f"must be a list of non-empty strings, got {value!r}")
+        return value
+
+    def resolve(self, value: str, key: str, must_exist: bool = False) -> Path:
+        p = Path(value).expanduser()
+        if not p.is_absolute():
+            p = self.base_dir / p
+        if must_exist and not p.exists():
+            self._fail(key, f"names {str(p)!r}, which does not exist")
+        return p
+
+    def path(self, key: str, must_exist: bool = False) -> Path:
+        return self.resolve(self.string(key), key, must_exist)

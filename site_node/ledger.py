@@ -1,0 +1,318 @@
+"""The site's privacy ledger: its epsilon budget and every release it has made, in SQLite.
+
+"Re-releasing is re-spending" (method.md section 6): answering one round twice with fresh
+noise lets an observer average the noise away. So the ledger keeps the *signed envelope* of
+every release, keyed by round id, and
+
+* debits epsilon and stores the release IN ONE TRANSACTION, before the release leaves the
+  site (``record_release``): a crash either leaves both or neither;
+* takes SQLite's write lock up front (``BEGIN IMMEDIATE``) so two processes sharing the state
+  file cannot both read "enough budget left" and both spend it;
+* hands a repeated request for the same round the stored bytes back, never fresh noise, and
+  refuses outright when the same round id comes back with a different spec.
+
+The total budget belongs to the state file, not to the data file or the config: it is written
+on first use, and the config can only ever *lower* it. A config whose ``total_epsilon`` is
+larger than the stored value is not honoured (the stored value stays, with a warning); a
+smaller one permanently lowers the stored value, because tightening is always safe and
+un-tightening would be a silent increase. Re-registering the data or changing the data path
+changes nothing here. (Deleting the state file does reset it: the file must be backed up and
+protected like the data themselves.)
+
+Durability: WAL journal with ``synchronous=FULL``, so a committed debit survives power loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpfed.v1 import dpfed_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+SCHEMA_VERSION = 1
+# Floating-point slack on the budget check: 10 rounds of eps=0.1 must fit in a total of 1.0.
+_BUDGET_SLACK = 1e-9
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key   TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+-- One row per release ever made. The envelope is the exact signed Contribution that left
+-- (or will leave) the site; it is the only answer this site will ever give for round_id.
+CREATE TABLE IF NOT EXISTS releases (
+    round_id        TEXT PRIMARY KEY,
+    spec_digest     TEXT NOT NULL,
+    epsilon         REAL NOT NULL CHECK (epsilon > 0),
+    n               INTEGER NOT NULL,
+    envelope        BLOB NOT NULL,
+    created_unix_ms INTEGER NOT NULL,
+    sent            INTEGER NOT NULL DEFAULT 0,
+    acknowledged    INTEGER NOT NULL DEFAULT 0,
+    last_error      TEXT
+);
+-- The debit journal; spent = SUM(epsilon). Separate from releases so that other privacy
+-- costs (e.g. a DP estimate of a scale, method.md section 4) can be charged here too.
+CREATE TABLE IF NOT EXISTS debits (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    round_id        TEXT NOT NULL,
+    epsilon         REAL NOT NULL CHECK (epsilon > 0),
+    reason          TEXT NOT NULL,
+    created_unix_ms INTEGER NOT NULL
+);
+"""
+
+
+class LedgerError(RuntimeError):
+    """The state file is unusable or belongs to another site."""
+
+
+class BudgetExhausted(LedgerError):
+    """Recording this release would take the site over its total epsilon."""
+
+
+class RoundConflict(LedgerError):
+    """A release for this round id already exists, answering a different spec."""
+
+
+@dataclass(frozen=True)
+class StoredRelease:
+    round_id: str
+    spec_digest: str
+    epsilon: float
+    n: int
+    envelope: pb.SignedEnvelope
+    created_unix_ms: int
+    sent: bool
+    acknowledged: bool
+    last_error: str | None
+
+
+@dataclass(frozen=True)
+class RecordResult:
+    release: StoredRelease
+    fresh: bool   # False: an earlier release for this round was returned instead
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class PrivacyLedger:
+    """The privacy ledger in ``db_path`` (created on first use)."""
+
+    def __init__(self, db_path: str | Path, *, site_id: str | None = None,
+                 total_epsilon: float | None = None, timeout_s: float = 30.0):
+        self.path = Path(db_path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # isolation_level=None: we issue BEGIN/COMMIT ourselves, so the transaction boundaries
+        # (and the BEGIN IMMEDIATE write lock) are exactly where the code says.
+        self._conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None,
+                                     check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
+        with self._transaction():
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    self._conn.execute(statement)
+            version = self._meta("schema_version")
+            if version is None:
+                self._set_meta("schema_version", str(SCHEMA_VERSION))
+            elif int(version) != SCHEMA_VERSION:
+                raise LedgerError(f"{self.path}: ledger schema {version}, this dpfed knows {SCHEMA_VERSION}")
+            if site_id is not None:
+                stored_site = self._meta("site_id")
+                if stored_site is None:
+                    self._set_meta("site_id", site_id)
+                elif stored_site != site_id:
+                    raise LedgerError(f"{self.path} is the ledger of site {stored_site!r}, "
+                                      f"not {site_id!r}")
+            if total_epsilon is not None:
+                self._settle_total(float(total_epsilon))
+
+    # -- transactions --------------------------------------------------------------------
+    class _Tx:
+        def __init__(self, conn):
+            self.conn = conn
+
+        def __enter__(self):
+            # IMMEDIATE: take the write lock now, so the budget read and the debit that
+            # follows are serialised against every other process using this file.
+            self.conn.execute("BEGIN IMMEDIATE")
+            return self.conn
+
+        def __exit__(self, exc_type, exc, tb):
+            if exc_type is None:
+                self.conn.execute("COMMIT")
+            else:
+                self.conn.execute("ROLLBACK")
+            return False
+
+    def _transaction(self):
+        return self._Tx(self._conn)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -- meta ----------------------------------------------------------------------------
+    def _meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else row[0]
+
+    def _set_meta(self, key: str, value: str) -> None:
+        self._conn.execute("INSERT INTO meta(key, value) VALUES(?, ?) "
+                           "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
+
+    def _settle_total(self, configured: float) -> None:
+        stored = self._meta("total_epsilon")
+        if stored is None:
+            self._set_meta("total_epsilon", repr(configured))
+            log.info("privacy ledger %s: total budget set to epsilon=%g", self.path, configured)
+            return
+        stored_f = float(stored)
+        if configured > stored_f:
+            log.warning("config total_epsilon=%g is larger than the ledger's %g: NOT honoured, "
+                        "the budget of a site can never be raised", configured, stored_f)
+        elif configured < stored_f:
+            self._set_meta("total_epsilon", repr(configured))
+            log.warning("config total_epsilon=%g lowers the ledger's budget from %g (permanent)",
+                        configured, stored_f)
+
+    # -- budget --------------------------------------------------------------------------
+    @property
+    def total_epsilon(self) -> float | None:
+        value = self._meta("total_epsilon")
+        return None if value is None else float(value)
+
+    def _spent(self) -> float:
+        return float(self._conn.execute("SELECT COALESCE(SUM(epsilon), 0) FROM debits").fetchone()[0])
+
+    @property
+    def spent(self) -> float:
+        return self._spent()
+
+    @property
+    def remaining(self) -> float:
+        total = self.total_epsilon
+        if total is None:
+            return 0.0
+        return max(0.0, total - self._spent())
+
+    def can_spend(self, epsilon: float) -> bool:
+        total = self.total_epsilon
+        return total is not None and self._spent() + epsilon <= total + _BUDGET_SLACK
+
+    # -- releases ------------------------------------------------------------------------
+    def record_release(self, *, round_id: str, spec_digest: str, epsilon: float, n: int,
+                       envelope: pb.SignedEnvelope) -> RecordResult:
+        """Debit ``epsilon`` and store the signed release, atomically, before it is sent.
+
+        If a release for ``round_id`` already exists for the same spec, that stored release is
+        returned (``fresh=False``) and nothing is debited: the caller must send the stored
+        bytes and discard its own fresh noise, which has not left the site. Raises
+        RoundConflict for a different spec and BudgetExhausted when the budget does not cover
+        ``epsilon``; in both cases nothing is written.
+        """
+        if not (epsilon > 0):
+            raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+        blob = envelope.SerializeToString()
+        with self._transaction() as conn:
+            existing = self._get(round_id)
+            if existing is not None:
+                if existing.spec_digest != spec_digest:
+                    raise RoundConflict(f"round {round_id} was already answered for spec "
+                                        f"{existing.spec_digest[:12]}, not {spec_digest[:12]}")
+                return RecordResult(existing, fresh=False)
+            total = self.total_epsilon
+            if total is None:
+                raise LedgerError(f"{self.path}: no total budget recorded")
+            spent = self._spent()
+            if spent + epsilon > total + _BUDGET_SLACK:
+                raise BudgetExhausted(f"epsilon {epsilon:g} exceeds the remaining budget "
+                                      f"{max(0.0, total - spent):g} (spent {spent:g} of {total:g})")
+            now = _now_ms()
+            self._debit(conn, round_id, float(epsilon), now)
+            self._store(conn, round_id, spec_digest, float(epsilon), int(n), blob, now)
+            stored = self._get(round_id)
+        return RecordResult(stored, fresh=True)
+
+    # The two writes of record_release, separate so a test can crash between them.
+    def _debit(self, conn, round_id: str, epsilon: float, now: int) -> None:
+        conn.execute("INSERT INTO debits(round_id, epsilon, reason, created_unix_ms) "
+                     "VALUES(?, ?, 'release', ?)", (round_id, epsilon, now))
+
+    def _store(self, conn, round_id, spec_digest, epsilon, n, blob, now) -> None:
+        conn.execute("INSERT INTO releases(round_id, spec_digest, epsilon, n, envelope, "
+                     "created_unix_ms) VALUES(?, ?, ?, ?, ?, ?)",
+                     (round_id, spec_digest, epsilon, n, blob, now))
+
+    def _get(self, round_id: str) -> StoredRelease | None:
+        row = self._conn.execute(
+            "SELECT round_id, spec_digest, epsilon, n, envelope, created_unix_ms, sent, "
+            "acknowledged, last_error FROM releases WHERE round_id = ?", (round_id,)).fetchone()
+        return None if row is None else _row_to_release(row)
+
+    def get_release(self, round_id: str) -> StoredRelease | None:
+        return self._get(round_id)
+
+    def releases(self) -> list[StoredRelease]:
+        rows = self._conn.execute(
+            "SELECT round_id, spec_digest, epsilon, n, envelope, created_unix_ms, sent, "
+            "acknowledged, last_error FROM releases ORDER BY created_unix_ms, round_id").fetchall()
+        return [_row_to_release(r) for r in rows]
+
+    def unacknowledged(self) -> list[StoredRelease]:
+        """Releases debited and stored but not (known to be) received by the aggregator and not
+        explicitly rejected by it: they are resent, byte for byte, on startup."""
+        return [r for r in self.releases() if not r.acknowledged and r.last_error is None]
+
+    def mark_sent(self, round_id: str) -> None:
+        with self._transaction() as conn:
+            conn.execute("UPDATE releases SET sent = 1 WHERE round_id = ?", (round_id,))
+
+    def mark_acknowledged(self, round_id: str) -> None:
+        with self._transaction() as conn:
+            conn.execute("UPDATE releases SET sent = 1, acknowledged = 1, last_error = NULL "
+                         "WHERE round_id = ?", (round_id,))
+
+    def mark_rejected(self, round_id: str, message: str) -> None:
+        """The aggregator answered but did not accept; keep the reason, stop resending."""
+        with self._transaction() as conn:
+            conn.execute("UPDATE releases SET sent = 1, last_error = ? WHERE round_id = ?",
+                         (message or "rejected", round_id))
+
+    def summary(self) -> dict:
+        """Everything ``dpfed site ledger`` shows (no private data: epsilons, n, flags)."""
+        total = self.total_epsilon
+        spent = self._spent()
+        return {
+            "path": str(self.path),
+            "site_id": self._meta("site_id"),
+            "total_epsilon": total,
+            "spent_epsilon": spent,
+            "remaining_epsilon": None if total is None else max(0.0, total - spent),
+            "releases": [{"round_id": r.round_id, "spec_digest": r.spec_digest,
+                          "epsilon": r.epsilon, "n": r.n, "created_unix_ms": r.created_unix_ms,
+                          "sent": r.sent, "acknowledged": r.acknowledged,
+                          "last_error": r.last_error} for r in self.releases()],
+        }
+
+
+def _row_to_release(row) -> StoredRelease:
+    env = pb.SignedEnvelope()
+    env.ParseFromString(row[4])
+    return StoredRelease(round_id=row[0], spec_digest=row[1], epsilon=float(row[2]), n=int(row[3]),
+                         envelope=env, created_unix_ms=int(row[5]), sent=bool(row[6]),
+                         acknowledged=bool(row[7]), last_error=row[8])

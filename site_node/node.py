@@ -1,0 +1,176 @@
+"""The site node's decision for one round: verify, check policy, release once, record, sign.
+
+``SiteNode.handle_round`` is a plain method (no gRPC) that turns a signed RoundSpec into the
+signed envelope to send back: a Contribution, or a Refusal saying why. The order of the steps
+is the privacy argument:
+
+1. verify the coordinator's signature before reading anything in the spec (site_node.policy);
+2. if this round id was already answered, return the stored envelope byte for byte, never
+   fresh noise ("re-releasing is re-spending", method.md section 6); a different spec under
+   the same round id is refused;
+3. check the policy (epsilon, budget, target/features, bounds, split, dimensions);
+4. load the data, check n >= min_n, apply the *public* pre-processing (method.md section 2,
+   step 1) and release with OpenDP's Laplace (site_node.release);
+5. sign the Contribution and debit + store it in one ledger transaction; only then is it
+   returned to be sent.
+
+A crash after step 5 leaves a stored, unsent release that the client resends on startup;
+a crash before it leaves nothing debited and nothing sent.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+
+from dpfed import __version__
+from dpfed.preprocess import Preprocessing
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
+from dpfed.wire.signing import SigningKey
+from site_node import policy as site_policy
+from site_node.config import SiteConfig
+from site_node.data import DataError, load_round_data
+from site_node.ledger import BudgetExhausted, PrivacyLedger, RoundConflict
+from site_node.release import release_statistics
+
+log = logging.getLogger(__name__)
+
+CONTRIBUTION = "dpfed.v1.Contribution"
+REFUSAL = "dpfed.v1.Refusal"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_nonce() -> str:
+    """128 random bits, hex, from the OS CSPRNG: the aggregator never accepts a nonce twice."""
+    return secrets.token_hex(16)
+
+
+class SiteNode:
+    """One hospital's node: its config, signing key, coordinator keys and privacy ledger."""
+
+    def __init__(self, config: SiteConfig, *, signing_key: SigningKey | None = None,
+                 ledger: PrivacyLedger | None = None):
+        self.config = config
+        self.signing_key = signing_key or SigningKey.load(config.signing_key)
+        self.trusted = site_policy.trusted_keys(config.policy.trusted_coordinators)
+        self.ledger = ledger or PrivacyLedger(config.state_db, site_id=config.site_id,
+                                              total_epsilon=config.policy.total_epsilon)
+        # One round at a time in this process; other processes are kept out by the ledger's
+        # write lock.
+        self._lock = threading.Lock()
+
+    @property
+    def site_id(self) -> str:
+        return self.config.site_id
+
+    # -- signed messages this site sends ---------------------------------------------------
+    def hello(self) -> pb.SignedEnvelope:
+        return self.signing_key.sign(pb.SiteHello(site_id=self.site_id, timestamp_unix_ms=now_ms(),
+                                                  nonce=new_nonce(), software_version=__version__))
+
+    def refusal(self, round_id: str, spec_digest: str, reason: str) -> pb.SignedEnvelope:
+        return self.signing_key.sign(pb.Refusal(round_id=round_id, site_id=self.site_id,
+                                                spec_digest=spec_digest, reason=reason,
+                                                timestamp_unix_ms=now_ms(), nonce=new_nonce()))
+
+    # -- one round ---------------------------------------------------------------------------
+    def handle_round(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
+        """The signed Contribution or Refusal answering the signed RoundSpec ``envelope``."""
+        with self._lock:
+            return self._handle_round(envelope)
+
+    def _handle_round(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
+        spec_digest = digest(envelope.payload)
+        try:
+            spec = site_policy.verify_spec(envelope, self.trusted)
+        except site_policy.PolicyViolation as exc:
+            round_id = _untrusted_round_id(envelope)
+            log.warning("refused round %s (spec %s): %s", round_id or "?", spec_digest[:12], exc)
+            return self.refusal(round_id, spec_digest, str(exc))
+        round_id = spec.round_id
+        log.info("received round %s (spec %s): target=%s, d=%d, epsilon=%g", round_id,
+                 spec_digest[:12], spec.target, len(spec.feature_names), spec.epsilon)
+
+        stored = self.ledger.get_release(round_id)
+        if stored is not None:
+            if stored.spec_digest == spec_digest:
+                log.info("round %s was already answered: returning the stored release "
+                         "(no new noise, nothing debited)", round_id)
+                return stored.envelope
+            reason = (f"round id {round_id} was already answered for a different spec "
+                      f"({stored.spec_digest[:12]}); a round id is answered once")
+            log.warning("refused round %s: %s", round_id, reason)
+            return self.refusal(round_id, spec_digest, reason)
+
+        try:
+            total = self.ledger.total_epsilon or 0.0
+            site_policy.check_spec(spec, self.config.policy, site_id=self.site_id,
+                                   spent=self.ledger.spent, total=total, now_ms=now_ms())
+            data = load_round_data(self.config.data, list(spec.feature_names), spec.target)
+            site_policy.check_n(data.n, self.config.policy)
+        except site_policy.PolicyViolation as exc:
+            log.warning("refused round %s: %s", round_id, exc)
+            return self.refusal(round_id, spec_digest, str(exc))
+        except DataError as exc:
+            log.error("refused round %s: %s", round_id, exc)  # full detail stays local
+            return self.refusal(round_id, spec_digest, exc.public_reason)
+        if data.dropped_missing_target:
+            log.info("round %s: dropped %d rows with a missing %s", round_id,
+                     data.dropped_missing_target, spec.target)
+
+        pre = spec.preprocessing
+        preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
+                                      source=spec.public_source or "coordinator")
+        x, y = preprocessing.apply(data.x, data.y)
+        try:
+            stats, info = release_statistics(x, y, epsilon=spec.epsilon, x_bound=spec.x_bound,
+                                             y_bound=spec.y_bound,
+                                             budget_split=tuple(spec.budget_split),
+                                             return_info=True)
+        except ValueError as exc:
+            log.error("refused round %s: release failed: %s", round_id, exc)
+            return self.refusal(round_id, spec_digest, "release failed at the site (see site log)")
+        # Charge what OpenDP certifies if it were ever more than the nominal epsilon.
+        charge = max(float(spec.epsilon), float(info["epsilon_certified"]))
+
+        contribution = pb.Contribution(round_id=round_id, site_id=self.site_id,
+                                       statistics=stats.to_bytes(), n=stats.n,
+                                       epsilon_spent=charge, spec_digest=spec_digest,
+                                       timestamp_unix_ms=now_ms(), nonce=new_nonce())
+        signed = self.signing_key.sign(contribution)
+        try:
+            result = self.ledger.record_release(round_id=round_id, spec_digest=spec_digest,
+                                                epsilon=charge, n=stats.n, envelope=signed)
+        except (BudgetExhausted, RoundConflict) as exc:
+            # Another process got there first; our fresh noise is discarded unsent.
+            log.warning("refused round %s: %s", round_id, exc)
+            return self.refusal(round_id, spec_digest, str(exc))
+        if not result.fresh:
+            log.info("round %s was answered concurrently: returning that stored release", round_id)
+            return result.release.envelope
+        log.info("released round %s: n=%d, epsilon=%g, remaining budget %g of %g", round_id,
+                 stats.n, charge, self.ledger.remaining, self.ledger.total_epsilon)
+        return result.release.envelope
+
+    def run(self, stop=None) -> None:
+        """Serve forever: dial the aggregator, answer rounds, reconnect (site_node.client)."""
+        from site_node.client import SiteClient
+
+        SiteClient(self).run(stop)
+
+
+def _untrusted_round_id(envelope: pb.SignedEnvelope) -> str:
+    """The round id of an envelope that did NOT verify, only to label the refusal so the
+    coordinator can match it; nothing else in it is used."""
+    if envelope.payload_type != "dpfed.v1.RoundSpec":
+        return ""
+    try:
+        return parse_canonical(envelope.payload, "dpfed.v1.RoundSpec").round_id[:200]
+    except CanonicalError:
+        return ""

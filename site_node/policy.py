@@ -1,0 +1,104 @@
+"""What a site agrees to release: pure checks of a round spec against the site's policy.
+
+Order matters. The envelope's signature is verified against the trusted coordinator keys
+*before anything else*: an unsigned or forged spec is never parsed for meaning, so nothing in
+it can steer the site. Then every public parameter of the mechanism (method.md section 2) is
+checked. Anything outside the policy raises ``PolicyViolation`` with a reason that is safe to
+send back in a signed Refusal; nothing is released and nothing is debited.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire.canonical import CanonicalError
+from dpfed.wire.signing import SignatureError, key_id, load_public_key, verify
+from site_node.config import PolicyConfig
+from site_node.sensitivity import validate_privacy_parameters
+
+ROUND_SPEC = "dpfed.v1.RoundSpec"
+
+
+class PolicyViolation(ValueError):
+    """The request is outside the site's policy; ``str(exc)`` is the reason."""
+
+
+def trusted_keys(paths) -> dict[str, Ed25519PublicKey]:
+    """key id -> public key for the coordinator key files in the policy."""
+    keys = {}
+    for p in paths:
+        k = load_public_key(Path(p))
+        keys[key_id(k)] = k
+    return keys
+
+
+def verify_spec(envelope: pb.SignedEnvelope, trusted: dict[str, Ed25519PublicKey]) -> pb.RoundSpec:
+    """The RoundSpec inside ``envelope`` if a trusted coordinator signed it; else PolicyViolation."""
+    try:
+        return verify(envelope, trusted, ROUND_SPEC)
+    except SignatureError as exc:
+        raise PolicyViolation(f"spec not signed by a trusted coordinator: {exc}") from None
+    except CanonicalError as exc:
+        raise PolicyViolation(f"malformed round spec: {exc}") from None
+
+
+def _allowed(name: str, allowed) -> bool:
+    return "*" in allowed or name in allowed
+
+
+def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent: float,
+               total: float, now_ms: int | None = None) -> None:
+    """Raise PolicyViolation unless ``spec`` may be answered with budget ``spent`` of ``total``."""
+    if not spec.round_id:
+        raise PolicyViolation("round spec has no round_id")
+    if spec.sites and site_id not in spec.sites:
+        raise PolicyViolation(f"site {site_id!r} is not invited to round {spec.round_id}")
+    if now_ms is not None and spec.deadline_unix_ms and now_ms > spec.deadline_unix_ms:
+        raise PolicyViolation(f"round {spec.round_id} is past its deadline")
+
+    try:
+        validate_privacy_parameters(spec.epsilon, spec.x_bound, spec.y_bound, list(spec.budget_split))
+    except ValueError as exc:
+        raise PolicyViolation(f"invalid privacy parameters: {exc}") from None
+    eps = spec.epsilon
+    if eps > policy.max_epsilon_per_round:
+        raise PolicyViolation(f"epsilon {eps:g} exceeds max_epsilon_per_round "
+                              f"{policy.max_epsilon_per_round:g}")
+    remaining = max(0.0, total - spent)
+    if spent + eps > total + 1e-9:
+        raise PolicyViolation(f"privacy budget exhausted: epsilon {eps:g} requested, "
+                              f"{remaining:g} of {total:g} remaining")
+
+    if not spec.target:
+        raise PolicyViolation("round spec names no target")
+    if not _allowed(spec.target, policy.allowed_targets):
+        raise PolicyViolation(f"target {spec.target!r} is not in allowed_targets")
+    features = list(spec.feature_names)
+    if not features:
+        raise PolicyViolation("round spec names no features")
+    if len(set(features)) != len(features):
+        raise PolicyViolation("round spec repeats a feature")
+    if spec.target in features:
+        raise PolicyViolation(f"target {spec.target!r} is also a feature")
+    not_allowed = [f for f in features if not _allowed(f, policy.allowed_features)]
+    if not_allowed:
+        raise PolicyViolation(f"feature(s) not in allowed_features: {not_allowed}")
+
+    pre = spec.preprocessing
+    if len(pre.x_mean) != len(features):
+        raise PolicyViolation(f"preprocessing has {len(pre.x_mean)} feature means for "
+                              f"{len(features)} features")
+    if not all(math.isfinite(v) for v in pre.x_mean) or not math.isfinite(pre.y_mean):
+        raise PolicyViolation("preprocessing means must be finite")
+
+
+def check_n(n: int, policy: PolicyConfig) -> None:
+    """Small sites are refused: too few records for the noise to leave anything useful, and
+    the policy says so."""
+    if n < policy.min_n:
+        # The reason says only "fewer than min_n"; the exact n stays in the local log.
+        raise PolicyViolation(f"fewer usable rows than the policy's min_n = {policy.min_n}")
