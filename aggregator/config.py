@@ -1,0 +1,97 @@
+"""The aggregator's configuration (aggregator.toml, docs/interfaces.md).
+
+Paths in the file are relative to the file's directory, so a federation directory can be
+moved as a whole.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dpfed.transport import TlsFiles
+
+
+class ConfigError(ValueError):
+    """aggregator.toml is missing something or says something impossible."""
+
+
+@dataclass(frozen=True)
+class KeyEntry:
+    """A registered party: its id and the path (or PEM bytes) of its Ed25519 public key."""
+
+    party_id: str
+    public_key: Path | bytes
+
+
+@dataclass(frozen=True)
+class AggregatorConfig:
+    listen: str = "127.0.0.1:50051"
+    state_db: Path = Path("aggregator.sqlite")
+    insecure: bool = False
+    tls: TlsFiles | None = None
+    max_clock_skew_s: float = 300.0
+    sites: tuple[KeyEntry, ...] = ()
+    coordinators: tuple[KeyEntry, ...] = ()
+    # gRPC worker threads. Every subscribed site holds one for its stream, so this must exceed
+    # the number of sites expected to be connected at once.
+    max_workers: int = 64
+    # Benchmarks only: close rounds at quorum without fitting, to time the federation alone.
+    skip_fit: bool = False
+    grace_s: float = 5.0
+    extra: dict = field(default_factory=dict, compare=False)
+
+
+def _entries(items, id_key: str, base: Path, what: str) -> tuple[KeyEntry, ...]:
+    out, seen = [], set()
+    for i, item in enumerate(items or []):
+        if not isinstance(item, dict) or id_key not in item or "public_key" not in item:
+            raise ConfigError(f"[[{what}]] entry {i + 1} needs {id_key} and public_key")
+        party = str(item[id_key])
+        if party in seen:
+            raise ConfigError(f"[[{what}]] {id_key} {party!r} is listed twice")
+        seen.add(party)
+        key = item["public_key"]
+        key = key.encode() if key.lstrip().startswith("-----BEGIN") else base / key
+        out.append(KeyEntry(party, key))
+    return tuple(out)
+
+
+def config_from_dict(raw: dict, base_dir: str | Path = ".") -> AggregatorConfig:
+    base = Path(base_dir)
+    insecure = bool(raw.get("insecure", False))
+    tls = None
+    if not insecure:
+        t = raw.get("tls")
+        if not t or not all(k in t for k in ("ca_cert", "cert", "key")):
+            raise ConfigError("set insecure = true (tests only) or give a [tls] table with "
+                              "ca_cert, cert and key")
+        tls = TlsFiles(base / t["ca_cert"], base / t["cert"], base / t["key"])
+    skew = float(raw.get("max_clock_skew_s", 300))
+    if not skew > 0:
+        raise ConfigError("max_clock_skew_s must be > 0")
+    return AggregatorConfig(
+        listen=str(raw.get("listen", "127.0.0.1:50051")),
+        state_db=base / raw.get("state_db", "aggregator.sqlite"),
+        insecure=insecure, tls=tls, max_clock_skew_s=skew,
+        sites=_entries(raw.get("sites"), "site_id", base, "sites"),
+        coordinators=_entries(raw.get("coordinators"), "coordinator_id", base, "coordinators"),
+        max_workers=int(raw.get("max_workers", 64)),
+        skip_fit=bool(raw.get("skip_fit", False)),
+        grace_s=float(raw.get("grace_s", 5.0)),
+        extra={k: v for k, v in raw.items() if k not in {
+            "listen", "state_db", "insecure", "tls", "max_clock_skew_s", "sites",
+            "coordinators", "max_workers", "skip_fit", "grace_s"}},
+    )
+
+
+def load_config(path: str | Path) -> AggregatorConfig:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return config_from_dict(raw, path.parent)

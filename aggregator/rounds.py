@@ -1,0 +1,482 @@
+"""The life of a round at the aggregator, as plain methods the gRPC servicer adapts.
+
+OPEN (collecting signed contributions) -> FITTING (quorum reached, or the deadline passed with
+quorum) -> DONE (result stored), or FAILED (deadline without quorum, quorum unreachable after
+refusals, or a fit error). Every state change is one store transaction first and an in-memory
+change second, so the in-memory view never runs ahead of what a restart would reload.
+
+Checks are ordered cheapest first and authentication before anything that reveals round
+state; nothing that is rejected reaches the store or a round's contributions.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from dpfed.statistics import Statistics, StatisticsError
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
+from dpfed.wire.signing import SignatureError, verify
+
+from aggregator import aggregate
+from aggregator.registry import Registry
+from aggregator.store import RoundStore, StoredContribution, StoredResult, StoredRound
+
+log = logging.getLogger(__name__)
+
+OPEN, FITTING, DONE, FAILED = "OPEN", "FITTING", "DONE", "FAILED"
+STATE_TO_PB = {OPEN: pb.RoundStatus.OPEN, FITTING: pb.RoundStatus.FITTING,
+               DONE: pb.RoundStatus.DONE, FAILED: pb.RoundStatus.FAILED}
+
+
+class Rejected(Exception):
+    """A request the aggregator refuses. ``code`` is the name of a grpc.StatusCode."""
+
+    def __init__(self, code: str, message: str):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class AcceptedContribution:
+    payload: bytes
+    signature: bytes
+    statistics: Statistics
+    n: int
+    epsilon: float
+    received_ms: int
+
+
+@dataclass
+class LiveRound:
+    stored: StoredRound
+    spec: pb.RoundSpec
+    envelope: pb.SignedEnvelope
+    invited: frozenset[str]
+    contributions: dict[str, AcceptedContribution] = field(default_factory=dict)
+    refusals: dict[str, str] = field(default_factory=dict)
+    timer: threading.Timer | None = None
+
+    @property
+    def state(self) -> str:
+        return self.stored.state
+
+    def missing(self) -> list[str]:
+        return sorted(self.invited - set(self.contributions) - set(self.refusals))
+
+
+def _parse_envelope(data: bytes) -> pb.SignedEnvelope:
+    env = pb.SignedEnvelope()
+    env.ParseFromString(data)
+    return env
+
+
+class RoundManager:
+    def __init__(self, store: RoundStore, registry: Registry, *, max_clock_skew_s: float = 300.0,
+                 skip_fit: bool = False, clock=time.time):
+        self.store = store
+        self.registry = registry
+        self.max_clock_skew_ms = int(max_clock_skew_s * 1000)
+        self.skip_fit = skip_fit
+        self.clock = clock
+        self._lock = threading.RLock()
+        self._rounds: dict[str, LiveRound] = {}
+        self._nonces: set[tuple[str, str]] = set()
+        self._subscribers: dict[int, tuple[str, queue.Queue]] = {}
+        self._next_subscriber = 0
+        # One fit at a time: PyMC is CPU-bound and the machine small; rounds queue up.
+        self._fit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
+        self._closed = False
+
+    def now_ms(self) -> int:
+        return int(self.clock() * 1000)
+
+    # ---- start-up and shutdown ----
+    def recover(self) -> None:
+        """Reload every round from the store; restart deadline timers of open rounds and re-fit
+        rounds whose fit was interrupted."""
+        now = self.now_ms()
+        self.store.prune_nonces(now - self.max_clock_skew_ms)
+        self._nonces = set(self.store.nonces_since(now - self.max_clock_skew_ms))
+        refit, reopen = [], []
+        with self._lock:
+            for stored in self.store.rounds():
+                env = _parse_envelope(stored.spec_envelope)
+                spec = parse_canonical(env.payload, "dpfed.v1.RoundSpec")
+                live = LiveRound(stored, spec, env, frozenset(stored.invited))
+                if stored.state in (OPEN, FITTING):
+                    for c in self.store.contributions(stored.round_id):
+                        env_c = _parse_envelope(c.envelope)
+                        live.contributions[c.site_id] = AcceptedContribution(
+                            env_c.payload, env_c.signature,
+                            Statistics.from_bytes(c.statistics), c.n, c.epsilon, c.received_ms)
+                live.refusals = dict(self.store.refusals(stored.round_id))
+                self._rounds[stored.round_id] = live
+                if stored.state == OPEN:
+                    reopen.append(stored.round_id)
+                elif stored.state == FITTING:
+                    refit.append(stored.round_id)
+        for rid in reopen:
+            log.info("round %s: reopened after restart with %d contribution(s)", rid,
+                     len(self._rounds[rid].contributions))
+            self._arm_deadline(rid)
+        for rid in refit:
+            log.info("round %s: fit was interrupted by a restart, fitting again", rid)
+            self._submit_fit(rid)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            for live in self._rounds.values():
+                if live.timer:
+                    live.timer.cancel()
+            for _, q in self._subscribers.values():
+                q.put(None)
+        self._fit_pool.shutdown(wait=False, cancel_futures=True)
+
+    # ---- common checks ----
+    def _check_fresh(self, timestamp_ms: int, what: str) -> None:
+        skew = abs(self.now_ms() - timestamp_ms)
+        if skew > self.max_clock_skew_ms:
+            raise Rejected("UNAUTHENTICATED",
+                           f"{what} timestamp is {skew / 1000:.0f} s away from the aggregator's "
+                           f"clock (allowed {self.max_clock_skew_ms / 1000:.0f} s): stale or "
+                           f"clock out of sync")
+
+    def _verify_site(self, envelope: pb.SignedEnvelope, type_name: str):
+        try:
+            msg = verify(envelope, self.registry.site_keys, type_name)
+        except SignatureError as exc:
+            raise Rejected("UNAUTHENTICATED", str(exc)) from None
+        except CanonicalError as exc:
+            raise Rejected("INVALID_ARGUMENT", str(exc)) from None
+        owner = self.registry.site_of_key(envelope.key_id)
+        if msg.site_id != owner:
+            raise Rejected("PERMISSION_DENIED",
+                           f"{type_name} claims site {msg.site_id!r} but is signed by the key "
+                           f"of {owner!r}")
+        return msg
+
+    def _round(self, round_id: str) -> LiveRound:
+        live = self._rounds.get(round_id)
+        if live is None:
+            raise Rejected("FAILED_PRECONDITION", f"unknown round {round_id!r}")
+        return live
+
+    # ---- coordinator side ----
+    def start_round(self, envelope: pb.SignedEnvelope) -> pb.RoundStatus:
+        try:
+            spec = verify(envelope, self.registry.coordinator_keys, "dpfed.v1.RoundSpec")
+        except SignatureError as exc:
+            raise Rejected("UNAUTHENTICATED", str(exc)) from None
+        except CanonicalError as exc:
+            raise Rejected("INVALID_ARGUMENT", str(exc)) from None
+        owner = self.registry.coordinator_of_key(envelope.key_id)
+        if spec.coordinator_id != owner:
+            raise Rejected("PERMISSION_DENIED", f"spec names coordinator {spec.coordinator_id!r} "
+                                                f"but is signed by the key of {owner!r}")
+        problems = aggregate.validate_spec(spec, self.registry.site_ids())
+        now = self.now_ms()
+        if spec.deadline_unix_ms and spec.deadline_unix_ms <= now:
+            problems.append("deadline_unix_ms is in the past")
+        if problems:
+            raise Rejected("INVALID_ARGUMENT", "invalid round spec: " + "; ".join(problems))
+        invited = sorted(spec.sites) if spec.sites else self.registry.site_ids()
+        stored = StoredRound(spec.round_id, envelope.SerializeToString(), digest(envelope.payload),
+                             len(spec.feature_names), spec.quorum, spec.deadline_unix_ms, invited,
+                             OPEN, "", now, 0.0, 0.0)
+        with self._lock:
+            if spec.round_id in self._rounds:
+                raise Rejected("ALREADY_EXISTS", f"round {spec.round_id!r} already exists")
+            self.store.insert_round(stored)
+            self._rounds[spec.round_id] = LiveRound(stored, spec, envelope, frozenset(invited))
+            for site_id, q in self._subscribers.values():
+                if site_id in invited:
+                    q.put(spec.round_id)
+        log.info("round %s: started by %s, d=%d, eps=%g, quorum %d of %d invited site(s), "
+                 "deadline in %.0f s", spec.round_id, owner, len(spec.feature_names),
+                 spec.epsilon, spec.quorum, len(invited), (spec.deadline_unix_ms - now) / 1000)
+        self._arm_deadline(spec.round_id)
+        return self.status(spec.round_id)
+
+    def status(self, round_id: str) -> pb.RoundStatus:
+        with self._lock:
+            live = self._rounds.get(round_id)
+            if live is None:
+                raise Rejected("NOT_FOUND", f"unknown round {round_id!r}")
+            s = live.stored
+            return pb.RoundStatus(
+                round_id=round_id, state=STATE_TO_PB[s.state], quorum=s.quorum,
+                deadline_unix_ms=s.deadline_ms, message=s.message, spec_digest=s.spec_digest,
+                round_seconds=s.round_s, fit_seconds=s.fit_s, missing_sites=live.missing(),
+                contributions=[pb.SiteContribution(site_id=k, n=c.n, epsilon_spent=c.epsilon,
+                                                   received_unix_ms=c.received_ms)
+                               for k, c in sorted(live.contributions.items())],
+                refusals=[pb.SiteRefusalInfo(site_id=k, reason=r)
+                          for k, r in sorted(live.refusals.items())])
+
+    def result(self, round_id: str) -> pb.RoundResult:
+        status = self.status(round_id)
+        if status.state != pb.RoundStatus.DONE:
+            state = pb.RoundStatus.State.Name(status.state)
+            raise Rejected("FAILED_PRECONDITION", f"round {round_id!r} has no result: it is "
+                                                  f"{state}{': ' + status.message if status.message else ''}")
+        res = self.store.get_result(round_id)
+        return pb.RoundResult(round_id=round_id, summary_json=res.summary_json,
+                              beta_draws=res.beta_draws, draws=res.draws, dim=res.dim)
+
+    def list_sites(self) -> pb.ListSitesReply:
+        return pb.ListSitesReply(sites=[
+            pb.SiteInfo(site_id=r.site_id, key_id=r.key_id, connected=r.connected_streams > 0,
+                        last_seen_unix_ms=r.last_seen_unix_ms) for r in self.registry.snapshot()])
+
+    # ---- site side ----
+    def hello(self, envelope: pb.SignedEnvelope) -> str:
+        """Authenticate a SiteHello; returns the site id."""
+        hello = self._verify_site(envelope, "dpfed.v1.SiteHello")
+        self._check_fresh(hello.timestamp_unix_ms, "SiteHello")
+        self._take_nonce(envelope.key_id, hello.nonce, hello.timestamp_unix_ms, "SiteHello")
+        return hello.site_id
+
+    def _take_nonce(self, kid: str, nonce: str, timestamp_ms: int, what: str,
+                    persist: bool = True) -> None:
+        if not nonce:
+            raise Rejected("INVALID_ARGUMENT", f"{what} has no nonce")
+        with self._lock:
+            if (kid, nonce) in self._nonces:
+                raise Rejected("ALREADY_EXISTS", f"{what} nonce {nonce[:16]} was already used "
+                                                 f"(replay)")
+            if persist:
+                self.store.insert_nonce(kid, nonce, timestamp_ms)
+                self._nonces.add((kid, nonce))
+
+    def subscribe(self, site_id: str) -> tuple[int, queue.Queue]:
+        with self._lock:
+            token = self._next_subscriber
+            self._next_subscriber += 1
+            q: queue.Queue = queue.Queue()
+            if self._closed:
+                q.put(None)
+            self._subscribers[token] = (site_id, q)
+        self.registry.mark_connected(site_id, self.now_ms())
+        log.info("site %s subscribed", site_id)
+        return token, q
+
+    def unsubscribe(self, token: int) -> None:
+        with self._lock:
+            site_id, _ = self._subscribers.pop(token, (None, None))
+        if site_id:
+            self.registry.mark_disconnected(site_id, self.now_ms())
+            log.info("site %s unsubscribed", site_id)
+
+    def spec_for_site(self, round_id: str, site_id: str) -> pb.SignedEnvelope | None:
+        """The signed spec of ``round_id`` if the site still has to answer it."""
+        with self._lock:
+            live = self._rounds.get(round_id)
+            if (live is None or live.state != OPEN or site_id not in live.invited
+                    or site_id in live.contributions or site_id in live.refusals):
+                return None
+            return live.envelope
+
+    def pending_rounds(self, site_id: str) -> list[str]:
+        with self._lock:
+            return [rid for rid, live in self._rounds.items()
+                    if self.spec_for_site(rid, site_id) is not None]
+
+    def contribute(self, envelope: pb.SignedEnvelope) -> pb.ContributeReply:
+        c = self._verify_site(envelope, "dpfed.v1.Contribution")
+        live = self._round(c.round_id)
+        site = c.site_id
+        with self._lock:
+            previous = live.contributions.get(site)
+        if previous is not None and previous.payload == envelope.payload:
+            # A retry of the stored contribution: idempotent, adds nothing.
+            return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=True,
+                                      message="identical contribution already accepted")
+        self._check_contribution(c, live, envelope)
+        try:
+            stats = Statistics.from_bytes(c.statistics)
+        except StatisticsError as exc:
+            raise Rejected("INVALID_ARGUMENT", f"statistics do not decode: {exc}") from None
+        if stats.dim != live.stored.dim:
+            raise Rejected("INVALID_ARGUMENT", f"statistics have dimension {stats.dim}, round "
+                                               f"{c.round_id!r} has {live.stored.dim}")
+        if stats.n != c.n:
+            raise Rejected("INVALID_ARGUMENT", f"n = {c.n} differs from the statistics' n = "
+                                               f"{stats.n}")
+        if c.n < 1:
+            raise Rejected("INVALID_ARGUMENT", "n must be at least 1")
+        if not (math.isfinite(c.epsilon_spent) and c.epsilon_spent == live.spec.epsilon):
+            raise Rejected("INVALID_ARGUMENT", f"epsilon_spent {c.epsilon_spent} differs from the "
+                                               f"round's epsilon {live.spec.epsilon}")
+        now = self.now_ms()
+        accepted = AcceptedContribution(envelope.payload, envelope.signature, stats, c.n,
+                                        c.epsilon_spent, now)
+        with self._lock:
+            # Re-check under the lock: the round may have closed, or this site answered, while
+            # the statistics were decoded.
+            self._check_contribution(c, live, envelope)
+            self._take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
+                             persist=False)
+            self.store.insert_contribution(
+                StoredContribution(c.round_id, site, envelope.SerializeToString(), c.statistics,
+                                   c.n, c.epsilon_spent, now),
+                envelope.key_id, c.nonce, c.timestamp_unix_ms)
+            self._nonces.add((envelope.key_id, c.nonce))
+            live.contributions[site] = accepted
+            self.registry.touch(site, now)
+            count = len(live.contributions)
+            log.debug("round %s: accepted contribution of %s (n=%d), %d of quorum %d",
+                      c.round_id, site, c.n, count, live.stored.quorum)
+            if count >= live.stored.quorum:
+                self._close_for_fit(live, f"quorum reached ({count} of {len(live.invited)})")
+        return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=False,
+                                  message=f"accepted ({count} of quorum {live.stored.quorum})")
+
+    def _check_contribution(self, c: pb.Contribution, live: LiveRound,
+                            envelope: pb.SignedEnvelope) -> None:
+        if live.state != OPEN:
+            raise Rejected("FAILED_PRECONDITION", f"round {c.round_id!r} is closed ({live.state})")
+        if c.site_id not in live.invited:
+            raise Rejected("PERMISSION_DENIED", f"site {c.site_id!r} is not invited to round "
+                                                f"{c.round_id!r}")
+        if c.spec_digest != live.stored.spec_digest:
+            raise Rejected("FAILED_PRECONDITION", f"spec_digest {c.spec_digest[:16]} does not "
+                                                  f"match round {c.round_id!r} "
+                                                  f"({live.stored.spec_digest[:16]})")
+        if c.site_id in live.contributions:
+            raise Rejected("ALREADY_EXISTS", f"site {c.site_id!r} already contributed a different "
+                                             f"release to round {c.round_id!r}")
+        if c.site_id in live.refusals:
+            raise Rejected("ALREADY_EXISTS", f"site {c.site_id!r} refused round {c.round_id!r}")
+        self._check_fresh(c.timestamp_unix_ms, "Contribution")
+
+    def refuse(self, envelope: pb.SignedEnvelope) -> pb.Ack:
+        r = self._verify_site(envelope, "dpfed.v1.Refusal")
+        live = self._round(r.round_id)
+        with self._lock:
+            if live.refusals.get(r.site_id) is not None:
+                return pb.Ack(message="refusal already recorded")
+            if live.state != OPEN:
+                raise Rejected("FAILED_PRECONDITION", f"round {r.round_id!r} is closed ({live.state})")
+            if r.site_id not in live.invited:
+                raise Rejected("PERMISSION_DENIED", f"site {r.site_id!r} is not invited")
+            if r.spec_digest != live.stored.spec_digest:
+                raise Rejected("FAILED_PRECONDITION", "spec_digest does not match the round")
+            if r.site_id in live.contributions:
+                raise Rejected("ALREADY_EXISTS", f"site {r.site_id!r} already contributed")
+            self._check_fresh(r.timestamp_unix_ms, "Refusal")
+            self._take_nonce(envelope.key_id, r.nonce, r.timestamp_unix_ms, "Refusal",
+                             persist=False)
+            now = self.now_ms()
+            self.store.insert_refusal(r.round_id, r.site_id, r.reason, envelope.SerializeToString(),
+                                      now, envelope.key_id, r.nonce, r.timestamp_unix_ms)
+            self._nonces.add((envelope.key_id, r.nonce))
+            live.refusals[r.site_id] = r.reason
+            log.info("round %s: site %s refused: %s", r.round_id, r.site_id, r.reason)
+            possible = len(live.invited) - len(live.refusals)
+            if possible < live.stored.quorum:
+                self._fail(live, f"quorum {live.stored.quorum} is unreachable: refused by "
+                                 f"{', '.join(sorted(live.refusals))}")
+        return pb.Ack(message="refusal recorded")
+
+    # ---- closing, deadlines and fitting ----
+    def _arm_deadline(self, round_id: str) -> None:
+        with self._lock:
+            live = self._rounds[round_id]
+            if live.state != OPEN or self._closed:
+                return
+            delay = max(0.0, (live.stored.deadline_ms - self.now_ms()) / 1000)
+            live.timer = threading.Timer(delay, self._on_deadline, args=(round_id,))
+            live.timer.daemon = True
+            live.timer.start()
+
+    def _on_deadline(self, round_id: str) -> None:
+        with self._lock:
+            live = self._rounds[round_id]
+            if live.state != OPEN or self._closed:
+                return
+            count = len(live.contributions)
+            if count >= live.stored.quorum:
+                self._close_for_fit(live, f"deadline passed with quorum ({count})")
+            else:
+                missing = live.missing()
+                self._fail(live, f"deadline passed with {count} of quorum {live.stored.quorum} "
+                                 f"contribution(s); missing: {', '.join(missing) or 'none'}"
+                                 + (f"; refused: {', '.join(sorted(live.refusals))}"
+                                    if live.refusals else ""))
+
+    def _fail(self, live: LiveRound, message: str) -> None:
+        self.store.set_state(live.stored.round_id, FAILED, message)
+        live.stored.state, live.stored.message = FAILED, message
+        if live.timer:
+            live.timer.cancel()
+        log.warning("round %s: FAILED: %s", live.stored.round_id, message)
+
+    def _close_for_fit(self, live: LiveRound, why: str) -> None:
+        round_s = (self.now_ms() - live.stored.started_ms) / 1000
+        self.store.set_state(live.stored.round_id, FITTING, why, round_s=round_s)
+        live.stored.state, live.stored.message, live.stored.round_s = FITTING, why, round_s
+        if live.timer:
+            live.timer.cancel()
+        log.info("round %s: closed after %.3f s: %s", live.stored.round_id, round_s, why)
+        self._submit_fit(live.stored.round_id)
+
+    def _submit_fit(self, round_id: str) -> None:
+        if not self._closed:
+            self._fit_pool.submit(self._fit, round_id)
+
+    def _fit(self, round_id: str) -> None:
+        with self._lock:
+            live = self._rounds[round_id]
+            parts = sorted(live.contributions.items())
+        spec = live.spec
+        t0 = time.perf_counter()
+        try:
+            public = aggregate.public_statistics(spec)
+            total = aggregate.aggregate([c.statistics for _, c in parts], public)
+            d = total.dim
+            if self.skip_fit:
+                beta_mean, draws, diag = np.zeros(d), np.zeros((0, d)), {"skipped": True}
+            else:
+                beta_mean, draws, diag = aggregate.fit(total, spec.fit_method, spec.fit_draws,
+                                                       spec.fit_seed or None)
+            fit_s = time.perf_counter() - t0
+            summary = aggregate.summarize(
+                spec=spec, contributions=[(s, c.n, c.epsilon) for s, c in parts], total=total,
+                public=public, beta_mean=beta_mean, beta_draws=draws, diagnostics=diag,
+                round_s=live.stored.round_s, fit_s=fit_s)
+            result = StoredResult(round_id, json.dumps(summary, sort_keys=True),
+                                  np.ascontiguousarray(draws, dtype="<f8").tobytes(),
+                                  int(draws.shape[0]), int(d))
+        except Exception as exc:  # noqa: BLE001 - any fit error fails the round, visibly
+            log.exception("round %s: fit failed", round_id)
+            with self._lock:
+                if not self._closed:
+                    self._fail(live, f"fit failed: {type(exc).__name__}: {exc}")
+            return
+        with self._lock:
+            if self._closed:
+                return  # a restart re-fits; the store still says FITTING
+            self.store.finish_round(result, fit_s)
+            live.stored.state, live.stored.fit_s, live.stored.message = DONE, fit_s, ""
+        log.info("round %s: DONE, n_total=%d, fit %.2f s (%s)", round_id, total.n, fit_s,
+                 "skipped" if self.skip_fit else spec.fit_method or "advi")
+
+    def aggregated_statistics(self, round_id: str) -> Statistics:
+        """The sum the model is fitted on (for tests and audits)."""
+        with self._lock:
+            live = self._round(round_id)
+            parts = [c.statistics for _, c in sorted(live.contributions.items())]
+        return aggregate.aggregate(parts, aggregate.public_statistics(live.spec)) if parts \
+            else (aggregate.public_statistics(live.spec) or Statistics.zeros(live.stored.dim))

@@ -1,0 +1,86 @@
+"""The gRPC servicer: a thin adapter from dpfed.v1.Aggregator calls to RoundManager methods.
+
+Every refusal becomes a gRPC status with a clear message and a log line; no logic lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+
+import grpc
+
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
+
+from aggregator.rounds import Rejected, RoundManager
+
+log = logging.getLogger(__name__)
+
+# How often an idle Subscribe stream looks at whether the client or the server went away.
+_STREAM_POLL_S = 1.0
+
+
+def _peer(context) -> str:
+    try:
+        return context.peer()
+    except Exception:  # noqa: BLE001 - only for log lines
+        return "?"
+
+
+class AggregatorServicer(pb_grpc.AggregatorServicer):
+    def __init__(self, manager: RoundManager):
+        self.manager = manager
+
+    def _call(self, what: str, context, fn, *args):
+        try:
+            return fn(*args)
+        except Rejected as exc:
+            log.warning("%s from %s rejected: %s: %s", what, _peer(context), exc.code, exc.message)
+            context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+
+    def StartRound(self, request, context):
+        return self._call("StartRound", context, self.manager.start_round, request)
+
+    def GetRound(self, request, context):
+        return self._call("GetRound", context, self.manager.status, request.round_id)
+
+    def GetResult(self, request, context):
+        return self._call("GetResult", context, self.manager.result, request.round_id)
+
+    def ListSites(self, request, context):
+        return self.manager.list_sites()
+
+    def Contribute(self, request, context):
+        return self._call("Contribute", context, self.manager.contribute, request)
+
+    def Refuse(self, request, context):
+        return self._call("Refuse", context, self.manager.refuse, request)
+
+    def Subscribe(self, request, context):
+        site_id = self._call("Subscribe", context, self.manager.hello, request)
+        token, updates = self.manager.subscribe(site_id)
+        try:
+            sent: set[str] = set()
+            # Subscribed before listing, so a round started in between is not missed; `sent`
+            # drops the second notice of it.
+            backlog = self.manager.pending_rounds(site_id)
+            while context.is_active():
+                if backlog:
+                    round_id = backlog.pop(0)
+                else:
+                    try:
+                        round_id = updates.get(timeout=_STREAM_POLL_S)
+                    except queue.Empty:
+                        continue
+                    if round_id is None:  # server shutting down
+                        return
+                if round_id in sent:
+                    continue
+                envelope = self.manager.spec_for_site(round_id, site_id)
+                if envelope is not None:
+                    sent.add(round_id)
+                    log.info("round %s: spec sent to site %s", round_id, site_id)
+                    yield envelope
+        finally:
+            self.manager.unsubscribe(token)

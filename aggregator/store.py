@@ -1,0 +1,216 @@
+"""Durable state of the aggregator's rounds in SQLite.
+
+WAL journal, one transaction per state change, so a crash leaves either the old or the new
+state and a restart can carry on: specs are kept as the coordinator-signed envelope bytes
+(re-sent unchanged to sites, which verify the signature themselves), contributions as the
+site-signed envelope bytes plus their decoded statistics, every accepted nonce, refusals,
+round status and results.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rounds (
+    round_id        TEXT PRIMARY KEY,
+    spec_envelope   BLOB NOT NULL,     -- serialized SignedEnvelope of the RoundSpec
+    spec_digest     TEXT NOT NULL,
+    dim             INTEGER NOT NULL,
+    quorum          INTEGER NOT NULL,
+    deadline_ms     INTEGER NOT NULL,
+    invited         TEXT NOT NULL,     -- JSON list of site ids resolved at start
+    state           TEXT NOT NULL,     -- OPEN, FITTING, DONE, FAILED
+    message         TEXT NOT NULL DEFAULT '',
+    started_ms      INTEGER NOT NULL,
+    round_s         REAL NOT NULL DEFAULT 0,
+    fit_s           REAL NOT NULL DEFAULT 0
+);
+CREATE TABLE IF NOT EXISTS contributions (
+    round_id        TEXT NOT NULL,
+    site_id         TEXT NOT NULL,
+    envelope        BLOB NOT NULL,     -- serialized SignedEnvelope, as received
+    statistics      BLOB NOT NULL,     -- dpfed Statistics encoding
+    n               INTEGER NOT NULL,
+    epsilon         REAL NOT NULL,
+    received_ms     INTEGER NOT NULL,
+    PRIMARY KEY (round_id, site_id)
+);
+CREATE TABLE IF NOT EXISTS nonces (
+    key_id          TEXT NOT NULL,
+    nonce           TEXT NOT NULL,
+    timestamp_ms    INTEGER NOT NULL,
+    PRIMARY KEY (key_id, nonce)
+);
+CREATE TABLE IF NOT EXISTS refusals (
+    round_id        TEXT NOT NULL,
+    site_id         TEXT NOT NULL,
+    reason          TEXT NOT NULL,
+    envelope        BLOB NOT NULL,
+    received_ms     INTEGER NOT NULL,
+    PRIMARY KEY (round_id, site_id)
+);
+CREATE TABLE IF NOT EXISTS results (
+    round_id        TEXT PRIMARY KEY,
+    summary_json    TEXT NOT NULL,
+    beta_draws      BLOB NOT NULL,     -- little-endian float64, draws x dim
+    draws           INTEGER NOT NULL,
+    dim             INTEGER NOT NULL
+);
+"""
+
+
+@dataclass
+class StoredRound:
+    round_id: str
+    spec_envelope: bytes
+    spec_digest: str
+    dim: int
+    quorum: int
+    deadline_ms: int
+    invited: list[str]
+    state: str
+    message: str
+    started_ms: int
+    round_s: float
+    fit_s: float
+
+
+@dataclass(frozen=True)
+class StoredContribution:
+    round_id: str
+    site_id: str
+    envelope: bytes
+    statistics: bytes
+    n: int
+    epsilon: float
+    received_ms: int
+
+
+@dataclass(frozen=True)
+class StoredResult:
+    round_id: str
+    summary_json: str
+    beta_draws: bytes
+    draws: int
+    dim: int
+
+
+class RoundStore:
+    """All SQL lives here. Thread-safe: one connection behind a lock (SQLite serialises
+    writers anyway, and the statements are short)."""
+
+    def __init__(self, path: str | Path):
+        self.path = str(path)
+        self._lock = threading.Lock()
+        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode: a committed transaction survives a process crash; only a power
+        # loss can drop the last few, and then sites retry (duplicates are idempotent).
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def _tx(self, statements: list[tuple[str, tuple]]) -> None:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, params in statements:
+                    self._db.execute(sql, params)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    # ---- rounds ----
+    def insert_round(self, r: StoredRound) -> None:
+        self._tx([("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                   (r.round_id, r.spec_envelope, r.spec_digest, r.dim, r.quorum, r.deadline_ms,
+                    json.dumps(r.invited), r.state, r.message, r.started_ms, r.round_s, r.fit_s))])
+
+    def set_state(self, round_id: str, state: str, message: str = "", *,
+                  round_s: float | None = None, fit_s: float | None = None) -> None:
+        sets, params = ["state = ?", "message = ?"], [state, message]
+        if round_s is not None:
+            sets.append("round_s = ?")
+            params.append(round_s)
+        if fit_s is not None:
+            sets.append("fit_s = ?")
+            params.append(fit_s)
+        self._tx([(f"UPDATE rounds SET {', '.join(sets)} WHERE round_id = ?",
+                   (*params, round_id))])
+
+    def rounds(self, states: tuple[str, ...] | None = None) -> list[StoredRound]:
+        sql = "SELECT * FROM rounds"
+        params: tuple = ()
+        if states:
+            sql += f" WHERE state IN ({','.join('?' * len(states))})"
+            params = states
+        return [StoredRound(*row[:6], json.loads(row[6]), *row[7:])
+                for row in self._query(sql + " ORDER BY started_ms", params)]
+
+    def get_round(self, round_id: str) -> StoredRound | None:
+        rows = self._query("SELECT * FROM rounds WHERE round_id = ?", (round_id,))
+        return StoredRound(*rows[0][:6], json.loads(rows[0][6]), *rows[0][7:]) if rows else None
+
+    # ---- contributions, refusals, nonces ----
+    def insert_contribution(self, c: StoredContribution, key_id: str, nonce: str,
+                            timestamp_ms: int) -> None:
+        """The contribution and its nonce in one transaction: both or neither."""
+        self._tx([
+            ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
+            ("INSERT INTO contributions VALUES (?,?,?,?,?,?,?)",
+             (c.round_id, c.site_id, c.envelope, c.statistics, c.n, c.epsilon, c.received_ms)),
+        ])
+
+    def contributions(self, round_id: str) -> list[StoredContribution]:
+        return [StoredContribution(*row) for row in self._query(
+            "SELECT * FROM contributions WHERE round_id = ? ORDER BY site_id", (round_id,))]
+
+    def insert_refusal(self, round_id: str, site_id: str, reason: str, envelope: bytes,
+                       received_ms: int, key_id: str, nonce: str, timestamp_ms: int) -> None:
+        self._tx([
+            ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
+            ("INSERT INTO refusals VALUES (?,?,?,?,?)",
+             (round_id, site_id, reason, envelope, received_ms)),
+        ])
+
+    def refusals(self, round_id: str) -> list[tuple[str, str]]:
+        return [tuple(r) for r in self._query(
+            "SELECT site_id, reason FROM refusals WHERE round_id = ? ORDER BY site_id",
+            (round_id,))]
+
+    def insert_nonce(self, key_id: str, nonce: str, timestamp_ms: int) -> None:
+        self._tx([("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms))])
+
+    def nonces_since(self, min_timestamp_ms: int) -> list[tuple[str, str]]:
+        return [tuple(r) for r in self._query(
+            "SELECT key_id, nonce FROM nonces WHERE timestamp_ms >= ?", (min_timestamp_ms,))]
+
+    def prune_nonces(self, before_ms: int) -> None:
+        """Nonces older than the clock-skew window can go: their timestamps are refused."""
+        self._tx([("DELETE FROM nonces WHERE timestamp_ms < ?", (before_ms,))])
+
+    # ---- results ----
+    def finish_round(self, res: StoredResult, fit_s: float, message: str = "") -> None:
+        self._tx([
+            ("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?)",
+             (res.round_id, res.summary_json, res.beta_draws, res.draws, res.dim)),
+            ("UPDATE rounds SET state = 'DONE', message = ?, fit_s = ? WHERE round_id = ?",
+             (message, fit_s, res.round_id)),
+        ])
+
+    def get_result(self, round_id: str) -> StoredResult | None:
+        rows = self._query("SELECT * FROM results WHERE round_id = ?", (round_id,))
+        return StoredResult(*rows[0]) if rows else None

@@ -1,0 +1,125 @@
+"""round.toml -> an (unsigned) RoundSpec (docs/interfaces.md).
+
+Everything data-dependent in the spec comes from the *public* rows only: the pre-processing
+means, the exact public statistics added at the aggregator, and (when bounds are not given)
+the scales sigma_x, sigma_y that turn the chosen omegas into clipping bounds (method.md 4).
+Public rows go through the same pre-processing as private ones; they are not clipped, since
+they are added to the sum without noise.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import math
+import secrets
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dpfed.preprocess import Preprocessing
+from dpfed.statistics import exact_statistics
+from dpfed.v1 import dpfed_pb2 as pb
+
+DEFAULT_SPLIT = (0.35, 0.60, 0.05)
+
+
+class RoundSpecError(ValueError):
+    """round.toml is incomplete or inconsistent."""
+
+
+def read_public_rows(path: Path, target: str, features: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Feature matrix and target of a public CSV/TSV; rows without a target are dropped."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    delimiter = "\t" if ".tsv" in path.suffixes else ","
+    with opener(path, "rt", newline="") as fh:
+        reader = csv.DictReader(fh, delimiter=delimiter)
+        missing = [c for c in [target, *features] if c not in (reader.fieldnames or [])]
+        if missing:
+            raise RoundSpecError(f"{path}: missing column(s) {', '.join(missing)}")
+        xs, ys = [], []
+        for row in reader:
+            y = row[target].strip()
+            if y in ("", "NA", "NaN", "nan"):
+                continue
+            try:
+                xs.append([float(row[f]) for f in features])
+                ys.append(float(y))
+            except ValueError as exc:
+                raise RoundSpecError(f"{path}: non-numeric value: {exc}") from None
+    if not ys:
+        raise RoundSpecError(f"{path}: no public rows with a {target} value")
+    return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
+
+
+def _choose_bounds(config: dict, d: int, eps: float, xp: np.ndarray, yp: np.ndarray):
+    try:
+        from dpfed.bounds import choose_bounds
+    except ImportError:
+        raise RoundSpecError("x_bound and y_bound are required (dpfed.bounds is not "
+                             "available to choose them)") from None
+    n = int(config.get("expected_site_n", 500))
+    chosen = choose_bounds(n, d, eps)
+    if isinstance(chosen, dict):
+        wx, wy = chosen["omega_x"], chosen["omega_y"]
+    elif hasattr(chosen, "omega_x"):
+        wx, wy = chosen.omega_x, chosen.omega_y
+    else:
+        wx, wy = chosen
+    sigma_x = float(np.std(xp)) if xp.size else 1 / math.sqrt(d)
+    sigma_y = float(np.std(yp)) if yp.size > 1 else 1.0
+    return wx * sigma_x, wy * sigma_y
+
+
+def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | None = None,
+                     ) -> pb.RoundSpec:
+    """The RoundSpec described by a parsed round.toml (unsigned; coordinator_id left for the
+    client to fill)."""
+    base = Path(base_dir)
+    try:
+        target = str(config["target"])
+        features = [str(f) for f in config["features"]]
+        eps = float(config["epsilon"])
+    except KeyError as exc:
+        raise RoundSpecError(f"round.toml needs {exc.args[0]}") from None
+    if not features:
+        raise RoundSpecError("round.toml: features is empty")
+    d = len(features)
+    now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+    spec = pb.RoundSpec(
+        round_id=str(config.get("round_id") or
+                     f"r-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now_ms / 1000))}-"
+                     f"{secrets.token_hex(3)}"),
+        target=target, feature_names=features, epsilon=eps,
+        budget_split=[float(p) for p in config.get("budget_split", DEFAULT_SPLIT)],
+        quorum=int(config.get("quorum", 1)),
+        deadline_unix_ms=now_ms + int(float(config.get("deadline_s", 600)) * 1000),
+        sites=[str(s) for s in config.get("sites", [])],
+        created_unix_ms=now_ms)
+    fit = config.get("fit", {})
+    spec.fit_method = str(fit.get("method", "advi"))
+    spec.fit_draws = int(fit.get("draws", 5000))
+    spec.fit_seed = int(fit.get("seed", 0))
+
+    public = config.get("public", {})
+    xp = yp = np.zeros(0)
+    if public.get("path"):
+        path = base / public["path"]
+        x_raw, y_raw = read_public_rows(path, target, features)
+        pre = Preprocessing.from_public_data(x_raw, y_raw,
+                                             normalize_rows=bool(public.get("normalize_rows", True)))
+        xp, yp = pre.apply(x_raw, y_raw)
+        spec.public_statistics = exact_statistics(xp, yp).to_bytes()
+        spec.public_source = str(public.get("source", f"{path.name}: {len(yp)} public rows"))
+    else:
+        pre = Preprocessing.identity(d) if not config.get("normalize_rows", False) else \
+            Preprocessing((0.0,) * d, 0.0, True)
+        spec.public_source = "none"
+    spec.preprocessing.CopyFrom(pb.Preprocessing(x_mean=list(pre.x_mean), y_mean=pre.y_mean,
+                                                 normalize_rows=pre.normalize_rows))
+    if "x_bound" in config and "y_bound" in config:
+        spec.x_bound, spec.y_bound = float(config["x_bound"]), float(config["y_bound"])
+    else:
+        spec.x_bound, spec.y_bound = _choose_bounds(config, d, eps, xp, yp)
+    return spec

@@ -1,0 +1,97 @@
+"""Shared fixtures. `federation`: a real aggregator gRPC server on 127.0.0.1 (port 0) with
+three registered sites and one coordinator, and helpers to sign what they send."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+import numpy as np
+import pytest
+
+
+class Federation:
+    SITES = ("site-a", "site-b", "site-c")
+
+    def __init__(self, tmp_path, **config):
+        from dpfed.wire.signing import SigningKey
+        self.tmp = tmp_path
+        self.site_keys = {s: SigningKey.generate() for s in self.SITES}
+        self.coordinator_key = SigningKey.generate()
+        for name, key in [*self.site_keys.items(), ("coordinator", self.coordinator_key)]:
+            key.save(tmp_path / f"{name}.key", tmp_path / f"{name}.pub")
+        self.raw = {"listen": "127.0.0.1:0", "state_db": "agg.sqlite", "insecure": True,
+                    "max_clock_skew_s": 60, "grace_s": 0.5,
+                    "sites": [{"site_id": s, "public_key": f"{s}.pub"} for s in self.SITES],
+                    "coordinators": [{"coordinator_id": "coord", "public_key": "coordinator.pub"}],
+                    **config}
+        self.server = None
+        self.start()
+
+    def start(self):
+        import grpc
+        from aggregator.config import config_from_dict
+        from aggregator.server import AggregatorServer
+        from coordinator.client import Coordinator
+        from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
+        self.server = AggregatorServer(config_from_dict(self.raw, self.tmp))
+        self.port = self.server.start()
+        self.address = f"127.0.0.1:{self.port}"
+        self.channel = grpc.insecure_channel(self.address)
+        self.stub = pb_grpc.AggregatorStub(self.channel)
+        self.coordinator = Coordinator(self.address, self.coordinator_key, "coord")
+
+    def stop(self):
+        self.channel.close()
+        self.coordinator.close()
+        self.server.stop(0.2)
+
+    @property
+    def manager(self):
+        return self.server.manager
+
+    def spec(self, round_id="r1", d=3, quorum=2, deadline_s=30.0, public=None, **kw):
+        from dpfed.v1 import dpfed_pb2 as pb
+        now = int(time.time() * 1000)
+        spec = pb.RoundSpec(round_id=round_id, coordinator_id="coord", target="y",
+                            feature_names=[f"x{i}" for i in range(d)], epsilon=2.0,
+                            x_bound=0.5, y_bound=2.0, budget_split=[0.35, 0.6, 0.05],
+                            quorum=quorum, deadline_unix_ms=now + int(deadline_s * 1000),
+                            created_unix_ms=now, fit_method="fixed", fit_draws=200, fit_seed=1,
+                            **kw)
+        if public is not None:
+            spec.public_statistics = public.to_bytes()
+        return spec
+
+    def start_round(self, spec):
+        return self.coordinator.start_round(spec)
+
+    def spec_digest(self, round_id):
+        return self.manager.status(round_id).spec_digest
+
+    def contribution(self, site, round_id, stats, *, key=None, digest=None, **overrides):
+        """A signed Contribution of ``stats`` from ``site``; ``overrides`` replace fields."""
+        from dpfed.v1 import dpfed_pb2 as pb
+        fields = dict(round_id=round_id, site_id=site, statistics=stats.to_bytes(), n=stats.n,
+                      epsilon_spent=2.0,
+                      spec_digest=digest if digest is not None else self.spec_digest(round_id),
+                      timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16))
+        fields.update(overrides)
+        return (key or self.site_keys[site]).sign(pb.Contribution(**fields))
+
+
+def random_statistics(d=3, n=50, seed=0):
+    """A release-like Statistics value (noisy, exactly symmetric)."""
+    from dpfed.statistics import Statistics
+    rng = np.random.default_rng(seed)
+    a = rng.normal(size=(d, d)) * 10
+    return Statistics(np.triu(a) + np.triu(a, 1).T, rng.normal(size=d) * 5,
+                      float(rng.normal() * 3 + 40), n)
+
+
+@pytest.fixture
+def federation(tmp_path):
+    fed = Federation(tmp_path)
+    yield fed
+    if fed.server.server is not None:
+        fed.stop()
