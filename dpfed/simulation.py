@@ -237,21 +237,16 @@ class FittedModel:
 
 
 def fit_model(stats: Statistics, *, method: str, draws: int, seed: int) -> FittedModel:
-    """The aggregator's posterior fit (``aggregator.fit_posterior``) on ``stats``, so the
-    baselines use exactly the model of the private round. Falls back to the fixed-precision
-    closed form (lambda = lambda0 = 1) when the aggregator extra is not importable."""
-    try:
-        from aggregator import fit_posterior
-    except ImportError:
-        fit_posterior = None
-    if fit_posterior is None:
-        from aggregator.closed_form import closed_form_mean
+    """The aggregator's own posterior fit (``aggregator.aggregate.fit``) on ``stats``, so the
+    baselines use exactly the model of the private round, including its fallback to the
+    fixed-precision closed form when PyMC is not installed."""
+    from aggregator.aggregate import fit
 
-        return FittedModel(closed_form_mean(stats.xtx, stats.xty), None, "closed-form")
-    post = fit_posterior(stats, method=method, draws=draws, seed=seed)
-    draws_arr = getattr(post, "beta_draws", None)
-    draws_arr = None if draws_arr is None else np.asarray(draws_arr, dtype=np.float64)
-    return FittedModel(np.asarray(post.beta_mean, dtype=np.float64), draws_arr, method)
+    beta_mean, beta_draws, diagnostics = fit(stats, method, draws, seed)
+    beta_draws = np.asarray(beta_draws, dtype=np.float64)
+    return FittedModel(np.asarray(beta_mean, dtype=np.float64),
+                       beta_draws if beta_draws.size else None,
+                       str(diagnostics.get("method", method)))
 
 
 def training_statistics(problem: Problem, rows: np.ndarray, preprocessing: Preprocessing) -> Statistics:
@@ -496,6 +491,24 @@ def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text[-lines:])
 
 
+def dpfed_command(log_level: str, *args: str) -> list[str]:
+    """``python -m dpfed.cli ARGS`` with the interpreter running us (same environment)."""
+    return [sys.executable, "-m", "dpfed.cli", "--log-level", log_level, *args]
+
+
+def aggregator_command(config_path: Path, log_level: str = "INFO") -> list[str]:
+    """``dpfed aggregator serve --config ...``. Until that CLI command exists, the same server
+    through its Python entry point (aggregator.server.serve), still a separate process."""
+    import importlib.util
+
+    if importlib.util.find_spec("dpfed.commands.aggregator") is not None:
+        return dpfed_command(log_level, "aggregator", "serve", "--config", str(config_path))
+    code = ("import logging, sys; logging.basicConfig(level=sys.argv[2], stream=sys.stderr, "
+            "format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
+            "from aggregator.server import serve; sys.exit(serve(sys.argv[1]))")
+    return [sys.executable, "-c", code, str(config_path), log_level]
+
+
 @dataclass
 class ChildProcess:
     name: str
@@ -521,14 +534,14 @@ class LocalFederation:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _spawn(self, name: str, args: list[str]) -> ChildProcess:
+    def _spawn(self, name: str, command: list[str]) -> ChildProcess:
         log_path = self.layout.logs / f"{name}.log"
         log = log_path.open("ab")
         try:
             # New session: a Ctrl-C in the terminal reaches only us; we stop the children
             # ourselves, in order, instead of racing their own interrupt handling.
             popen = subprocess.Popen(
-                [sys.executable, "-m", "dpfed.cli", "--log-level", self.log_level, *args],
+                command,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 cwd=self.layout.root, env=child_environment(), start_new_session=True)
         finally:
@@ -539,11 +552,12 @@ class LocalFederation:
 
     def start(self, *, timeout_s: float = 60.0) -> None:
         self.progress(f"starting aggregator on {self.address}")
-        self._spawn("aggregator", ["aggregator", "serve", "--config",
-                                   str(self.layout.aggregator_config)])
+        self._spawn("aggregator", aggregator_command(self.layout.aggregator_config,
+                                                     self.log_level))
         self.wait_aggregator_healthy(timeout_s)
         for name in self.site_names:
-            self._spawn(name, ["site", "serve", "--config", str(self.layout.site_config(name))])
+            self._spawn(name, dpfed_command(self.log_level, "site", "serve", "--config",
+                                            str(self.layout.site_config(name))))
         self.progress(f"started {len(self.site_names)} site processes; waiting for them to connect")
 
     def check_alive(self) -> None:
@@ -578,7 +592,7 @@ class LocalFederation:
         while True:
             self.check_alive()
             try:
-                connected = {s.site_id for s in coordinator.list_sites().sites if s.connected}
+                connected = {s.site_id for s in coordinator.list_sites() if s.connected}
             except Exception:  # the aggregator may still be settling; the deadline decides
                 connected = set()
             if wanted <= connected:
