@@ -53,12 +53,12 @@ class Federation:
     def spec(self, round_id="r1", d=3, quorum=2, deadline_s=30.0, public=None, **kw):
         from dpfed.v1 import dpfed_pb2 as pb
         now = int(time.time() * 1000)
-        spec = pb.RoundSpec(round_id=round_id, coordinator_id="coord", target="y",
-                            feature_names=[f"x{i}" for i in range(d)], epsilon=2.0,
-                            x_bound=0.5, y_bound=2.0, budget_split=[0.35, 0.6, 0.05],
-                            quorum=quorum, deadline_unix_ms=now + int(deadline_s * 1000),
-                            created_unix_ms=now, fit_method="fixed", fit_draws=200, fit_seed=1,
-                            **kw)
+        fields = dict(round_id=round_id, coordinator_id="coord", target="y",
+                      feature_names=[f"x{i}" for i in range(d)], epsilon=2.0, x_bound=0.5,
+                      y_bound=2.0, budget_split=[0.35, 0.6, 0.05], quorum=quorum,
+                      deadline_unix_ms=now + int(deadline_s * 1000), created_unix_ms=now,
+                      fit_method="fixed", fit_draws=200, fit_seed=1)
+        spec = pb.RoundSpec(**{**fields, **kw})
         if public is not None:
             spec.public_statistics = public.to_bytes()
         return spec

@@ -1,0 +1,240 @@
+"""The aggregator over real gRPC on 127.0.0.1: a whole round, every kind of rejection (and
+that none of them touches the round), deadlines, refusals, subscription and restart."""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import threading
+import time
+from fractions import Fraction
+
+import grpc
+import numpy as np
+import pytest
+
+from dpfed.statistics import Statistics
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire.signing import SigningKey
+
+from tests.conftest import random_statistics
+
+
+def _code(call):
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code()
+
+
+def _exact_sum(parts):
+    """Reference sum in exact rational arithmetic, rounded once (what math.fsum promises)."""
+    d = parts[0].dim
+    xtx = np.array([[float(sum(Fraction(p.xtx[i, j]) for p in parts)) for j in range(d)]
+                    for i in range(d)])
+    xty = np.array([float(sum(Fraction(p.xty[i]) for p in parts)) for i in range(d)])
+    yty = float(sum(Fraction(p.yty) for p in parts))
+    return Statistics(xtx, xty, yty, sum(p.n for p in parts))
+
+
+def test_round_quorum_fit_result_and_exact_sum(federation):
+    public = random_statistics(seed=9, n=10)
+    federation.start_round(federation.spec(quorum=3, public=public))
+    releases = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(federation.SITES)}
+    for site, stats in releases.items():
+        reply = federation.stub.Contribute(federation.contribution(site, "r1", stats))
+        assert reply.accepted and not reply.duplicate
+    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    assert status.state == pb.RoundStatus.DONE, status.message
+    assert [c.site_id for c in status.contributions] == list(federation.SITES)
+    expected = _exact_sum([*releases.values(), public])
+    assert federation.manager.aggregated_statistics("r1") == expected
+    result = federation.coordinator.result("r1")
+    summary = json.loads(result.summary_json)
+    assert summary["n_total"] == sum(s.n for s in releases.values()) + 10
+    assert summary["n_public"] == 10
+    assert [s["site_id"] for s in summary["sites"]] == list(federation.SITES)
+    assert summary["dim"] == 3 and len(summary["beta_mean"]) == 3
+    assert {"round_s", "fit_s"} <= set(summary["timings"])
+    draws = np.frombuffer(result.beta_draws, "<f8").reshape(result.draws, result.dim)
+    assert draws.shape == (200, 3)
+
+
+def test_rejections_leave_the_round_untouched(federation):
+    federation.start_round(federation.spec(quorum=3))
+    stats = random_statistics(seed=1)
+    good = federation.contribution("site-a", "r1", stats)
+    assert federation.stub.Contribute(good).accepted
+    before = federation.manager.aggregated_statistics("r1")
+    C = grpc.StatusCode
+    stranger = SigningKey.generate()
+    bad_sig = pb.SignedEnvelope()
+    bad_sig.CopyFrom(federation.contribution("site-b", "r1", stats))
+    bad_sig.signature = bytes(64)
+    replay = federation.contribution("site-b", "r1", stats)
+    federation.manager._nonces.add((replay.key_id, json.loads(replay.payload)["nonce"]))
+    nan_stats = stats.to_bytes()[:-8] + np.array([math.nan]).astype("<f8").tobytes()
+    cases = {
+        "unknown key": (federation.contribution("site-b", "r1", stats, key=stranger),
+                        C.UNAUTHENTICATED),
+        "bad signature": (bad_sig, C.UNAUTHENTICATED),
+        "wrong site for key": (federation.contribution("site-b", "r1", stats,
+                                                       key=federation.site_keys["site-c"]),
+                               C.PERMISSION_DENIED),
+        "stale timestamp": (federation.contribution(
+            "site-b", "r1", stats, timestamp_unix_ms=int(time.time() * 1000) - 3_600_000),
+            C.UNAUTHENTICATED),
+        "unknown round": (federation.contribution("site-b", "nope", stats, digest="00"),
+                          C.FAILED_PRECONDITION),
+        "stale spec digest": (federation.contribution("site-b", "r1", stats, digest="ab" * 32),
+                              C.FAILED_PRECONDITION),
+        "replayed nonce": (replay, C.ALREADY_EXISTS),
+        "second different contribution": (
+            federation.contribution("site-a", "r1", random_statistics(seed=2)), C.ALREADY_EXISTS),
+        "dimension mismatch": (federation.contribution("site-b", "r1", random_statistics(d=4)),
+                               C.INVALID_ARGUMENT),
+        "n mismatch": (federation.contribution("site-b", "r1", stats, n=stats.n + 1),
+                       C.INVALID_ARGUMENT),
+        "non-finite statistics": (federation.contribution("site-b", "r1", stats,
+                                                          statistics=nan_stats),
+                                  C.INVALID_ARGUMENT),
+        "garbage statistics": (federation.contribution("site-b", "r1", stats,
+                                                       statistics=b"junk"), C.INVALID_ARGUMENT),
+        "wrong epsilon": (federation.contribution("site-b", "r1", stats, epsilon_spent=1.0),
+                          C.INVALID_ARGUMENT),
+        "not a contribution": (federation.site_keys["site-b"].sign(
+            pb.Refusal(round_id="r1", site_id="site-b")), C.UNAUTHENTICATED),
+    }
+    for name, (envelope, code) in cases.items():
+        assert _code(lambda: federation.stub.Contribute(envelope)) == code, name
+        assert federation.manager.aggregated_statistics("r1") == before, name
+    status = federation.manager.status("r1")
+    assert [c.site_id for c in status.contributions] == ["site-a"]
+    assert status.state == pb.RoundStatus.OPEN
+    # The identical envelope again is an idempotent duplicate.
+    reply = federation.stub.Contribute(good)
+    assert reply.accepted and reply.duplicate
+    assert federation.manager.aggregated_statistics("r1") == before
+
+
+def test_not_invited_and_closed_round(federation):
+    federation.start_round(federation.spec(quorum=1, sites=["site-a"]))
+    stats = random_statistics()
+    assert _code(lambda: federation.stub.Contribute(
+        federation.contribution("site-b", "r1", stats))) == grpc.StatusCode.PERMISSION_DENIED
+    federation.stub.Contribute(federation.contribution("site-a", "r1", stats))
+    federation.coordinator.wait("r1", 10, poll_s=0.05)
+    before = federation.manager.aggregated_statistics("r1")
+    federation.raw  # closed round: even an invited site cannot add to it
+    assert _code(lambda: federation.stub.Contribute(
+        federation.contribution("site-a", "r1", random_statistics(seed=3)))) in (
+        grpc.StatusCode.FAILED_PRECONDITION,)
+    assert federation.manager.aggregated_statistics("r1") == before
+
+
+def test_start_round_checks_key_and_spec(federation):
+    C = grpc.StatusCode
+    site_signed = federation.site_keys["site-a"].sign(federation.spec())
+    assert _code(lambda: federation.stub.StartRound(site_signed)) == C.UNAUTHENTICATED
+    for bad in [federation.spec(quorum=4), federation.spec(epsilon=0.0),
+                federation.spec(x_bound=-1.0), federation.spec(budget_split=[0.5, 0.5]),
+                federation.spec(sites=["site-z"]), federation.spec(deadline_s=-5),
+                federation.spec(public=random_statistics(d=2))]:
+        assert _code(lambda: federation.start_round(bad)) == C.INVALID_ARGUMENT
+    federation.start_round(federation.spec())
+    assert _code(lambda: federation.start_round(federation.spec())) == C.ALREADY_EXISTS
+    assert _code(lambda: federation.coordinator.result("r1")) == C.FAILED_PRECONDITION
+    assert _code(lambda: federation.coordinator.status("zzz")) == C.NOT_FOUND
+
+
+def test_deadline_without_quorum_fails_naming_missing_sites(federation):
+    federation.start_round(federation.spec(quorum=2, deadline_s=0.6))
+    federation.stub.Contribute(federation.contribution("site-a", "r1", random_statistics()))
+    status = federation.coordinator.wait("r1", 5, poll_s=0.05)
+    assert status.state == pb.RoundStatus.FAILED
+    assert "site-b" in status.message and "site-c" in status.message
+    assert list(status.missing_sites) == ["site-b", "site-c"]
+
+
+def test_refusal_is_recorded_and_shown(federation):
+    federation.start_round(federation.spec(quorum=2))
+    digest = federation.spec_digest("r1")
+    refusal = federation.site_keys["site-b"].sign(pb.Refusal(
+        round_id="r1", site_id="site-b", spec_digest=digest, reason="budget exhausted",
+        timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16)))
+    federation.stub.Refuse(refusal)
+    status = federation.coordinator.status("r1")
+    assert [(r.site_id, r.reason) for r in status.refusals] == [("site-b", "budget exhausted")]
+    assert status.state == pb.RoundStatus.OPEN
+    refusal_c = federation.site_keys["site-c"].sign(pb.Refusal(
+        round_id="r1", site_id="site-c", spec_digest=digest, reason="policy",
+        timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16)))
+    federation.stub.Refuse(refusal_c)
+    status = federation.coordinator.status("r1")
+    assert status.state == pb.RoundStatus.FAILED and "unreachable" in status.message
+
+
+def _hello(federation, site):
+    return federation.site_keys[site].sign(pb.SiteHello(
+        site_id=site, timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16)))
+
+
+def test_subscribe_streams_signed_specs(federation):
+    federation.start_round(federation.spec(round_id="r-before", sites=["site-a", "site-b"]))
+    stream = federation.stub.Subscribe(_hello(federation, "site-a"))
+    received = []
+
+    def read():
+        for env in stream:
+            received.append(env)
+            if len(received) == 2:
+                return
+    reader = threading.Thread(target=read)
+    reader.start()
+    time.sleep(0.3)
+    federation.start_round(federation.spec(round_id="r-after", sites=["site-a", "site-b"]))
+    federation.start_round(federation.spec(round_id="r-other", sites=["site-b", "site-c"]))
+    reader.join(5)
+    stream.cancel()
+    from dpfed.wire.signing import verify
+    trusted = {federation.coordinator_key.key_id: federation.coordinator_key.public_key}
+    ids = [verify(env, trusted, "dpfed.v1.RoundSpec").round_id for env in received]
+    assert ids == ["r-before", "r-after"]
+    sites = {s.site_id: s for s in federation.coordinator.list_sites()}
+    assert sites["site-a"].last_seen_unix_ms > 0
+
+
+def test_subscribe_rejects_unknown_key_and_replayed_hello(federation):
+    hello = _hello(federation, "site-a")
+    federation.manager.hello(hello)  # consumes the nonce
+    assert _code(lambda: next(federation.stub.Subscribe(hello))) == grpc.StatusCode.ALREADY_EXISTS
+    stranger = SigningKey.generate().sign(pb.SiteHello(
+        site_id="site-a", timestamp_unix_ms=int(time.time() * 1000), nonce="aa" * 16))
+    assert _code(lambda: next(federation.stub.Subscribe(stranger))) == \
+        grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_restart_keeps_contributions_and_status(federation):
+    federation.start_round(federation.spec(quorum=2))
+    first = federation.contribution("site-a", "r1", random_statistics(seed=1))
+    federation.stub.Contribute(first)
+    federation.stop()
+    federation.start()
+    status = federation.coordinator.status("r1")
+    assert status.state == pb.RoundStatus.OPEN
+    assert [c.site_id for c in status.contributions] == ["site-a"]
+    # The replayed nonce is still known; the identical envelope is still a duplicate.
+    assert federation.stub.Contribute(first).duplicate
+    federation.stub.Contribute(federation.contribution("site-b", "r1", random_statistics(seed=2)))
+    assert federation.coordinator.wait("r1", 10, poll_s=0.05).state == pb.RoundStatus.DONE
+    federation.stop()
+    federation.start()
+    assert federation.coordinator.status("r1").state == pb.RoundStatus.DONE
+    assert json.loads(federation.coordinator.result("r1").summary_json)["n_total"] == 100
+
+
+def test_health_service_serves(federation):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    stub = health_pb2_grpc.HealthStub(federation.channel)
+    reply = stub.Check(health_pb2.HealthCheckRequest(service="dpfed.v1.Aggregator"))
+    assert reply.status == health_pb2.HealthCheckResponse.SERVING
