@@ -44,7 +44,7 @@ CREATE TABLE IF NOT EXISTS meta (
     value TEXT NOT NULL
 );
 -- One row per release ever made. The envelope is the exact signed Contribution that left
--- (or will leave) the site; it is the only answer this site will ever give for round_id.
+-- (or will leave) the site: it is the only answer this site will ever give for round_id.
 CREATE TABLE IF NOT EXISTS releases (
     round_id        TEXT PRIMARY KEY,
     spec_digest     TEXT NOT NULL,
@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS releases (
     acknowledged    INTEGER NOT NULL DEFAULT 0,
     last_error      TEXT
 );
--- The debit journal; spent = SUM(epsilon). Separate from releases so that other privacy
+-- The debit journal: spent = SUM(epsilon). Separate from releases so that other privacy
 -- costs (e.g. a DP estimate of a scale, method.md section 4) can be charged here too.
 CREATE TABLE IF NOT EXISTS debits (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -118,6 +118,7 @@ class PrivacyLedger:
         self._conn.execute("PRAGMA synchronous=FULL")
         self._conn.execute(f"PRAGMA busy_timeout={int(timeout_s * 1000)}")
         with self._transaction():
+            # One statement at a time: executescript() would COMMIT our transaction.
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
                     self._conn.execute(statement)
