@@ -771,6 +771,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
         },
         "timings": {"round_s": float(status.round_seconds), "fit_s": float(status.fit_seconds),
                     "baselines_s": baseline_fit_s, "total_s": time.monotonic() - t_start},
+        "n_total": summary.get("n_total"),
+        "beta_mean": [float(v) for v in private.beta_mean],
         "top_features": feature_table(private, problem.feature_names),
         "nonprivate_beta_mean": [float(v) for v in baselines["nonprivate"].beta_mean],
         "diagnostics": summary.get("diagnostics", {}),

@@ -1,0 +1,176 @@
+"""End to end: an aggregator and three site nodes as real processes, one round over gRPC.
+
+Checks what no unit test can: the statistics each site recorded in its ledger are the ones
+the aggregator stored, the model was fitted on exactly their sum plus the public statistics,
+and `dpfed simulate --json` reports what it promises.
+"""
+
+import json
+
+import numpy as np
+import pytest
+
+from dpfed import simulation as sim
+from dpfed.statistics import Statistics
+
+pytestmark = pytest.mark.slow
+
+SEED = 3
+N_SITES = 3
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """One `dpfed simulate --json` run (fixed-precision fit: seconds, not minutes)."""
+    from dpfed import cli
+
+    workdir = tmp_path_factory.mktemp("federation")
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(["--log-level", "WARNING", "simulate", "--json", "--fit-method", "fixed",
+                         "--draws", "400", "--sites", str(N_SITES), "--seed", str(SEED),
+                         "--workdir", str(workdir), "--timeout", "60"])
+    return code, out.getvalue(), sim.FederationLayout(workdir)
+
+
+def test_simulate_exits_zero_and_prints_one_json_object(run):
+    code, stdout, _ = run
+    assert code == 0
+    result = json.loads(stdout)
+    for key in ("round_id", "sites", "metrics", "timings"):
+        assert key in result
+    assert len(result["sites"]) == N_SITES
+    for site in result["sites"]:
+        assert set(site) >= {"site_id", "n", "epsilon"}
+        assert site["epsilon"] == 2.0 and site["n"] == site["n_planned"]
+    for key in ("spearman_private", "spearman_nonprivate", "spearman_public_only"):
+        assert -1.0 <= result["metrics"][key] <= 1.0
+    assert set(result["timings"]) >= {"round_s", "fit_s"}
+    # The known signal survives eps = 2 per site: TP53-mutant lines resist Nutlin-3a.
+    assert result["metrics"]["spearman_nonprivate"] > 0.3
+    assert result["beta_mean"][result["features"].index("TP53_mut")] > 0
+
+
+def _site_releases(layout, round_id):
+    from site_node.ledger import PrivacyLedger
+    from dpfed.wire.canonical import parse_canonical
+
+    releases = {}
+    for name in sim.site_ids(N_SITES):
+        ledger = PrivacyLedger(layout.site_db(name))
+        try:
+            stored = ledger.get_release(round_id)
+            assert stored is not None, f"{name} has no release for {round_id}"
+            assert ledger.spent == pytest.approx(2.0)
+            contribution = parse_canonical(stored.envelope.payload, stored.envelope.payload_type)
+        finally:
+            ledger.close()
+        assert contribution.site_id == name
+        releases[name] = contribution.statistics
+    return releases
+
+
+def _aggregator_state(layout, round_id):
+    from aggregator.store import RoundStore
+    from dpfed.v1 import dpfed_pb2 as pb
+    from dpfed.wire.canonical import parse_canonical
+
+    store = RoundStore(layout.aggregator_db)
+    try:
+        stored_round = store.get_round(round_id)
+        contributions = {c.site_id: c.statistics for c in store.contributions(round_id)}
+    finally:
+        store.close()
+    envelope = pb.SignedEnvelope.FromString(stored_round.spec_envelope)
+    spec = parse_canonical(envelope.payload, envelope.payload_type)
+    return spec, contributions
+
+
+def test_aggregate_is_exactly_site_releases_plus_public_statistics(run):
+    from aggregator.aggregate import exact_sum, fit
+
+    _, stdout, layout = run
+    result = json.loads(stdout)
+    round_id = result["round_id"]
+    releases = _site_releases(layout, round_id)
+    spec, received = _aggregator_state(layout, round_id)
+
+    # What left each site is, byte for byte, what the aggregator stored.
+    assert received == releases
+
+    # The public statistics in the signed spec are the exact statistics of the public lines.
+    problem = sim.gdsc_problem(1047)
+    split = sim.split_rows(problem.n, n_sites=N_SITES, n_public=10, n_test=100, seed=SEED)
+    prep = sim.public_preprocessing(problem, split)
+    public = Statistics.from_bytes(spec.public_statistics)
+    assert public == sim.training_statistics(problem, split.public, prep)
+
+    parts = [Statistics.from_bytes(b) for b in releases.values()]
+    total = exact_sum(parts + [public])
+    naive = sum(parts) + public
+    assert total.n == result["n_total"] == sum(s["n"] for s in result["sites"]) + 10
+    np.testing.assert_allclose(total.xtx, naive.xtx, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(total.xty, naive.xty, rtol=1e-12, atol=1e-12)
+    # The fixed-precision posterior mean is a deterministic function of the total: the
+    # aggregator fitted on exactly this sum.
+    beta_mean, _, _ = fit(total, "fixed", 400, SEED)
+    assert np.array_equal(np.asarray(result["beta_mean"]), beta_mean)
+    # And the private statistics are noisy: no site released its exact statistics.
+    for name, rows in zip(sim.site_ids(N_SITES), split.sites):
+        exact = sim.training_statistics(problem, rows, prep)
+        assert not np.allclose(Statistics.from_bytes(releases[name]).xty, exact.xty)
+
+
+def test_posterior_is_finite_and_predicts(run):
+    _, stdout, layout = run
+    result = json.loads(stdout)
+    beta = np.asarray(result["beta_mean"])
+    assert beta.shape == (10,) and np.all(np.isfinite(beta))
+    for row in result["top_features"]:
+        lo, hi = row["ci95"]
+        assert lo <= row["mean"] <= hi
+    problem = sim.gdsc_problem(1047)
+    split = sim.split_rows(problem.n, n_sites=N_SITES, n_public=10, n_test=100, seed=SEED)
+    prep = sim.public_preprocessing(problem, split)
+    prediction = sim.FittedModel(beta).predict(prep.transform_x(problem.x[split.test]))
+    assert prediction.shape == (100,) and np.all(np.isfinite(prediction))
+    assert np.std(prediction) > 0
+
+
+def test_child_processes_logged_and_stopped(run):
+    _, _, layout = run
+    logs = sorted(p.name for p in layout.logs.iterdir())
+    assert logs == ["aggregator.log"] + [f"{n}.log" for n in sim.site_ids(N_SITES)]
+    # The aggregator is gone: its port can be bound again.
+    import socket
+    import tomllib
+
+    listen = tomllib.loads(layout.aggregator_config.read_text())["listen"]
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", int(listen.rsplit(":", 1)[1])))
+
+
+def test_failed_round_exits_3_and_keeps_logs(tmp_path, capsys):
+    """A site policy that refuses the round (eps above its per-round cap) fails the round."""
+    from dpfed.commands import simulate as command
+
+    options = sim.SimulationOptions(fit_method="fixed", fit_draws=10, workdir=tmp_path,
+                                    round_timeout_s=20)
+    original = sim.write_federation
+
+    def strict_sites(*args, **kwargs):
+        kwargs["epsilon"] = 0.5  # the sites' max_epsilon_per_round; the round asks for 2
+        return original(*args, **kwargs)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(sim, "write_federation", strict_sites):
+        with pytest.raises(sim.FederationFailed) as info:
+            sim.run_simulation(options, progress=lambda m: None)
+    assert "FAILED" in str(info.value) or "refus" in str(info.value).lower()
+    assert "aggregator.log" in info.value.logs
+    assert (tmp_path / "logs" / "aggregator.log").exists()
+    assert command  # the command maps FederationFailed to exit code 3 (ROUND_FAILED)
