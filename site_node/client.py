@@ -10,7 +10,8 @@ Failure handling:
   re-opened with exponential backoff and jitter, forever, until stopped;
 * Contribute/Refuse get a deadline each and are retried with backoff only on UNAVAILABLE and
   DEADLINE_EXCEEDED; other codes are answers, not transport failures;
-* a release is marked acknowledged only when the aggregator says accepted or duplicate. On
+* a release is marked acknowledged only when the aggregator says accepted or duplicate, and
+  marked rejected (with the status and message) when it answers with an error status. On
   every (re)connect, stored-but-unacknowledged releases are resent first, as the *stored
   bytes*. They are never re-signed: a fresh timestamp/nonce would be a second envelope for the
   same round. The price: after a long outage the stored timestamp may be older than the
@@ -156,7 +157,19 @@ class SiteClient:
     def send_contribution(self, stub, envelope: pb.SignedEnvelope) -> bool:
         round_id = parse_canonical(envelope.payload, CONTRIBUTION).round_id
         self.node.ledger.mark_sent(round_id)
-        reply = self._with_retries(stub.Contribute, envelope, f"Contribute({round_id})")
+        try:
+            reply = self._with_retries(stub.Contribute, envelope, f"Contribute({round_id})")
+        except grpc.RpcError as exc:
+            if exc.code() in RETRYABLE:
+                raise  # transport trouble: stays unacknowledged, resent after reconnecting
+            # The aggregator answered "no" (round closed, stale timestamp, ...). Resending the
+            # same bytes on every reconnect would get the same answer; if the aggregator pushes
+            # the round again, handle_round returns these stored bytes and they are sent again.
+            message = f"{exc.code().name}: {_details(exc)}"
+            self.node.ledger.mark_rejected(round_id, message)
+            log.warning("aggregator rejected the release for round %s: %s (the epsilon stays "
+                        "debited)", round_id, message)
+            return False
         if reply.accepted or reply.duplicate:
             self.node.ledger.mark_acknowledged(round_id)
             log.info("aggregator acknowledged round %s%s", round_id,

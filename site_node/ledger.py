@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,6 +113,7 @@ class PrivacyLedger:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so the transaction boundaries
         # (and the BEGIN IMMEDIATE write lock) are exactly where the code says.
+        self._lock = threading.RLock()
         self._conn = sqlite3.connect(str(self.path), timeout=timeout_s, isolation_level=None,
                                      check_same_thread=False)
         self._conn.execute("PRAGMA journal_mode=WAL")
@@ -139,24 +141,30 @@ class PrivacyLedger:
 
     # -- transactions --------------------------------------------------------------------
     class _Tx:
-        def __init__(self, conn):
-            self.conn = conn
+        def __init__(self, conn, lock):
+            self.conn, self.lock = conn, lock
 
         def __enter__(self):
-            # IMMEDIATE: take the write lock now, so the budget read and the debit that
+            # The thread lock keeps two threads' transactions on this one connection apart;
+            # IMMEDIATE takes SQLite's write lock now, so the budget read and the debit that
             # follows are serialised against every other process using this file.
-            self.conn.execute("BEGIN IMMEDIATE")
+            self.lock.acquire()
+            try:
+                self.conn.execute("BEGIN IMMEDIATE")
+            except BaseException:
+                self.lock.release()
+                raise
             return self.conn
 
         def __exit__(self, exc_type, exc, tb):
-            if exc_type is None:
-                self.conn.execute("COMMIT")
-            else:
-                self.conn.execute("ROLLBACK")
+            try:
+                self.conn.execute("COMMIT" if exc_type is None else "ROLLBACK")
+            finally:
+                self.lock.release()
             return False
 
     def _transaction(self):
-        return self._Tx(self._conn)
+        return self._Tx(self._conn, self._lock)
 
     def close(self) -> None:
         self._conn.close()

@@ -338,3 +338,58 @@ def test_client_resends_unacknowledged_release_on_startup(tmp_path):
     refusal = parse_canonical(servicer.refusals[0].payload, "dpfed.v1.Refusal")
     assert refusal.round_id == "forged" and "trusted coordinator" in refusal.reason
     assert node.ledger.spent == pytest.approx(1.0)
+
+
+class RejectingAggregator(FakeAggregator):
+    """Answers Contribute with FAILED_PRECONDITION (round closed), as the real one does."""
+
+    def Contribute(self, request, context):
+        self.contribute_calls += 1
+        self.got_contribution.set()
+        context.abort(grpc.StatusCode.FAILED_PRECONDITION, "round is closed (DONE)")
+
+
+def test_rejected_release_is_recorded_not_resent_in_a_loop(tmp_path):
+    servicer = RejectingAggregator(None)
+    server, port = start_fake(servicer)
+    try:
+        config_path, coordinator, _ = write_site(tmp_path, aggregator=f"127.0.0.1:{port}")
+        node = SiteNode(load_config(config_path))
+        node.handle_round(coordinator.sign(make_spec("late")))
+        servicer.spec_envelope = coordinator.sign(make_spec("late"))
+        servicer.got_contribution.set()  # the fake's stream then ends right after one push
+        client = SiteClient(node, rpc_timeout_s=5, reconnect=Backoff(0.05, 0.1))
+        thread = threading.Thread(target=client.run, daemon=True)
+        thread.start()
+        time.sleep(1.5)
+        client.stop()
+        thread.join(10)
+    finally:
+        server.stop(0)
+    stored = node.ledger.get_release("late")
+    assert stored.last_error.startswith("FAILED_PRECONDITION") and not stored.acknowledged
+    assert node.ledger.unacknowledged() == []
+    assert node.ledger.spent == pytest.approx(1.0)
+    # Startup resend tried once; afterwards only the re-pushed spec (stored bytes) is sent.
+    assert servicer.contribute_calls <= len(servicer.hellos) + 1
+
+
+def test_cli_check_and_ledger(tmp_path, capsys):
+    from dpfed.cli import main
+
+    config_path, coordinator, _ = write_site(tmp_path)
+    assert main(["site", "check", "--config", str(config_path)]) == 0
+    assert "nothing was released" in capsys.readouterr().out
+    assert main(["site", "ledger", "--config", str(config_path)]) == 1  # no ledger yet
+    node = SiteNode(load_config(config_path))
+    node.handle_round(coordinator.sign(make_spec("r1", epsilon=1.5)))
+    node.ledger.close()
+    capsys.readouterr()
+    assert main(["site", "ledger", "--config", str(config_path), "--json"]) == 0
+    import json
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["spent_epsilon"] == 1.5 and summary["remaining_epsilon"] == 3.5
+    assert [r["round_id"] for r in summary["releases"]] == ["r1"]
+    bad = tmp_path / "bad.toml"
+    bad.write_text("site_id = 1\n")
+    assert main(["site", "check", "--config", str(bad)]) == 2
