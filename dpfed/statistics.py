@@ -147,8 +147,9 @@ class Statistics:
         return cls(xtx, body[m:m + d], float(body[-1]), n)
 
 
-def validate_data(x, y) -> tuple[np.ndarray, np.ndarray]:
-    """Return ``x`` (n x d) and ``y`` (n,) as float64 arrays, or raise a clear ValueError."""
+def validate_shapes(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """``validate_data`` without the finiteness scan: types and shapes only. For callers that
+    check finiteness themselves while streaming over the rows (``site_node.release``)."""
     try:
         x = np.asarray(x, dtype=np.float64)
         y = np.asarray(y, dtype=np.float64)
@@ -164,12 +165,28 @@ def validate_data(x, y) -> tuple[np.ndarray, np.ndarray]:
         raise ValueError("no data: n = 0 rows")
     if x.shape[1] == 0:
         raise ValueError("x has no feature columns (d = 0)")
+    return x, y
+
+
+def non_finite_error(x: np.ndarray, y: np.ndarray, row_offset: int = 0) -> ValueError | None:
+    """The ValueError for the first NaN/inf in ``x`` or ``y`` (rows numbered from
+    ``row_offset``), or None if every value is finite."""
     if not np.all(np.isfinite(x)):
         bad = np.argwhere(~np.isfinite(x))[0]
-        raise ValueError(f"x contains NaN or infinite values (first at row {bad[0]}, column {bad[1]})")
+        return ValueError(f"x contains NaN or infinite values (first at row {bad[0] + row_offset}, "
+                          f"column {bad[1]})")
     if not np.all(np.isfinite(y)):
         bad = int(np.flatnonzero(~np.isfinite(y))[0])
-        raise ValueError(f"y contains NaN or infinite values (first at row {bad})")
+        return ValueError(f"y contains NaN or infinite values (first at row {bad + row_offset})")
+    return None
+
+
+def validate_data(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """Return ``x`` (n x d) and ``y`` (n,) as float64 arrays, or raise a clear ValueError."""
+    x, y = validate_shapes(x, y)
+    error = non_finite_error(x, y)
+    if error is not None:
+        raise error
     return x, y
 
 

@@ -283,3 +283,30 @@ def test_unconvertible_objects_raise_value_error(sampler_calls):
     with pytest.raises(ValueError):
         release_statistics(x, [1.0, 2.0], **GOOD)
     assert sampler_calls == []
+
+
+@pytest.mark.parametrize("n,d,block_bytes", [(1, 1, 1 << 20), (1000, 7, 4096), (333, 64, 1 << 14)])
+def test_fused_clipped_statistics_match_exact(n, d, block_bytes, monkeypatch):
+    """The blocked clip+accumulate pass equals exact_statistics of the clipped data."""
+    monkeypatch.setattr(release_mod, "_BLOCK_BYTES", block_bytes)
+    x, y = fixed_data(n, d, seed=n)
+    x = x * 3
+    xtx, xty, yty = release_mod.clipped_statistics(x, y, 0.7, 1.2)
+    e = exact_clipped(x, y, 0.7, 1.2)
+    np.testing.assert_allclose(xtx, e.xtx, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(xty, e.xty, rtol=1e-12, atol=1e-9)
+    assert yty == pytest.approx(e.yty, rel=1e-12)
+    assert np.array_equal(xtx, xtx.T)
+
+
+def test_non_finite_value_in_a_late_block_raises_before_noise(monkeypatch, sampler_calls):
+    monkeypatch.setattr(release_mod, "_BLOCK_BYTES", 1024)
+    x, y = fixed_data(500, 4)
+    x[437, 2] = np.inf
+    with pytest.raises(ValueError, match="row 437, column 2"):
+        release_statistics(x, y, **GOOD)
+    x[437, 2] = 0.0
+    y[499] = np.nan
+    with pytest.raises(ValueError, match="row 499"):
+        release_statistics(x, y, **GOOD)
+    assert sampler_calls == []
