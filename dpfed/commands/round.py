@@ -1,0 +1,225 @@
+"""dpfed round: start a federated round as coordinator, follow it, print its result."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+from dpfed import exitcodes
+
+EPILOG = """\
+examples:
+  dpfed round start --spec round.toml --aggregator 127.0.0.1:50051 \\
+        --key keys/coordinator.key --coordinator-id coordinator --insecure --wait
+  dpfed round start --spec round.toml --config coordinator.toml --wait --json
+  dpfed round status r-20250101-120000-abc123 --config coordinator.toml
+  dpfed round result r-20250101-120000-abc123 --config coordinator.toml [--json]
+
+coordinator.toml holds the connection so it need not be typed each time:
+  aggregator = "127.0.0.1:50051"
+  coordinator_id = "coordinator"
+  signing_key = "keys/coordinator.key"
+  insecure = true            # or a [tls] table with ca_cert, cert, key
+
+exit codes: 0 done (or started, without --wait), 2 bad spec or config, 3 round failed,
+            4 refused by the aggregator (key not registered), 5 aggregator unreachable
+"""
+
+
+def add_connection_args(p: argparse.ArgumentParser, *, signing: bool) -> None:
+    p.add_argument("--config", help="coordinator.toml with aggregator, coordinator_id, "
+                                    "signing_key, insecure/[tls]")
+    p.add_argument("--aggregator", help="aggregator address host:port")
+    if signing:
+        p.add_argument("--key", help="coordinator's Ed25519 private key (dpfed keygen)")
+        p.add_argument("--coordinator-id", help="coordinator id registered at the aggregator")
+    p.add_argument("--insecure", action="store_true", help="plaintext gRPC (local tests only)")
+
+
+class UsageError(Exception):
+    pass
+
+
+def connect(args, *, signing: bool):
+    """A coordinator.client.Coordinator from the command line and/or coordinator.toml."""
+    from coordinator.client import Coordinator
+    from dpfed.transport import TlsFiles
+    conf, base = {}, Path(".")
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        try:
+            conf = tomllib.loads(path.read_text())
+        except (OSError, tomllib.TOMLDecodeError) as exc:
+            raise UsageError(f"{path}: {exc}") from None
+        base = path.parent
+    address = args.aggregator or conf.get("aggregator")
+    if not address:
+        raise UsageError("give --aggregator HOST:PORT or a --config with `aggregator`")
+    key = coord_id = None
+    if signing:
+        key = args.key or (str(base / conf["signing_key"]) if "signing_key" in conf else None)
+        coord_id = args.coordinator_id or conf.get("coordinator_id")
+        if not key or not coord_id:
+            raise UsageError("starting a round needs --key and --coordinator-id (or a --config "
+                             "with signing_key and coordinator_id)")
+    insecure = args.insecure or bool(conf.get("insecure", False))
+    tls = None
+    if not insecure:
+        t = conf.get("tls")
+        if not t:
+            raise UsageError("give --insecure (local tests only) or a --config with a [tls] table")
+        tls = TlsFiles(base / t["ca_cert"], base / t["cert"], base / t["key"])
+    try:
+        return Coordinator(address, key, coord_id or "", tls)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot load the signing key: {exc}") from None
+
+
+def rpc_exit_code(exc) -> int:
+    import grpc
+    code = exc.code()
+    print(f"dpfed round: aggregator said {code.name}: {exc.details()}", file=sys.stderr)
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+        return exitcodes.UNAVAILABLE
+    if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
+        return exitcodes.REFUSED
+    if code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.ALREADY_EXISTS):
+        return exitcodes.USAGE
+    return exitcodes.ERROR
+
+
+def _status_dict(status) -> dict:
+    from google.protobuf import json_format
+    return json_format.MessageToDict(status, preserving_proto_field_name=True)
+
+
+def _print_status(status) -> None:
+    from dpfed.v1 import dpfed_pb2 as pb
+    state = pb.RoundStatus.State.Name(status.state)
+    print(f"round {status.round_id}: {state}" + (f" - {status.message}" if status.message else ""))
+    print(f"  contributions: {len(status.contributions)} (quorum {status.quorum}): "
+          + ", ".join(f"{c.site_id} (n={c.n})" for c in status.contributions))
+    if status.refusals:
+        print("  refusals: " + "; ".join(f"{r.site_id}: {r.reason}" for r in status.refusals))
+    if status.missing_sites:
+        print("  waiting for: " + ", ".join(status.missing_sites))
+    if status.round_seconds or status.fit_seconds:
+        print(f"  round {status.round_seconds:.3f} s, fit {status.fit_seconds:.2f} s")
+
+
+def _exit_for_state(status) -> int:
+    from dpfed.v1 import dpfed_pb2 as pb
+    return exitcodes.ROUND_FAILED if status.state == pb.RoundStatus.FAILED else exitcodes.OK
+
+
+def start(args) -> int:
+    import grpc
+    from coordinator.roundspec import RoundSpecError, build_round_spec
+    spec_path = Path(args.spec)
+    try:
+        config = tomllib.loads(spec_path.read_text())
+        spec = build_round_spec(config, base_dir=spec_path.parent)
+        coordinator = connect(args, signing=True)
+    except (OSError, tomllib.TOMLDecodeError, RoundSpecError, UsageError, ValueError) as exc:
+        print(f"dpfed round start: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    with coordinator:
+        try:
+            status = coordinator.start_round(spec)
+            print(f"started round {status.round_id} (spec digest {status.spec_digest[:16]})",
+                  file=sys.stderr)
+            if args.wait:
+                timeout = args.timeout or (spec.deadline_unix_ms - spec.created_unix_ms) / 1000 + 600
+                status = coordinator.wait(status.round_id, timeout)
+        except grpc.RpcError as exc:
+            return rpc_exit_code(exc)
+    if args.json:
+        print(json.dumps(_status_dict(status), indent=2))
+    else:
+        _print_status(status)
+    return _exit_for_state(status)
+
+
+def status_cmd(args) -> int:
+    import grpc
+    try:
+        coordinator = connect(args, signing=False)
+    except UsageError as exc:
+        print(f"dpfed round status: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    with coordinator:
+        try:
+            status = coordinator.status(args.round_id)
+        except grpc.RpcError as exc:
+            return rpc_exit_code(exc)
+    if args.json:
+        print(json.dumps(_status_dict(status), indent=2))
+    else:
+        _print_status(status)
+    return _exit_for_state(status)
+
+
+def format_result_table(summary: dict) -> str:
+    names = summary.get("feature_names") or [f"beta{i}" for i in range(summary["dim"])]
+    mean = summary["beta_mean"]
+    sd = summary.get("beta_sd") or [float("nan")] * len(mean)
+    ci = summary.get("beta_ci95") or [[float("nan")] * 2] * len(mean)
+    width = max(9, *(len(n) for n in names))
+    lines = [f"round {summary['round_id']}: target {summary.get('target', '?')}, "
+             f"n = {summary['n_total']} ({summary.get('n_public', 0)} public) from "
+             f"{len(summary['sites'])} site(s), fit {summary.get('fit_method', '?')}",
+             f"{'feature':<{width}}  {'mean':>10}  {'sd':>10}  {'2.5%':>10}  {'97.5%':>10}"]
+    for name, m, s, (lo, hi) in zip(names, mean, sd, ci):
+        lines.append(f"{name:<{width}}  {m:>10.4f}  {s:>10.4f}  {lo:>10.4f}  {hi:>10.4f}")
+    return "\n".join(lines)
+
+
+def result_cmd(args) -> int:
+    import grpc
+    try:
+        coordinator = connect(args, signing=False)
+    except UsageError as exc:
+        print(f"dpfed round result: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    with coordinator:
+        try:
+            result = coordinator.result(args.round_id)
+        except grpc.RpcError as exc:
+            return rpc_exit_code(exc)
+    summary = json.loads(result.summary_json)
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(format_result_table(summary))
+    return exitcodes.OK
+
+
+def register(subparsers) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = subparsers.add_parser("round", help="start and follow federated rounds (coordinator)",
+                              description=__doc__.splitlines()[0].split(": ", 1)[1],
+                              epilog=EPILOG, formatter_class=fmt)
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    s = sub.add_parser("start", help="sign round.toml's spec and start the round",
+                       epilog=EPILOG, formatter_class=fmt)
+    s.add_argument("--spec", required=True, help="round.toml (see docs/interfaces.md)")
+    add_connection_args(s, signing=True)
+    s.add_argument("--wait", action="store_true", help="wait until the round is DONE or FAILED")
+    s.add_argument("--timeout", type=float, help="seconds to wait (default: deadline + 10 min)")
+    s.add_argument("--json", action="store_true", help="print the round status as JSON")
+    s.set_defaults(func=start)
+    st = sub.add_parser("status", help="show a round's state, contributions and refusals",
+                        epilog=EPILOG, formatter_class=fmt)
+    st.add_argument("round_id")
+    add_connection_args(st, signing=False)
+    st.add_argument("--json", action="store_true", help="print the status as JSON")
+    st.set_defaults(func=status_cmd)
+    r = sub.add_parser("result", help="print the posterior of a finished round",
+                       epilog=EPILOG, formatter_class=fmt)
+    r.add_argument("round_id")
+    add_connection_args(r, signing=False)
+    r.add_argument("--json", action="store_true", help="print the whole summary JSON")
+    r.set_defaults(func=result_cmd)

@@ -1,0 +1,56 @@
+"""dpfed sites: list the sites registered at the aggregator and whether they are connected."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from dpfed import exitcodes
+from dpfed.commands.round import UsageError, add_connection_args, connect, rpc_exit_code
+
+EPILOG = """\
+example:
+  dpfed sites list --aggregator 127.0.0.1:50051 --insecure
+  dpfed sites list --config coordinator.toml --json
+"""
+
+
+def list_cmd(args) -> int:
+    import grpc
+    try:
+        coordinator = connect(args, signing=False)
+    except UsageError as exc:
+        print(f"dpfed sites list: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    with coordinator:
+        try:
+            sites = coordinator.list_sites()
+        except grpc.RpcError as exc:
+            return rpc_exit_code(exc)
+    rows = [{"site_id": s.site_id, "key_id": s.key_id, "connected": s.connected,
+             "last_seen_unix_ms": s.last_seen_unix_ms} for s in sites]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return exitcodes.OK
+    width = max([7, *(len(r["site_id"]) for r in rows)])
+    print(f"{'site':<{width}}  {'connected':<9}  {'last seen':<20}  key id")
+    for r in rows:
+        seen = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_seen_unix_ms"] / 1000))
+                if r["last_seen_unix_ms"] else "never")
+        print(f"{r['site_id']:<{width}}  {'yes' if r['connected'] else 'no':<9}  {seen:<20}  "
+              f"{r['key_id'][:16]}")
+    return exitcodes.OK
+
+
+def register(subparsers) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = subparsers.add_parser("sites", help="list registered sites and their connections",
+                              description=__doc__.splitlines()[0].split(": ", 1)[1],
+                              epilog=EPILOG, formatter_class=fmt)
+    sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    ls = sub.add_parser("list", help="list sites", epilog=EPILOG, formatter_class=fmt)
+    add_connection_args(ls, signing=False)
+    ls.add_argument("--json", action="store_true", help="print JSON")
+    ls.set_defaults(func=list_cmd)

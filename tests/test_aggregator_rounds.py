@@ -1,0 +1,121 @@
+"""The aggregator's plain functions: exact aggregation, spec validation, the fast
+contribution decoder (must accept exactly what the reference parser accepts) and the store."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import secrets
+
+import numpy as np
+import pytest
+
+from aggregator import aggregate
+from aggregator.rounds import _fast_contribution
+from aggregator.store import RoundStore, StoredContribution, StoredRound
+from dpfed.statistics import Statistics, StatisticsError
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire.canonical import CanonicalError, canonical_bytes, parse_canonical
+
+from tests.conftest import random_statistics
+
+
+def test_exact_sum_is_order_independent_and_correctly_rounded():
+    parts = [random_statistics(d=4, seed=i, n=10 + i) for i in range(30)]
+    parts.append(Statistics(np.eye(4) * 1e16, np.full(4, 1e16), 1e16, 1))  # cancellation
+    parts.append(Statistics(np.eye(4) * -1e16, np.full(4, -1e16), -1e16, 1))
+    total = aggregate.exact_sum(parts)
+    shuffled = parts[:]
+    random.Random(1).shuffle(shuffled)
+    assert aggregate.exact_sum(shuffled) == total
+    assert aggregate.aggregate_encoded([p.to_bytes() for p in shuffled], None) == total
+    assert total.yty == math.fsum(p.yty for p in parts)
+    assert total.n == sum(p.n for p in parts)
+    public = random_statistics(d=4, seed=99)
+    assert aggregate.aggregate(parts, public) == aggregate.exact_sum(parts + [public])
+
+
+def test_encoded_n_agrees_with_statistics_decoder():
+    s = random_statistics(d=5, n=77)
+    assert aggregate.encoded_n(s.to_bytes(), 5) == 77
+    bad = [s.to_bytes()[:-1], b"XXXX" + s.to_bytes()[4:],
+           s.to_bytes()[:-8] + np.array([np.inf]).astype("<f8").tobytes()]
+    for data in bad:
+        with pytest.raises(StatisticsError):
+            Statistics.from_bytes(data)
+        with pytest.raises(StatisticsError):
+            aggregate.encoded_n(data, 5)
+    with pytest.raises(StatisticsError):
+        aggregate.encoded_n(s.to_bytes(), 4)
+
+
+def _contribution(**kw):
+    fields = dict(round_id="r", site_id="s", statistics=random_statistics().to_bytes(), n=50,
+                  epsilon_spent=2.0, spec_digest="ab" * 32, timestamp_unix_ms=1_700_000_000_000,
+                  nonce=secrets.token_hex(16))
+    fields.update(kw)
+    return pb.Contribution(**fields)
+
+
+@pytest.mark.parametrize("message", [
+    _contribution(), _contribution(epsilon_spent=0.1 + 0.2), _contribution(n=0),
+    _contribution(statistics=b""), _contribution(site_id="é\"\\x"), _contribution(epsilon_spent=1e300),
+    _contribution(timestamp_unix_ms=-5), _contribution(statistics=b"\xff\xfe"),
+    pb.Contribution()])
+def test_fast_contribution_decoder_matches_reference(message):
+    data = canonical_bytes(message)
+    assert _fast_contribution(data) == parse_canonical(data, "dpfed.v1.Contribution")
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda b: b.replace(b'"n":"50"', b'"n":50'),
+    lambda b: b.replace(b",", b", ", 1),
+    lambda b: b.replace(b'"epsilon_spent":2.0', b'"epsilon_spent":2'),
+    lambda b: b.replace(b'"round_id":"r"', b'"round_id":"r","extra":1'),
+    lambda b: b.replace(b"=", b"", 1),
+    lambda b: b.replace(b'"nonce"', b'"nonce":"x","nonce"'),
+])
+def test_fast_contribution_decoder_rejects_what_reference_rejects(mutate):
+    message = _contribution(statistics=b"\x01\x02\x03\x04")  # base64 with padding
+    bad = mutate(canonical_bytes(message))
+    assert bad != canonical_bytes(message)
+    assert _fast_contribution(bad) is None
+    with pytest.raises(CanonicalError):
+        parse_canonical(bad, "dpfed.v1.Contribution")
+
+
+def _spec(**kw):
+    fields = dict(round_id="r", coordinator_id="c", target="y", feature_names=["a", "b"],
+                  epsilon=1.0, x_bound=1.0, y_bound=1.0, budget_split=[0.35, 0.6, 0.05],
+                  quorum=2, deadline_unix_ms=1)
+    fields.update(kw)
+    return pb.RoundSpec(**fields)
+
+
+def test_validate_spec():
+    sites = ["a", "b", "c"]
+    assert aggregate.validate_spec(_spec(), sites) == []
+    assert aggregate.validate_spec(_spec(public_statistics=random_statistics(d=2).to_bytes()), sites) == []
+    for bad in [_spec(epsilon=-1), _spec(x_bound=0), _spec(quorum=4), _spec(quorum=2, sites=["a"]),
+                _spec(feature_names=[]), _spec(budget_split=[0.2, 0.2, 0.2]),
+                _spec(public_statistics=b"junk"), _spec(fit_method="magic"),
+                _spec(public_statistics=random_statistics(d=3).to_bytes())]:
+        assert aggregate.validate_spec(bad, sites), bad
+
+
+def test_store_round_trip(tmp_path):
+    store = RoundStore(tmp_path / "s.sqlite")
+    r = StoredRound("r1", b"env", "dig", 3, 2, 123, ["a", "b"], "OPEN", "", 5, 0.0, 0.0)
+    store.insert_round(r)
+    c = StoredContribution("r1", "a", b"e", b"stats", 10, 1.0, 7)
+    store.insert_contribution(c, "key", "nonce", 6)
+    with pytest.raises(Exception):  # the nonce is unique
+        store.insert_contribution(StoredContribution("r1", "b", b"e", b"s", 1, 1.0, 7), "key", "nonce", 6)
+    store.set_state("r1", "FITTING", "quorum", round_s=1.5)
+    store.close()
+    store = RoundStore(tmp_path / "s.sqlite")
+    (back,) = store.rounds()
+    assert (back.state, back.message, back.round_s, back.invited) == ("FITTING", "quorum", 1.5, ["a", "b"])
+    assert store.contributions("r1") == [c]  # the failed second insert left nothing
+    assert store.nonces_since(0) == [("key", "nonce")]
