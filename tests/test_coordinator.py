@@ -1,0 +1,110 @@
+"""The coordinator: round.toml -> RoundSpec, and the CLI end to end against a real server."""
+
+from __future__ import annotations
+
+import json
+import secrets
+import time
+
+import numpy as np
+import pytest
+
+from coordinator.roundspec import RoundSpecError, build_round_spec
+from dpfed.cli import main
+from dpfed.preprocess import Preprocessing
+from dpfed.statistics import Statistics, exact_statistics
+from dpfed.v1 import dpfed_pb2 as pb
+
+from tests.conftest import random_statistics
+
+
+def _public_csv(path, rows=20, seed=0):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 3))
+    y = x @ [1.0, -0.5, 0.2] + rng.normal(size=rows)
+    lines = ["id,a,b,c,y"] + [f"{i},{a},{b},{c},{t}" for i, ((a, b, c), t) in enumerate(zip(x, y))]
+    lines.append("99,1,2,3,NA")  # no response: dropped
+    path.write_text("\n".join(lines) + "\n")
+    return x, y
+
+
+def _round_toml(**kw):
+    conf = {"target": "y", "features": ["a", "b", "c"], "epsilon": 2.0, "x_bound": 0.3,
+            "y_bound": 2.0, "quorum": 2, "deadline_s": 30, "public": {"path": "public.csv"},
+            "fit": {"method": "fixed", "draws": 100, "seed": 1}}
+    conf.update(kw)
+    return conf
+
+
+def test_build_round_spec_from_public_data(tmp_path):
+    x, y = _public_csv(tmp_path / "public.csv")
+    spec = build_round_spec(_round_toml(round_id="r-7"), base_dir=tmp_path, now_ms=1000)
+    pre = Preprocessing.from_public_data(x, y)
+    assert spec.round_id == "r-7" and list(spec.feature_names) == ["a", "b", "c"]
+    assert list(spec.preprocessing.x_mean) == list(pre.x_mean)
+    assert spec.preprocessing.y_mean == pre.y_mean and spec.preprocessing.normalize_rows
+    assert Statistics.from_bytes(spec.public_statistics) == exact_statistics(*pre.apply(x, y))
+    assert (spec.x_bound, spec.y_bound, spec.quorum) == (0.3, 2.0, 2)
+    assert spec.deadline_unix_ms == 31_000 and spec.fit_method == "fixed"
+    assert list(spec.budget_split) == [0.35, 0.60, 0.05]
+
+
+def test_build_round_spec_errors(tmp_path):
+    _public_csv(tmp_path / "public.csv")
+    with pytest.raises(RoundSpecError):
+        build_round_spec({"features": ["a"], "epsilon": 1.0}, base_dir=tmp_path)
+    with pytest.raises(RoundSpecError):
+        build_round_spec(_round_toml(features=["a", "zz"]), base_dir=tmp_path)
+
+
+def _toml_text(conf: dict) -> str:
+    out, tables = [], []
+    for k, v in conf.items():
+        (tables if isinstance(v, dict) else out).append((k, v))
+    lines = [f"{k} = {json.dumps(v)}" for k, v in out]
+    for name, table in tables:
+        lines.append(f"[{name}]")
+        lines += [f"{k} = {json.dumps(v)}" for k, v in table.items()]
+    return "\n".join(lines) + "\n"
+
+
+def test_cli_round_start_wait_result_and_sites(federation, tmp_path, capsys):
+    _public_csv(tmp_path / "public.csv")
+    (tmp_path / "round.toml").write_text(_toml_text(_round_toml(round_id="cli-1", quorum=2)))
+    (tmp_path / "coordinator.toml").write_text(_toml_text({
+        "aggregator": federation.address, "coordinator_id": "coord",
+        "signing_key": "coordinator.key", "insecure": True}))
+    conf = ["--config", str(tmp_path / "coordinator.toml")]
+    assert main(["round", "start", "--spec", str(tmp_path / "round.toml"), *conf]) == 0
+    assert "cli-1" in capsys.readouterr().out
+    for i, site in enumerate(["site-a", "site-b"]):
+        federation.stub.Contribute(federation.contribution(site, "cli-1", random_statistics(seed=i)))
+    federation.coordinator.wait("cli-1", 10, poll_s=0.05)
+    assert main(["round", "status", "cli-1", *conf]) == 0
+    assert "DONE" in capsys.readouterr().out
+    assert main(["round", "result", "cli-1", *conf]) == 0
+    table = capsys.readouterr().out
+    assert "97.5%" in table and "n = 120" in table  # 2 x 50 private + 20 public rows
+    assert main(["round", "result", "cli-1", "--json", *conf]) == 0
+    assert json.loads(capsys.readouterr().out)["n_public"] == 20
+    assert main(["sites", "list", "--json", *conf]) == 0
+    assert [s["site_id"] for s in json.loads(capsys.readouterr().out)] == list(federation.SITES)
+    # Exit codes: usage error, refused key, unknown round.
+    assert main(["round", "start", "--spec", str(tmp_path / "round.toml"),
+                 "--aggregator", federation.address, "--insecure"]) == 2
+    assert main(["keygen", "--name", "intruder", "--out", str(tmp_path)]) == 0
+    assert main(["round", "start", "--spec", str(tmp_path / "round.toml"), "--aggregator",
+                 federation.address, "--insecure", "--key", str(tmp_path / "intruder.key"),
+                 "--coordinator-id", "coord"]) == 4
+    assert main(["round", "status", "nope", *conf]) == 1
+
+
+def test_cli_round_wait_reports_failure(federation, tmp_path, capsys):
+    _public_csv(tmp_path / "public.csv")
+    (tmp_path / "round.toml").write_text(_toml_text(_round_toml(round_id="f-1", deadline_s=0.5)))
+    code = main(["round", "start", "--spec", str(tmp_path / "round.toml"), "--aggregator",
+                 federation.address, "--insecure", "--key", str(tmp_path / "coordinator.key"),
+                 "--coordinator-id", "coord", "--wait", "--json"])
+    assert code == 3
+    status = json.loads(capsys.readouterr().out)
+    assert status["state"] == "FAILED" and "site-a" in status["message"]
