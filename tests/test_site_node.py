@@ -393,3 +393,16 @@ def test_cli_check_and_ledger(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
     bad.write_text("site_id = 1\n")
     assert main(["site", "check", "--config", str(bad)]) == 2
+
+
+def test_retry_of_the_round_that_exhausted_the_budget_still_gets_stored_bytes(site):
+    # The stored-release lookup comes before the budget check: a retry is not a new spend.
+    node, coordinator, _ = site
+    node.handle_round(coordinator.sign(make_spec("r0", epsilon=2.0)))
+    node.handle_round(coordinator.sign(make_spec("r1", epsilon=2.0)))
+    last = coordinator.sign(make_spec("r2", epsilon=1.0))
+    first = node.handle_round(last)
+    assert node.ledger.remaining == pytest.approx(0.0)
+    again = node.handle_round(last)
+    assert again.payload_type == "dpfed.v1.Contribution"
+    assert again.SerializeToString() == first.SerializeToString()
