@@ -188,7 +188,7 @@ def sampler_calls(monkeypatch):
     real = release_mod.add_laplace_noise
 
     def recording(*args, **kwargs):
-        calls.append(args)
+        calls.append((args, kwargs))
         return real(*args, **kwargs)
 
     monkeypatch.setattr(release_mod, "add_laplace_noise", recording)
@@ -310,3 +310,44 @@ def test_non_finite_value_in_a_late_block_raises_before_noise(monkeypatch, sampl
     with pytest.raises(ValueError, match="row 499"):
         release_statistics(x, y, **GOOD)
     assert sampler_calls == []
+
+
+# ---------------------------------------------------------------- chunked OpenDP sampling
+
+def test_chunked_sampling_is_the_same_mechanism(monkeypatch):
+    """Pieces are sampled with the whole vector's scale and grid, and certified as a whole."""
+    import site_node.laplace as lap
+    seen = []
+    real = lap._piece_measurement
+
+    def spy(size, scale, k):
+        seen.append((size, scale, k))
+        return real(size, scale, k)
+
+    monkeypatch.setattr(lap, "_piece_measurement", spy)
+    values = np.linspace(-5, 5, 3001)
+    sens, eps = 40.0, 0.7
+    noisy, cert = lap.add_laplace_noise(values, sens, eps, chunks=3)
+    _, cert_whole = lap.add_laplace_noise(values, sens, eps)
+    assert cert == cert_whole <= eps
+    b = lap.laplace_scale(values.size, sens, eps)
+    assert [s for s, _, _ in seen] == [1001, 1000, 1000]
+    assert all(scale == b and k == math.floor(math.log2(sens)) - 40 for _, scale, k in seen)
+    z = (noisy - values) / b
+    assert abs(z.var() - 2) < Z * math.sqrt(20 / z.size)
+    assert stats.kstest(z, stats.laplace(scale=1.0).cdf).pvalue > KS_ALPHA
+
+
+@pytest.mark.parametrize("chunks", [0, -1, 1.5, True, "2"])
+def test_chunks_must_be_a_positive_integer(chunks):
+    import site_node.laplace as lap
+    with pytest.raises(ValueError):
+        lap.add_laplace_noise(np.zeros(4), 1.0, 1.0, chunks=chunks)
+
+
+def test_large_release_uses_two_pieces_and_stays_within_budget(sampler_calls):
+    x, y = fixed_data(50, 46)  # 1081 upper-triangle entries
+    _, info = release_statistics(x, y, return_info=True, **GOOD)
+    assert info["epsilon_certified"] <= 1.0 * (1 + 1e-12)
+    assert len(sampler_calls) == 3
+    assert sampler_calls[0][1].get("chunks") == 2 and sampler_calls[0][0][0].size == 1081
