@@ -1,0 +1,397 @@
+"""Fitting the posterior of method.md section 1 to (aggregated, noisy) sufficient statistics.
+
+``fit_posterior(stats, method=...)`` repairs the statistics (``aggregator.repair``; free
+post-processing of the DP release, method.md section 6) and then fits
+
+- ``"advi"`` (default): mean-field ADVI over (log lambda, log lambda0, beta), as in Honkela et
+  al. (2018) section 4.5, with a convergence check; a fit that has not converged is refused
+  with ``ConvergenceError``. Predictions average x^T beta over ``draws`` (m = 5000 in the
+  paper, eq. (8)) draws from the fitted approximation.
+- ``"nuts"``: PyMC's NUTS on the same model; reports divergences, r-hat and ESS (ArviZ).
+- ``"fixed"``: the closed form with fixed precisions (paper eqs. (3)-(4)),
+  beta ~ N(mu, L^-1), L = lam0 I + lam Sxx, mu = L^-1 lam Sxy.
+
+All randomness (optimiser noise, MCMC, posterior draws) comes from ``seed``; it is Monte Carlo
+noise of the computation, not DP noise, so numpy/PyMC generators are fine here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+from scipy import special
+
+from aggregator.closed_form import closed_form_mean, posterior_precision
+from aggregator.model import (DEFAULT_MODE, PRIOR_RATE, PRIOR_SHAPE, AdviState, build_model,
+                              get_advi_engine)
+from aggregator.repair import Repair, repair_statistics
+from dpfed.statistics import Statistics
+
+__all__ = ["Posterior", "PosteriorError", "ConvergenceError", "fit_posterior", "METHODS",
+           "variational_init"]
+
+METHODS = ("advi", "nuts", "fixed")
+
+
+class PosteriorError(RuntimeError):
+    """The posterior could not be fitted (bad input, numerical failure)."""
+
+
+class ConvergenceError(PosteriorError):
+    """The fit did not converge; no posterior is returned. ``diagnostics`` says why."""
+
+    def __init__(self, message: str, diagnostics: dict | None = None):
+        super().__init__(message)
+        self.diagnostics = dict(diagnostics or {})
+
+
+def _readonly(a) -> np.ndarray:
+    a = np.array(a, dtype=np.float64, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+def _summary(draws: np.ndarray) -> dict:
+    q = np.quantile(draws, [0.05, 0.5, 0.95])
+    return {"mean": float(np.mean(draws)), "sd": float(np.std(draws)),
+            "q05": float(q[0]), "median": float(q[1]), "q95": float(q[2])}
+
+
+def _fixed_summary(value: float) -> dict:
+    v = float(value)
+    return {"mean": v, "sd": 0.0, "q05": v, "median": v, "q95": v, "fixed": True}
+
+
+@dataclass(frozen=True, eq=False)
+class Posterior:
+    """A fitted posterior of beta (and of the precisions, except for ``"fixed"``).
+
+    ``beta_draws`` (draws x d) are draws from the fitted posterior (the variational
+    approximation for ADVI, the chains for NUTS, the Gaussian for ``"fixed"``);
+    ``beta_mean`` is its mean (exact for ``"fixed"`` and ADVI, the sample mean for NUTS).
+    ``lam`` and ``lam0`` summarise the precisions (mean, sd, 5%/50%/95% quantiles).
+    Arrays are read-only.
+    """
+
+    method: str
+    beta_mean: np.ndarray
+    beta_draws: np.ndarray
+    lam: dict
+    lam0: dict
+    diagnostics: dict
+    repair: Repair
+    stats: Statistics = field(repr=False)  # the repaired statistics that were fitted
+
+    def __post_init__(self):
+        object.__setattr__(self, "beta_mean", _readonly(self.beta_mean))
+        object.__setattr__(self, "beta_draws", _readonly(self.beta_draws))
+
+    @property
+    def dim(self) -> int:
+        return self.beta_mean.shape[0]
+
+    def _x(self, x) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        if x.ndim == 1:
+            x = x[None, :]
+        if x.ndim != 2 or x.shape[1] != self.dim:
+            raise ValueError(f"x must have shape (m, {self.dim}), got {np.shape(x)}")
+        return x
+
+    def predict(self, x) -> np.ndarray:
+        """Average of x^T beta over the draws (paper eq. (8), with its 1/m): shape (m,)."""
+        return self._x(x) @ self.beta_draws.mean(axis=0)
+
+    def predict_interval(self, x, level: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+        """Central credible interval of the linear predictor x^T beta (no observation noise)."""
+        lo, hi = _levels(level)
+        lin = self._x(x) @ self.beta_draws.T
+        return np.quantile(lin, lo, axis=1), np.quantile(lin, hi, axis=1)
+
+    def credible_interval(self, level: float = 0.9) -> np.ndarray:
+        """Central credible interval of each coefficient: array (d, 2) of (lower, upper)."""
+        lo, hi = _levels(level)
+        return np.quantile(self.beta_draws, [lo, hi], axis=0).T
+
+    def to_dict(self, include_draws: bool = False) -> dict:
+        """JSON-ready summary; the draws only with ``include_draws=True``."""
+        ci = self.credible_interval(0.9)
+        out = {
+            "method": self.method,
+            "dim": self.dim,
+            "n_draws": int(self.beta_draws.shape[0]),
+            "beta_mean": self.beta_mean.tolist(),
+            "beta_sd": self.beta_draws.std(axis=0).tolist(),
+            "beta_ci90": ci.tolist(),
+            "lam": dict(self.lam),
+            "lam0": dict(self.lam0),
+            "diagnostics": _jsonable(self.diagnostics),
+        }
+        if include_draws:
+            out["beta_draws"] = self.beta_draws.tolist()
+        return out
+
+
+def _levels(level: float) -> tuple[float, float]:
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    return (1 - level) / 2, (1 + level) / 2
+
+
+def _jsonable(v):
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, np.ndarray):
+        return v.tolist()
+    if isinstance(v, (np.floating, np.integer, np.bool_)):
+        return v.item()
+    return v
+
+
+def _softplus(x):
+    return np.logaddexp(0.0, x)
+
+
+def _inv_softplus(y):
+    y = np.asarray(y, dtype=np.float64)
+    return y + np.log(-np.expm1(-y))
+
+
+def variational_init(stats: Statistics, iterations: int = 30):
+    """Starting point for ADVI: coordinate-ascent VB with factorisation q(beta) q(lam) q(lam0).
+
+    Returns ``(mu, sd)`` over the flat unconstrained vector (log lam, log lam0, beta): the
+    Gaussian q(beta) = N(m, diag(1/diag(P))) with P = E[lam0] I + E[lam] Sxx, and log lam,
+    log lam0 at E[log lambda] of their Gamma factors with sd sqrt(trigamma(shape)). This only
+    shortens the optimisation; the optimum is the mean-field ADVI one. Needs repaired (PSD)
+    statistics so that every Gamma rate is positive.
+    """
+    d, n = stats.dim, stats.n
+    a_lam = PRIOR_SHAPE + 0.5 * n
+    a_lam0 = PRIOR_SHAPE + 0.5 * d
+    e_lam, e_lam0 = 1.0, 1.0
+    b_lam = b_lam0 = PRIOR_RATE
+    for _ in range(iterations):
+        prec = posterior_precision(stats.xtx, e_lam, e_lam0)
+        chol = np.linalg.cholesky(prec)
+        m = np.linalg.solve(prec, e_lam * stats.xty)
+        cinv = np.linalg.solve(chol, np.eye(d))
+        cov = cinv.T @ cinv
+        quad = m @ stats.xtx @ m - 2 * m @ stats.xty + stats.yty + np.sum(stats.xtx * cov)
+        b_lam = PRIOR_RATE + 0.5 * max(quad, 0.0)
+        b_lam0 = PRIOR_RATE + 0.5 * (m @ m + np.trace(cov))
+        e_lam, e_lam0 = a_lam / b_lam, a_lam0 / b_lam0
+    prec = posterior_precision(stats.xtx, e_lam, e_lam0)
+    m = np.linalg.solve(prec, e_lam * stats.xty)
+    mu = np.concatenate([[special.digamma(a_lam) - np.log(b_lam),
+                          special.digamma(a_lam0) - np.log(b_lam0)], m])
+    sd = np.concatenate([[np.sqrt(special.polygamma(1, a_lam)),
+                          np.sqrt(special.polygamma(1, a_lam0))], 1.0 / np.sqrt(np.diag(prec))])
+    return mu, sd
+
+
+def _seed_sequence(seed) -> tuple[np.random.SeedSequence, int]:
+    if seed is None:
+        seed = int(np.random.SeedSequence().entropy % (2 ** 63))
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer or None, got {seed!r}")
+    return np.random.SeedSequence(int(seed)), int(seed)
+
+
+def fit_posterior(stats: Statistics, *, method: str = "advi", draws: int = 5000, seed=None,
+                  lam: float = 1.0, lam0: float = 1.0,
+                  max_iterations: int = 40_000, learning_rate: float = 0.01,
+                  window: int = 1000, param_tol: float = 0.1, loss_tol: float = 1e-4,
+                  init: str = "vb", mode: str = DEFAULT_MODE,
+                  tune: int = 1000, chains: int = 2, target_accept: float = 0.9,
+                  rhat_max: float = 1.05,
+                  eigen_floor: float | None = None, rss_floor: float | None = None,
+                  project_xty: bool = True) -> Posterior:
+    """Fit the posterior of beta to ``stats`` (method.md section 1) and return a ``Posterior``.
+
+    Common: ``method`` in ``"advi"``, ``"nuts"``, ``"fixed"``; ``draws`` posterior draws of
+    beta (the paper uses 5000); ``seed`` makes everything deterministic (None: fresh entropy,
+    recorded in ``diagnostics["seed"]``); ``eigen_floor``/``rss_floor``/``project_xty`` tune the repair
+    (``aggregator.repair.repair_statistics``), which is applied before every method and
+    reported in ``diagnostics["repair"]``.
+
+    ``"fixed"``: ``lam``, ``lam0`` are the fixed precisions (default 1, 1 as in the paper's
+    parameter search).
+
+    ``"advi"``: Adam with ``learning_rate`` for at most ``max_iterations`` steps, in windows of
+    ``window`` steps. After each window the window averages are compared with the previous
+    window's; the fit has converged when every variational mean moved by less than
+    ``param_tol`` of its standard deviation, every log standard deviation by less than
+    ``param_tol``, and the mean loss (negative ELBO) by less than
+    ``max(3 standard errors, loss_tol * |loss|)``. The returned approximation is the average
+    of the iterates over the last window (Polyak-Ruppert). Not converged within
+    ``max_iterations``: ``ConvergenceError``. ``init="vb"`` starts from the coordinate-ascent
+    VB solution (``variational_init``), ``"prior"`` from mean 0, sd 1. ``mode`` is the
+    PyTensor backend of the compiled step.
+
+    ``"nuts"``: ``chains`` chains of ``ceil(draws / chains)`` draws after ``tune`` tuning
+    steps; max r-hat above ``rhat_max`` raises ``ConvergenceError``; divergences are reported.
+    """
+    t_start = time.perf_counter()
+    if not isinstance(stats, Statistics):
+        raise TypeError(f"stats must be a dpfed Statistics, got {type(stats).__name__}")
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    draws = int(draws)
+    if draws < 1:
+        raise ValueError(f"draws must be >= 1, got {draws}")
+    ss, seed_int = _seed_sequence(seed)
+    repaired, rep = repair_statistics(stats, eigen_floor=eigen_floor, rss_floor=rss_floor,
+                                     project_xty=project_xty)
+    diag = {"method": method, "seed": seed_int, "repair": rep.to_dict(), "n": stats.n,
+            "dim": stats.dim}
+    if method == "fixed":
+        post = _fit_fixed(repaired, rep, diag, ss, draws, lam, lam0)
+    elif method == "advi":
+        post = _fit_advi(repaired, rep, diag, ss, draws, max_iterations=max_iterations,
+                         learning_rate=learning_rate, window=window, param_tol=param_tol,
+                         loss_tol=loss_tol, init=init, mode=mode)
+    else:
+        post = _fit_nuts(repaired, rep, diag, ss, draws, tune=tune, chains=chains,
+                         target_accept=target_accept, rhat_max=rhat_max)
+    if not (np.all(np.isfinite(post.beta_mean)) and np.all(np.isfinite(post.beta_draws))):
+        raise PosteriorError(f"{method}: the fitted posterior is not finite")
+    post.diagnostics["fit_seconds"] = time.perf_counter() - t_start
+    return post
+
+
+def _fit_fixed(stats, rep, diag, ss, draws, lam, lam0) -> Posterior:
+    lam, lam0 = float(lam), float(lam0)
+    if not (lam > 0 and lam0 > 0 and math.isfinite(lam) and math.isfinite(lam0)):
+        raise ValueError(f"lam and lam0 must be finite and > 0, got {lam!r}, {lam0!r}")
+    mu = closed_form_mean(stats.xtx, stats.xty, lam, lam0)
+    prec = posterior_precision(stats.xtx, lam, lam0)
+    try:
+        chol = np.linalg.cholesky(prec)
+    except np.linalg.LinAlgError as exc:  # cannot happen after the repair; kept as a guard
+        raise PosteriorError(f"posterior precision is not positive definite: {exc}") from exc
+    eps = np.random.default_rng(ss).standard_normal((draws, stats.dim))
+    # beta = mu + C^-T eps has covariance (C C^T)^-1 = L^-1.
+    beta_draws = mu + np.linalg.solve(chol.T, eps.T).T
+    diag.update(converged=True, iterations=0)
+    return Posterior("fixed", mu, beta_draws, _fixed_summary(lam), _fixed_summary(lam0), diag,
+                     rep, stats)
+
+
+def _fit_advi(stats, rep, diag, ss, draws, *, max_iterations, learning_rate, window,
+              param_tol, loss_tol, init, mode) -> Posterior:
+    max_iterations, window = int(max_iterations), int(window)
+    if max_iterations < 1 or window < 2:
+        raise ValueError("max_iterations must be >= 1 and window >= 2")
+    if not learning_rate > 0:
+        raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
+    t0 = time.perf_counter()
+    engine, cached = get_advi_engine(stats.dim, mode)
+    compile_seconds = 0.0 if cached else time.perf_counter() - t0
+    if init == "vb":
+        mu0, sd0 = variational_init(stats)
+    elif init == "prior":
+        mu0, sd0 = np.zeros(engine.size), np.ones(engine.size)
+    else:
+        raise ValueError(f"init must be 'vb' or 'prior', got {init!r}")
+    opt_ss, draw_ss = ss.spawn(2)
+    rng = np.random.default_rng(opt_ss)
+    state = AdviState.start(mu0, _inv_softplus(sd0))
+    diag.update(compiled_now=not cached, compile_seconds=compile_seconds, backend=engine.mode,
+                learning_rate=float(learning_rate), window=window, max_iterations=max_iterations,
+                init=init)
+
+    it, prev, converged, history = 0, None, False, []
+    t_opt = time.perf_counter()
+    while it < max_iterations:
+        k = min(window, max_iterations - it)
+        eps = rng.standard_normal((k, engine.size))
+        state, losses, m_mu, m_rho = engine.run(state, eps, learning_rate, stats)
+        it += k
+        if not (np.all(np.isfinite(losses)) and np.all(np.isfinite(state.mu))
+                and np.all(np.isfinite(state.rho))):
+            diag.update(converged=False, iterations=it, reason="non-finite loss or parameters")
+            raise ConvergenceError(f"ADVI diverged after {it} iterations (non-finite loss)", diag)
+        cur = {"loss": float(losses.mean()), "se": float(losses.std() / math.sqrt(k)),
+               "mu": m_mu, "log_sd": np.log(_softplus(m_rho)), "rho": m_rho, "k": k}
+        history.append(cur["loss"])
+        if prev is not None and k == window:
+            sd = _softplus(m_rho)
+            d_mu = float(np.max(np.abs(cur["mu"] - prev["mu"]) / sd))
+            d_logsd = float(np.max(np.abs(cur["log_sd"] - prev["log_sd"])))
+            d_loss = abs(cur["loss"] - prev["loss"])
+            loss_ok = d_loss <= max(3.0 * math.hypot(cur["se"], prev["se"]),
+                                    loss_tol * abs(cur["loss"]))
+            diag.update(max_mean_change_sd=d_mu, max_log_sd_change=d_logsd,
+                        loss_change=d_loss)
+            if d_mu < param_tol and d_logsd < param_tol and loss_ok:
+                converged = True
+                break
+        prev = cur
+    diag.update(converged=converged, iterations=it, final_loss=history[-1],
+                loss_history=history, optimise_seconds=time.perf_counter() - t_opt)
+    if not converged:
+        diag["reason"] = "convergence criteria not met within max_iterations"
+        raise ConvergenceError(
+            f"ADVI did not converge within {max_iterations} iterations (window {window}); "
+            f"increase max_iterations or learning_rate", diag)
+
+    mu, sd = cur["mu"], _softplus(cur["rho"])
+    eps = np.random.default_rng(draw_ss).standard_normal((draws, engine.size))
+    z = mu + sd * eps
+    s = engine.slices
+    beta_draws = z[:, s["beta"]]
+    lam_draws = np.exp(z[:, s["lam_log__"]]).ravel()
+    lam0_draws = np.exp(z[:, s["lam0_log__"]]).ravel()
+    diag["beta_sd"] = sd[s["beta"]].tolist()
+    return Posterior("advi", mu[s["beta"]], beta_draws, _summary(lam_draws),
+                     _summary(lam0_draws), diag, rep, stats)
+
+
+def _fit_nuts(stats, rep, diag, ss, draws, *, tune, chains, target_accept, rhat_max) -> Posterior:
+    import logging
+
+    import arviz as az
+    import pymc as pm
+
+    chains = int(chains)
+    per_chain = int(math.ceil(draws / chains))
+    seed_int = int(ss.generate_state(1, dtype=np.uint32)[0])
+    model, data = build_model(stats.dim)
+    mu0, _ = variational_init(stats)
+    initvals = {"lam": float(np.exp(mu0[0])), "lam0": float(np.exp(mu0[1])), "beta": mu0[2:]}
+    pm_logger = logging.getLogger("pymc")
+    level = pm_logger.level
+    pm_logger.setLevel(logging.ERROR)
+    try:
+        with model:
+            pm.set_data({"xtx": stats.xtx, "xty": stats.xty, "yty": np.float64(stats.yty),
+                         "n": np.float64(stats.n)})
+            idata = pm.sample(draws=per_chain, tune=int(tune), chains=chains, cores=1,
+                              random_seed=seed_int, progressbar=False, initvals=initvals,
+                              target_accept=target_accept, compute_convergence_checks=False,
+                              return_inferencedata=True)
+    finally:
+        pm_logger.setLevel(level)
+    post = idata.posterior
+    beta_draws = post["beta"].values.reshape(-1, stats.dim)[:draws]
+    lam_draws = post["lam"].values.ravel()
+    lam0_draws = post["lam0"].values.ravel()
+    rhat = az.rhat(idata)
+    ess = az.ess(idata)
+    max_rhat = float(max(float(rhat[v].max()) for v in ("beta", "lam", "lam0")))
+    min_ess = float(min(float(ess[v].min()) for v in ("beta", "lam", "lam0")))
+    divergences = int(idata.sample_stats["diverging"].sum())
+    converged = bool(max_rhat <= rhat_max)
+    diag.update(converged=converged, iterations=per_chain * chains, chains=chains, tune=int(tune),
+                max_rhat=max_rhat, min_ess_bulk=min_ess, divergences=divergences,
+                rhat_max=rhat_max)
+    if not converged:
+        raise ConvergenceError(f"NUTS did not converge: max r-hat {max_rhat:.3f} > {rhat_max}", diag)
+    return Posterior("nuts", beta_draws.mean(axis=0), beta_draws, _summary(lam_draws),
+                     _summary(lam0_draws), diag, rep, stats)
