@@ -723,7 +723,7 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                 state = pb.RoundStatus.State.Name(status.state)
                 raise FederationFailed(f"round {round_id} ended {state}: {status.message}")
             result = coordinator.result(round_id)
-            progress(f"round {round_id} done in {status.round_seconds:.1f} s "
+            progress(f"round {round_id} done in {status.round_seconds:.2f} s "
                      f"(+ fit {status.fit_seconds:.1f} s)")
         failed = False
     except FederationFailed as exc:
@@ -801,7 +801,7 @@ def format_report(result: dict) -> str:
                      f"{s['epsilon']:.3g}")
     lines += [
         "",
-        f"  timings: round {t['round_s']:.1f} s, fit {t['fit_s']:.1f} s "
+        f"  timings: round {t['round_s']:.2f} s, fit {t['fit_s']:.1f} s "
         f"({result['fit_method']}), baselines {t['baselines_s']:.1f} s, total {t['total_s']:.1f} s",
         "",
         "  held-out Spearman correlation (predicted vs measured)",

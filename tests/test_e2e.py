@@ -157,23 +157,23 @@ def test_child_processes_logged_and_stopped(run):
 
 
 def test_failed_round_exits_3_and_keeps_logs(tmp_path, capsys):
-    """A site policy that refuses the round (eps above its per-round cap) fails the round."""
-    from dpfed.commands import simulate as command
+    """Sites whose policy caps eps per round below the round's eps refuse; the round fails,
+    the command exits 3, prints the processes' last log lines and keeps the folder."""
+    import unittest.mock
 
-    options = sim.SimulationOptions(fit_method="fixed", fit_draws=10, workdir=tmp_path,
-                                    round_timeout_s=20)
+    from dpfed import cli, exitcodes
+
     original = sim.write_federation
 
     def strict_sites(*args, **kwargs):
         kwargs["epsilon"] = 0.5  # the sites' max_epsilon_per_round; the round asks for 2
         return original(*args, **kwargs)
 
-    import unittest.mock
-
     with unittest.mock.patch.object(sim, "write_federation", strict_sites):
-        with pytest.raises(sim.FederationFailed) as info:
-            sim.run_simulation(options, progress=lambda m: None)
-    assert "FAILED" in str(info.value) or "refus" in str(info.value).lower()
-    assert "aggregator.log" in info.value.logs
+        code = cli.main(["--log-level", "INFO", "simulate", "--fit-method", "fixed",
+                         "--workdir", str(tmp_path), "--timeout", "30"])
+    err = capsys.readouterr().err
+    assert code == exitcodes.ROUND_FAILED
+    assert "round failed" in err and "aggregator.log" in err and "site-1.log" in err
     assert (tmp_path / "logs" / "aggregator.log").exists()
-    assert command  # the command maps FederationFailed to exit code 3 (ROUND_FAILED)
+    assert "refus" in (tmp_path / "logs" / "site-1.log").read_text().lower()
