@@ -8,8 +8,7 @@ Model (Honkela et al. 2018, section 4.1, eq. (4.1); method.md section 1)::
     beta    ~ N(0, I / lambda0)
     log p(y | X, beta, lambda) = n/2 log(lambda / 2 pi) - lambda/2 (beta^T Sxx beta - 2 beta^T Sxy + Syy)
 
-The likelihood enters as a ``pm.Potential``; the statistics are ``pm.Data`` containers, so one
-model per dimension d serves every fit (``pm.set_data``).
+The likelihood enters as a ``pm.Potential``; the statistics are ``pm.Data`` containers.
 
 Mean-field ADVI (Kucukelbir et al. 2017), as in the paper: a diagonal Gaussian q over PyMC's
 unconstrained value variables ``(log lambda, log lambda0, beta)`` with standard deviation
@@ -19,7 +18,7 @@ joint log density (``model.logp()``, including the log-Jacobians of the log tran
 a fit does not pay PyMC's per-iteration Python overhead (~100 us per step, i.e. 4 s per 40k
 steps) a whole chunk of steps runs inside one compiled ``pytensor.scan``; the data, the
 variational parameters, the Adam state and the standard-normal noise are *inputs* of that
-function, so it is compiled once per d and is pure (no shared state is mutated: the same
+function, so it is compiled once (for every d: the length of beta is symbolic) and is pure (no shared state is mutated: the same
 inputs give the same outputs, and concurrent fits cannot interfere). The noise is drawn by
 the caller from a seeded ``numpy.random.Generator``, so fits are deterministic given a seed.
 That noise is Monte Carlo noise of the optimiser, not DP noise.
@@ -62,16 +61,19 @@ _BETA1, _BETA2, _ADAM_EPS = 0.9, 0.999, 1e-8
 _DATA_NAMES = ("xtx", "xty", "yty", "n")
 
 
-def build_model(d: int):
-    """Return ``(model, data)``: the PyMC model of method.md section 1 for dimension ``d``.
+def build_model(d: int | None = None):
+    """Return ``(model, data)``: the PyMC model of method.md section 1.
 
     ``data`` maps ``xtx, xty, yty, n`` to the model's ``pm.Data`` containers. Value variables
-    are ``lam_log__``, ``lam0_log__`` and ``beta`` (PyMC's log transform of the Gammas).
+    are ``lam_log__``, ``lam0_log__`` and ``beta`` (PyMC's log transform of the Gammas). With
+    ``d=None`` the length of beta is symbolic (taken from ``xty``), so one compiled graph
+    serves every dimension; with an integer ``d`` it is static (used for NUTS).
     """
     import pymc as pm
     import pytensor.tensor as pt
 
-    d = int(d)
+    generic = d is None
+    d = 1 if generic else int(d)
     if d < 1:
         raise ValueError(f"dimension must be >= 1, got {d}")
     with pm.Model() as model:
@@ -81,7 +83,8 @@ def build_model(d: int):
         n = pm.Data("n", np.float64(0.0))
         lam = pm.Gamma("lam", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
         lam0 = pm.Gamma("lam0", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
-        beta = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0), shape=d)
+        beta = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0),
+                         shape=xty.shape if generic else (d,))
         quad = beta @ xtx @ beta - 2.0 * beta @ xty + yty
         pm.Potential("loglik", 0.5 * n * pt.log(lam / (2.0 * np.pi)) - 0.5 * lam * quad)
     return model, {"xtx": xtx, "xty": xty, "yty": yty, "n": n}
@@ -106,41 +109,33 @@ class AdviState:
 
 
 class AdviEngine:
-    """Mean-field ADVI for dimension ``d``, compiled once; ``run`` executes a chunk of steps.
+    """Mean-field ADVI, compiled once for every dimension; ``run`` executes a chunk of steps.
 
-    Layout of the flat unconstrained vector (PyMC's order of value variables) is given by
-    ``slices``: ``lam_log__``, ``lam0_log__``, ``beta``.
+    The flat unconstrained vector has PyMC's order of value variables: ``lam_log__``,
+    ``lam0_log__``, ``beta`` (``slices(d)``). The length of beta is symbolic in the compiled
+    graph and Numba specialises on array types, not shapes, so one compilation serves all d.
     """
 
-    def __init__(self, d: int, mode: str = DEFAULT_MODE):
+    def __init__(self, mode: str = DEFAULT_MODE):
         import pytensor
         import pytensor.tensor as pt
         from pytensor.graph.replace import graph_replace
 
         t0 = time.perf_counter()
-        self.d = int(d)
         self.mode = mode
-        model, data = build_model(self.d)
+        model, data = build_model(None)
         self.model = model
         value_vars = model.value_vars
         self.names = [v.name for v in value_vars]
-        self.slices: dict[str, slice] = {}
-        i = 0
-        for v in value_vars:
-            size = int(np.prod([self.d] if v.ndim else [], dtype=int))
-            self.slices[v.name] = slice(i, i + size)
-            i += size
-        self.size = i
+        if self.names != ["lam_log__", "lam0_log__", "beta"]:  # pragma: no cover - PyMC change
+            raise RuntimeError(f"unexpected value variables {self.names}")
 
         # The model's joint log density, rewritten in terms of one flat vector z and explicit
         # data inputs instead of the shared pm.Data containers.
         z = pt.dvector("z")
         in_xtx, in_xty = pt.dmatrix("xtx"), pt.dvector("xty")
         in_yty, in_n = pt.dscalar("yty"), pt.dscalar("n")
-        repl = {}
-        for v in value_vars:
-            s = self.slices[v.name]
-            repl[v] = z[s.start] if v.ndim == 0 else z[s]
+        repl = dict(zip(value_vars, (z[0], z[1], z[2:])))
         repl.update({data["xtx"]: in_xtx, data["xty"]: in_xty, data["yty"]: in_yty, data["n"]: in_n})
         logp = graph_replace(model.logp(jacobian=True), repl, strict=False)
 
@@ -149,13 +144,13 @@ class AdviEngine:
         mu0, rho0 = pt.dvector("mu0"), pt.dvector("rho0")
         mm0, vm0, mr0, vr0 = (pt.dvector(n) for n in ("m_mu0", "v_mu0", "m_rho0", "v_rho0"))
         t_in = pt.dscalar("t0")
-        entropy_const = 0.5 * self.size * (1.0 + np.log(2.0 * np.pi))
 
         def step(eps_t, t, mu, rho, m_mu, v_mu, m_rho, v_rho, lr_):
             sd = pt.softplus(rho)
-            lp = pytensor.clone_replace(logp, {z: mu + sd * eps_t})
+            zt = mu + sd * eps_t
+            lp = pytensor.clone_replace(logp, {z: zt})
             # One-sample negative ELBO; the Gaussian entropy is exact.
-            loss = -(lp + pt.sum(pt.log(sd)) + entropy_const)
+            loss = -(lp + pt.sum(pt.log(sd)) + 0.5 * zt.shape[0] * (1.0 + np.log(2.0 * np.pi)))
             g_mu, g_rho = pytensor.grad(loss, [mu, rho])
             t1 = t + 1.0
             m_mu1 = _BETA1 * m_mu + (1 - _BETA1) * g_mu
@@ -187,9 +182,9 @@ class AdviEngine:
         self._lock = threading.Lock()
         # Numba compiles lazily on the first call: do it now, on harmless dummy inputs, so
         # that construction is the whole cold cost and every fit is warm.
-        z0 = np.zeros(self.size)
-        self._call(np.zeros((1, self.size)), AdviState.start(z0, z0), 1e-3,
-                   np.eye(self.d), np.zeros(self.d), 1.0, 1.0)
+        z0 = np.zeros(3)
+        self._call(np.zeros((1, 3)), AdviState.start(z0, z0), 1e-3, np.eye(1), np.zeros(1),
+                   1.0, 1.0)
         self.compile_seconds = time.perf_counter() - t0
 
     def run(self, state: AdviState, eps: np.ndarray, lr: float, stats) -> tuple[AdviState, np.ndarray, np.ndarray, np.ndarray]:
@@ -199,9 +194,12 @@ class AdviEngine:
         negative ELBO and the averages of the iterates over the chunk (for Polyak-Ruppert
         averaging and the convergence check).
         """
-        eps = np.ascontiguousarray(eps, dtype=np.float64)
-        if eps.ndim != 2 or eps.shape[1] != self.size or eps.shape[0] < 1:
-            raise ValueError(f"eps must have shape (steps, {self.size})")
+        size = stats.dim + 2
+        eps = np.asarray(eps, dtype=np.float64)
+        if eps.ndim != 2 or eps.shape[1] != size or eps.shape[0] < 1:
+            raise ValueError(f"eps must have shape (steps, {size})")
+        if state.mu.shape != (size,):
+            raise ValueError(f"state has size {state.mu.shape}, statistics need {size}")
         return self._call(eps, state, lr, stats.xtx, stats.xty, stats.yty, stats.n)
 
     def _call(self, eps, state, lr, xtx, xty, yty, n):
@@ -217,18 +215,26 @@ class AdviEngine:
         return AdviState(mu, rho, m_mu, v_mu, m_rho, v_rho, float(t)), losses, mean_mu, mean_rho
 
 
-_CACHE: dict[tuple[int, str], AdviEngine] = {}
+    @staticmethod
+    def slices(d: int) -> dict[str, slice]:
+        """Where each value variable sits in the flat vector of length d + 2."""
+        return {"lam_log__": slice(0, 1), "lam0_log__": slice(1, 2), "beta": slice(2, 2 + d)}
+
+
+_CACHE: dict[str, AdviEngine] = {}
 _CACHE_LOCK = threading.Lock()
 
 
-def get_advi_engine(d: int, mode: str = DEFAULT_MODE) -> tuple[AdviEngine, bool]:
-    """The cached engine for dimension ``d`` (compiled on first use); returns (engine, was_cached)."""
-    key = (int(d), str(mode))
+def get_advi_engine(mode: str = DEFAULT_MODE) -> tuple[AdviEngine, bool]:
+    """The cached engine for ``mode`` (compiled on first use); returns (engine, was_cached).
+
+    One engine serves every dimension (see ``AdviEngine``)."""
+    key = str(mode)
     with _CACHE_LOCK:
         eng = _CACHE.get(key)
         if eng is not None:
             return eng, True
-        eng = AdviEngine(d, mode)
+        eng = AdviEngine(mode)
         _CACHE[key] = eng
         return eng, False
 

@@ -291,12 +291,12 @@ def _fit_advi(stats, rep, diag, ss, draws, *, max_iterations, learning_rate, win
     if not learning_rate > 0:
         raise ValueError(f"learning_rate must be > 0, got {learning_rate!r}")
     t0 = time.perf_counter()
-    engine, cached = get_advi_engine(stats.dim, mode)
+    engine, cached = get_advi_engine(mode)
     compile_seconds = 0.0 if cached else time.perf_counter() - t0
     if init == "vb":
         mu0, sd0 = variational_init(stats)
     elif init == "prior":
-        mu0, sd0 = np.zeros(engine.size), np.ones(engine.size)
+        mu0, sd0 = np.zeros(stats.dim + 2), np.ones(stats.dim + 2)
     else:
         raise ValueError(f"init must be 'vb' or 'prior', got {init!r}")
     opt_ss, draw_ss = ss.spawn(2)
@@ -310,7 +310,7 @@ def _fit_advi(stats, rep, diag, ss, draws, *, max_iterations, learning_rate, win
     t_opt = time.perf_counter()
     while it < max_iterations:
         k = min(window, max_iterations - it)
-        eps = rng.standard_normal((k, engine.size))
+        eps = rng.standard_normal((k, stats.dim + 2))
         state, losses, m_mu, m_rho = engine.run(state, eps, learning_rate, stats)
         it += k
         if not (np.all(np.isfinite(losses)) and np.all(np.isfinite(state.mu))
@@ -342,9 +342,9 @@ def _fit_advi(stats, rep, diag, ss, draws, *, max_iterations, learning_rate, win
             f"increase max_iterations or learning_rate", diag)
 
     mu, sd = cur["mu"], _softplus(cur["rho"])
-    eps = np.random.default_rng(draw_ss).standard_normal((draws, engine.size))
+    eps = np.random.default_rng(draw_ss).standard_normal((draws, stats.dim + 2))
     z = mu + sd * eps
-    s = engine.slices
+    s = engine.slices(stats.dim)
     beta_draws = z[:, s["beta"]]
     lam_draws = np.exp(z[:, s["lam_log__"]]).ravel()
     lam0_draws = np.exp(z[:, s["lam0_log__"]]).ravel()
