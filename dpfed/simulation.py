@@ -497,16 +497,7 @@ def dpfed_command(log_level: str, *args: str) -> list[str]:
 
 
 def aggregator_command(config_path: Path, log_level: str = "INFO") -> list[str]:
-    """``dpfed aggregator serve --config ...``. Until that CLI command exists, the same server
-    through its Python entry point (aggregator.server.serve), still a separate process."""
-    import importlib.util
-
-    if importlib.util.find_spec("dpfed.commands.aggregator") is not None:
-        return dpfed_command(log_level, "aggregator", "serve", "--config", str(config_path))
-    code = ("import logging, sys; logging.basicConfig(level=sys.argv[2], stream=sys.stderr, "
-            "format='%(asctime)s %(levelname)s %(name)s: %(message)s'); "
-            "from aggregator.server import serve; sys.exit(serve(sys.argv[1]))")
-    return [sys.executable, "-c", code, str(config_path), log_level]
+    return dpfed_command(log_level, "aggregator", "serve", "--config", str(config_path))
 
 
 @dataclass

@@ -59,8 +59,17 @@ def _json_safe(obj):
     return obj
 
 
-def _terminate_as_interrupt(signum, frame):
-    raise KeyboardInterrupt
+class _Interrupts:
+    """Turns SIGINT and SIGTERM into KeyboardInterrupt and remembers that one came: PyMC
+    swallows KeyboardInterrupt during a fit and returns what it has, and an interrupted run
+    must not end with exit code 0 and a half-fitted baseline."""
+
+    def __init__(self):
+        self.received = False
+
+    def __call__(self, signum, frame):
+        self.received = True
+        raise KeyboardInterrupt
 
 
 def run(args) -> int:
@@ -77,9 +86,13 @@ def run(args) -> int:
         n_test=args.test, seed=args.seed, fit_method=args.fit_method, fit_draws=args.draws,
         workdir=args.workdir, round_timeout_s=args.timeout, log_level=args.log_level)
     # SIGTERM cleans up like Ctrl-C: the finally blocks stop the child processes.
-    previous = signal.signal(signal.SIGTERM, _terminate_as_interrupt)
+    interrupts = _Interrupts()
+    previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         result = simulation.run_simulation(options)
+    except KeyboardInterrupt:
+        print("dpfed simulate: interrupted; all processes stopped", file=sys.stderr)
+        return exitcodes.INTERRUPTED
     except (ValueError, KeyError, FileNotFoundError) as exc:
         print(f"dpfed simulate: {exc}", file=sys.stderr)
         return exitcodes.USAGE
@@ -90,7 +103,11 @@ def run(args) -> int:
             print(f"dpfed simulate: work folder kept for inspection: {exc.workdir}", file=sys.stderr)
         return exitcodes.ROUND_FAILED
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if interrupts.received:
+        print("dpfed simulate: interrupted; all processes stopped", file=sys.stderr)
+        return exitcodes.INTERRUPTED
     if args.json:
         print(json.dumps(_json_safe(result), sort_keys=True))
     else:
