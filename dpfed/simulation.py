@@ -800,12 +800,18 @@ def format_report(result: dict) -> str:
         f"    non-private (all rows)    {_fmt(m['spearman_nonprivate'])}",
         f"    public lines only         {_fmt(m['spearman_public_only'])}",
         "",
-        "  features by |posterior mean| (private model)",
+        "  features by |posterior mean| of the private model. The 95 % interval treats the",
+        "  noisy statistics as exact (it omits the DP noise); the private model saw clipped",
+        "  features, so compare signs and ranks with the non-private means, not magnitudes.",
+        f"    {'feature':<24} {'private':>8}  {'95 % interval':<18}  non-private",
     ]
+    nonprivate = dict(zip(result["features"], result.get("nonprivate_beta_mean", [])))
     for row in result["top_features"]:
         ci = row.get("ci95")
         ci_text = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
-        lines.append(f"    {row['feature']:<24} {row['mean']:+.3f}  {ci_text}")
+        ref = nonprivate.get(row["feature"])
+        ref_text = f"{ref:+.3f}" if ref is not None else ""
+        lines.append(f"    {row['feature']:<24} {row['mean']:+8.3f}  {ci_text:<18}  {ref_text}")
     if result.get("workdir"):
         lines += ["", f"  work folder kept: {result['workdir']}"]
     return "\n".join(lines)
