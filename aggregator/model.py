@@ -40,6 +40,7 @@ __all__ = [
     "build_model",
     "AdviState",
     "AdviEngine",
+    "ChunkSummary",
     "get_advi_engine",
     "clear_cache",
     "DEFAULT_MODE",
@@ -108,6 +109,19 @@ class AdviState:
         return cls(np.asarray(mu, float), np.asarray(rho, float), z, z, z, z, 0.0)
 
 
+@dataclass(frozen=True)
+class ChunkSummary:
+    """Averages over a chunk of steps: iterates, gradients of the loss, squared gradients."""
+
+    steps: int
+    mu: np.ndarray
+    rho: np.ndarray
+    grad_mu: np.ndarray
+    grad_rho: np.ndarray
+    grad_mu_sq: np.ndarray
+    grad_rho_sq: np.ndarray
+
+
 class AdviEngine:
     """Mean-field ADVI, compiled once for every dimension; ``run`` executes a chunk of steps.
 
@@ -160,15 +174,17 @@ class AdviEngine:
             a = lr_ * pt.sqrt(1 - _BETA2 ** t1) / (1 - _BETA1 ** t1)
             mu1 = mu - a * m_mu1 / (pt.sqrt(v_mu1) + _ADAM_EPS)
             rho1 = rho - a * m_rho1 / (pt.sqrt(v_rho1) + _ADAM_EPS)
-            return t1, mu1, rho1, m_mu1, v_mu1, m_rho1, v_rho1, loss
+            return t1, mu1, rho1, m_mu1, v_mu1, m_rho1, v_rho1, loss, g_mu, g_rho
 
         outs, _ = pytensor.scan(
             step, sequences=[eps_seq],
-            outputs_info=[t_in, mu0, rho0, mm0, vm0, mr0, vr0, None],
+            outputs_info=[t_in, mu0, rho0, mm0, vm0, mr0, vr0, None, None, None],
             non_sequences=[lr], strict=False)
-        t_out, mu_s, rho_s, mm_s, vm_s, mr_s, vr_s, loss_s = outs
+        t_out, mu_s, rho_s, mm_s, vm_s, mr_s, vr_s, loss_s, gmu_s, grho_s = outs
         outputs = [t_out[-1], mu_s[-1], rho_s[-1], mm_s[-1], vm_s[-1], mr_s[-1], vr_s[-1],
-                   loss_s, mu_s.mean(axis=0), rho_s.mean(axis=0)]
+                   loss_s, mu_s.mean(axis=0), rho_s.mean(axis=0),
+                   gmu_s.mean(axis=0), grho_s.mean(axis=0),
+                   (gmu_s ** 2).mean(axis=0), (grho_s ** 2).mean(axis=0)]
         inputs = [eps_seq, t_in, mu0, rho0, mm0, vm0, mr0, vr0, lr,
                   in_xtx, in_xty, in_yty, in_n]
         with warnings.catch_warnings():
@@ -187,12 +203,12 @@ class AdviEngine:
                    1.0, 1.0)
         self.compile_seconds = time.perf_counter() - t0
 
-    def run(self, state: AdviState, eps: np.ndarray, lr: float, stats) -> tuple[AdviState, np.ndarray, np.ndarray, np.ndarray]:
+    def run(self, state: AdviState, eps: np.ndarray, lr: float, stats) -> tuple[AdviState, np.ndarray, "ChunkSummary"]:
         """Run ``len(eps)`` Adam steps from ``state`` on ``stats``.
 
-        Returns ``(new_state, losses, mean_mu, mean_rho)``: the per-step one-sample
-        negative ELBO and the averages of the iterates over the chunk (for Polyak-Ruppert
-        averaging and the convergence check).
+        Returns ``(new_state, losses, summary)``: the per-step one-sample negative ELBO and
+        the averages over the chunk of the iterates (for Polyak-Ruppert averaging) and of the
+        stochastic gradients and their squares (for the stationarity test).
         """
         size = stats.dim + 2
         eps = np.asarray(eps, dtype=np.float64)
@@ -211,8 +227,9 @@ class AdviEngine:
                 arr(xty), np.float64(yty), np.float64(n))
         with self._lock:  # a compiled pytensor function is not re-entrant
             out = self._fn(*args)
-        t, mu, rho, m_mu, v_mu, m_rho, v_rho, losses, mean_mu, mean_rho = (np.array(o) for o in out)
-        return AdviState(mu, rho, m_mu, v_mu, m_rho, v_rho, float(t)), losses, mean_mu, mean_rho
+        t, mu, rho, m_mu, v_mu, m_rho, v_rho, losses, *rest = (np.array(o) for o in out)
+        return (AdviState(mu, rho, m_mu, v_mu, m_rho, v_rho, float(t)), losses,
+                ChunkSummary(eps.shape[0], *rest))
 
 
     @staticmethod
