@@ -215,8 +215,11 @@ def stationarity(chunk) -> dict:
 
 
 def _is_stationary(check: dict, tol: float) -> bool:
-    return bool(np.all(check["mean_offset_sd"] <= tol + 2 * check["mean_offset_se"])
-                and np.all(check["log_sd_offset"] <= tol + 2 * check["log_sd_offset_se"]))
+    # No slack for the standard errors: they assume independent steps, but Adam's iterates
+    # revert to the optimum, so the window mean of the gradient nearly telescopes (it is
+    # about the net displacement over the window / (learning rate x steps)) and is far less
+    # noisy than the i.i.d. standard error says. The errors are reported, not used.
+    return bool(np.all(check["mean_offset_sd"] <= tol) and np.all(check["log_sd_offset"] <= tol))
 
 
 def _seed_sequence(seed) -> tuple[np.random.SeedSequence, int]:
@@ -251,8 +254,7 @@ def fit_posterior(stats: Statistics, *, method: str = "advi", draws: int = 5000,
     ``window`` steps. Convergence is a stationarity test of the ELBO (``stationarity``): after
     at least ``min_windows`` windows, the gradients averaged over the last window must put
     every variational mean within ``grad_tol`` posterior standard deviations of the
-    stationary point and every log standard deviation within ``grad_tol`` of it (plus two
-    Monte Carlo standard errors). Unlike "the loss stopped changing", this is not fooled by a
+    stationary point and every log standard deviation within ``grad_tol`` of it. Unlike "the loss stopped changing", this is not fooled by a
     learning rate too small to make progress. The returned approximation is the average of
     the iterates over the last window (Polyak-Ruppert). Not converged within
     ``max_iterations``: ``ConvergenceError``. ``init="vb"`` starts from the coordinate-ascent
@@ -356,7 +358,7 @@ def _fit_advi(stats, rep, diag, ss, draws, *, max_iterations, learning_rate, win
         raise ConvergenceError(
             f"ADVI did not converge within {max_iterations} iterations (window {window}): "
             f"mean gradient {diag['mean_offset_sd']:.3g} sd, log-sd gradient "
-            f"{diag['log_sd_offset']:.3g} (tolerance {grad_tol} + 2 standard errors); "
+            f"{diag['log_sd_offset']:.3g} (tolerance {grad_tol}); "
             f"increase max_iterations or learning_rate", diag)
 
     cur = {"mu": chunk.mu, "rho": chunk.rho}

@@ -1,0 +1,196 @@
+"""Benchmark of aggregator.fit_posterior: closed form, cold and warm ADVI, NUTS.
+
+Usage::
+
+    python benchmarks/bench_fit.py            # markdown table
+    python benchmarks/bench_fit.py --json     # JSON on stdout
+    python benchmarks/bench_fit.py --quick    # skip the truly-cold compile and NUTS
+
+"Cold" runs in a fresh Python process, so it includes importing PyMC and compiling the ADVI
+graph; "cold, disk cache" reuses the machine's PyTensor/Numba on-disk caches (a restarted
+service), "cold, empty cache" points PyTensor at an empty compile directory (first start on
+a new machine). "Warm" fits reuse the compiled graph of the same process. All fits use
+statistics released at eps=2 from synthetic data (n=800), as in the issue, and draws=5000.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+
+import numpy as np
+
+warnings.filterwarnings("ignore")
+
+_COLD_SNIPPET = """
+import time, warnings, json
+warnings.filterwarnings("ignore")
+t0 = time.perf_counter()
+import numpy as np
+from aggregator import fit_posterior
+from dpfed.statistics import exact_statistics
+rng = np.random.default_rng(0)
+x = rng.normal(size=(800, 10)); y = x @ rng.normal(size=10) + rng.normal(size=800)
+t1 = time.perf_counter()
+p = fit_posterior(exact_statistics(x, y), method="advi", seed=0, draws=5000)
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_fit_s": t2 - t1,
+                  "compile_s": p.diagnostics["compile_seconds"]}))
+"""
+
+
+def _release(d: int, n: int, seed: int):
+    from site_node.release import release_statistics
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = x @ rng.normal(size=d) + 0.3 * rng.normal(size=n)
+    y -= y.mean()
+    return release_statistics(x, y, epsilon=2.0, x_bound=1.0 / np.sqrt(d), y_bound=1.0)
+
+
+def _cold(empty_cache: bool) -> dict:
+    env = dict(os.environ)
+    tmp = None
+    if empty_cache:
+        tmp = tempfile.mkdtemp(prefix="dpfed-bench-")
+        env["PYTENSOR_FLAGS"] = f"base_compiledir={tmp}"
+    t0 = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _COLD_SNIPPET], env=env, capture_output=True,
+                         text=True, check=True)
+    wall = time.perf_counter() - t0
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    res["process_wall_s"] = wall
+    return res
+
+
+def _time_closed_form(repeats: int = 2000) -> dict:
+    from aggregator import fit_posterior
+    from aggregator.closed_form import closed_form_mean
+    s = _release(10, 800, 1)
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        closed_form_mean(s.xtx, s.xty)
+    mean_only = (time.perf_counter() - t0) / repeats
+    t0 = time.perf_counter()
+    for _ in range(repeats // 20):
+        fit_posterior(s, method="fixed", seed=0, draws=5000)
+    full = (time.perf_counter() - t0) / (repeats // 20)
+    t0 = time.perf_counter()
+    for _ in range(repeats // 20):
+        fit_posterior(s, method="fixed", seed=0, draws=1)
+    nodraws = (time.perf_counter() - t0) / (repeats // 20)
+    return {"closed_form_mean_s": mean_only, "fixed_fit_1_draw_s": nodraws,
+            "fixed_fit_5000_draws_s": full}
+
+
+def _time_warm_advi(d: int, repeats: int) -> dict:
+    from aggregator import ConvergenceError, fit_posterior
+    from aggregator.model import get_advi_engine
+    get_advi_engine()  # compiled already if a previous call did it
+    times, iters = [], []
+    for r in range(repeats):
+        s = _release(d, 800, 100 + r)
+        t0 = time.perf_counter()
+        p = fit_posterior(s, method="advi", seed=r, draws=5000)
+        times.append(time.perf_counter() - t0)
+        iters.append(p.diagnostics["iterations"])
+    # The full budget: 40k steps that never pass the test (grad_tol < 0), then refused.
+    s = _release(d, 800, 100)
+    t0 = time.perf_counter()
+    try:
+        fit_posterior(s, method="advi", seed=0, draws=5000, grad_tol=-1.0, max_iterations=40_000)
+    except ConvergenceError as err:
+        per_step = err.diagnostics["optimise_seconds"] / err.diagnostics["iterations"]
+    full = time.perf_counter() - t0
+    return {"d": d, "median_s": statistics.median(times), "max_s": max(times),
+            "median_iterations": statistics.median(iters), "full_40k_iterations_s": full,
+            "us_per_step": per_step * 1e6}
+
+
+def _time_nuts(d: int) -> dict:
+    from aggregator import fit_posterior
+    s = _release(d, 800, 7)
+    t0 = time.perf_counter()
+    p = fit_posterior(s, method="nuts", seed=0, draws=5000, tune=1000, chains=2)
+    dt = time.perf_counter() - t0
+    dg = p.diagnostics
+    return {"d": d, "s": dt, "max_rhat": dg["max_rhat"], "min_ess_bulk": dg["min_ess_bulk"],
+            "divergences": dg["divergences"]}
+
+
+def run(quick: bool = False, repeats: int = 5) -> dict:
+    res = {"machine": {"python": platform.python_version(), "cpus": os.cpu_count(),
+                       "platform": platform.platform()}}
+    res["cold_disk_cache"] = _cold(False)
+    if not quick:
+        res["cold_empty_cache"] = _cold(True)
+    res["closed_form"] = _time_closed_form()
+    from aggregator.model import get_advi_engine
+    t0 = time.perf_counter()
+    _, cached = get_advi_engine()
+    res["in_process_compile_s"] = time.perf_counter() - t0
+    res["warm_advi"] = [_time_warm_advi(10, repeats), _time_warm_advi(64, repeats)]
+    if not quick:
+        res["nuts"] = _time_nuts(10)
+    return res
+
+
+def markdown(res: dict) -> str:
+    rows = [("What", "Time", "Notes")]
+    cf = res["closed_form"]
+    rows.append(("closed form mean (d=10)", f"{cf['closed_form_mean_s'] * 1e6:.1f} us",
+                 "np.linalg.solve"))
+    rows.append(("fit_posterior fixed, 1 draw", f"{cf['fixed_fit_1_draw_s'] * 1e3:.3f} ms",
+                 "incl. repair (eigh)"))
+    rows.append(("fit_posterior fixed, 5000 draws", f"{cf['fixed_fit_5000_draws_s'] * 1e3:.2f} ms", ""))
+    c = res["cold_disk_cache"]
+    rows.append(("cold ADVI, disk cache (new process)", f"{c['import_s'] + c['first_fit_s']:.1f} s",
+                 f"import {c['import_s']:.1f} s, compile {c['compile_s']:.1f} s, first fit "
+                 f"{c['first_fit_s']:.1f} s"))
+    if "cold_empty_cache" in res:
+        c = res["cold_empty_cache"]
+        rows.append(("cold ADVI, empty cache (new machine)",
+                     f"{c['import_s'] + c['first_fit_s']:.1f} s",
+                     f"import {c['import_s']:.1f} s, compile {c['compile_s']:.1f} s"))
+    for w in res["warm_advi"]:
+        rows.append((f"warm ADVI d={w['d']}, n=800, eps=2, 5000 draws",
+                     f"{w['median_s'] * 1e3:.0f} ms",
+                     f"median of runs (max {w['max_s'] * 1e3:.0f} ms), median "
+                     f"{w['median_iterations']:.0f} iterations to converge"))
+        rows.append((f"warm ADVI d={w['d']}, full 40k iterations", f"{w['full_40k_iterations_s']:.2f} s",
+                     f"{w['us_per_step']:.1f} us/step"))
+    if "nuts" in res:
+        nu = res["nuts"]
+        rows.append(("NUTS d=10, 2 chains x 2500 + 1000 tune", f"{nu['s']:.1f} s",
+                     f"max r-hat {nu['max_rhat']:.3f}, min ESS {nu['min_ess_bulk']:.0f}, "
+                     f"{nu['divergences']} divergences; compiles every fit"))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = ["| " + " | ".join(r[i].ljust(widths[i]) for i in range(3)) + " |" for r in rows]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    m = res["machine"]
+    return (f"fit_posterior benchmark (Python {m['python']}, {m['cpus']} CPUs)\n\n"
+            + "\n".join(lines))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print JSON instead of markdown")
+    ap.add_argument("--quick", action="store_true", help="skip the empty-cache compile and NUTS")
+    ap.add_argument("--repeats", type=int, default=5, help="warm fits per dimension")
+    args = ap.parse_args(argv)
+    res = run(quick=args.quick, repeats=args.repeats)
+    print(json.dumps(res, indent=2) if args.json else markdown(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
