@@ -187,20 +187,21 @@ class AdviEngine:
                    (gmu_s ** 2).mean(axis=0), (grho_s ** 2).mean(axis=0)]
         inputs = [eps_seq, t_in, mu0, rho0, mm0, vm0, mr0, vr0, lr,
                   in_xtx, in_xty, in_yty, in_n]
+        self._lock = threading.Lock()
+        # Numba compiles lazily on the first call: make that call now, on harmless dummy
+        # inputs, so that construction is the whole cold cost and every fit is warm.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
                 self._fn = pytensor.function(inputs, outputs, mode=mode)
-            except Exception as exc:  # pragma: no cover - backend missing
+                self._warm_up()
+            except Exception as exc:  # pragma: no cover - backend missing or broken
+                if mode == "FAST_RUN":
+                    raise
                 log.warning("ADVI: mode %s unavailable (%s); using the C backend", mode, exc)
                 self.mode = "FAST_RUN"
                 self._fn = pytensor.function(inputs, outputs, mode="FAST_RUN")
-        self._lock = threading.Lock()
-        # Numba compiles lazily on the first call: do it now, on harmless dummy inputs, so
-        # that construction is the whole cold cost and every fit is warm.
-        z0 = np.zeros(3)
-        self._call(np.zeros((1, 3)), AdviState.start(z0, z0), 1e-3, np.eye(1), np.zeros(1),
-                   1.0, 1.0)
+                self._warm_up()
         self.compile_seconds = time.perf_counter() - t0
 
     def run(self, state: AdviState, eps: np.ndarray, lr: float, stats) -> tuple[AdviState, np.ndarray, "ChunkSummary"]:
@@ -231,6 +232,11 @@ class AdviEngine:
         return (AdviState(mu, rho, m_mu, v_mu, m_rho, v_rho, float(t)), losses,
                 ChunkSummary(eps.shape[0], *rest))
 
+
+    def _warm_up(self) -> None:
+        z0 = np.zeros(3)
+        self._call(np.zeros((1, 3)), AdviState.start(z0, z0), 1e-3, np.eye(1), np.zeros(1),
+                   1.0, 1.0)
 
     @staticmethod
     def slices(d: int) -> dict[str, slice]:
