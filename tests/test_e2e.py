@@ -169,7 +169,7 @@ def test_failed_round_exits_3_and_keeps_logs(tmp_path, capsys):
         kwargs["epsilon"] = 0.5  # the sites' max_epsilon_per_round; the round asks for 2
         return original(*args, **kwargs)
 
-    with unittest.mock.patch.object(sim, "write_federation", strict_sites):
+    with unittest.mock.patch.object(sim.run, "write_federation", strict_sites):
         code = cli.main(["--log-level", "INFO", "simulate", "--fit-method", "fixed",
                          "--workdir", str(tmp_path), "--timeout", "30"])
     err = capsys.readouterr().err

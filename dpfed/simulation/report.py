@@ -1,0 +1,51 @@
+"""The human-readable report of a simulation result."""
+
+from __future__ import annotations
+
+import math
+
+
+def _fmt(v: float | None) -> str:
+    return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.3f}"
+
+
+def format_report(result: dict) -> str:
+    """The human-readable result of ``run_simulation``."""
+    m, t = result["metrics"], result["timings"]
+    lines = [
+        f"round {result['round_id']}: {result['data']}",
+        f"  {len(result['sites'])} sites, {result['n_public']} public lines, "
+        f"{result['n_test']} held-out test lines, d = {len(result['features'])}",
+        f"  bounds x {result['bounds']['x_bound']:.3g}, y {result['bounds']['y_bound']:.3g} "
+        f"(public sigmas {result['bounds']['sigma_x']:.3g}, {result['bounds']['sigma_y']:.3g})",
+        "",
+        "  site        n   epsilon spent",
+    ]
+    for s in result["sites"]:
+        lines.append(f"  {s['site_id']:<9} {s['n'] if s['n'] is not None else '-':>4}   "
+                     f"{s['epsilon']:.3g}")
+    lines += [
+        "",
+        f"  timings: round {t['round_s']:.2f} s, fit {t['fit_s']:.1f} s "
+        f"({result['fit_method']}), baselines {t['baselines_s']:.1f} s, total {t['total_s']:.1f} s",
+        "",
+        "  held-out Spearman correlation (predicted vs measured)",
+        f"    private federated model   {_fmt(m['spearman_private'])}",
+        f"    non-private (all rows)    {_fmt(m['spearman_nonprivate'])}",
+        f"    public lines only         {_fmt(m['spearman_public_only'])}",
+        "",
+        "  features by |posterior mean| of the private model. The 95 % interval treats the",
+        "  noisy statistics as exact (it omits the DP noise); the private model saw clipped",
+        "  features, so compare signs and ranks with the non-private means, not magnitudes.",
+        f"    {'feature':<24} {'private':>8}  {'95 % interval':<18}  non-private",
+    ]
+    nonprivate = dict(zip(result["features"], result.get("nonprivate_beta_mean", [])))
+    for row in result["top_features"]:
+        ci = row.get("ci95")
+        ci_text = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
+        ref = nonprivate.get(row["feature"])
+        ref_text = f"{ref:+.3f}" if ref is not None else ""
+        lines.append(f"    {row['feature']:<24} {row['mean']:+8.3f}  {ci_text:<18}  {ref_text}")
+    if result.get("workdir"):
+        lines += ["", f"  work folder kept: {result['workdir']}"]
+    return "\n".join(lines)
