@@ -30,6 +30,7 @@ from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
 from cryptography.exceptions import InvalidSignature
 
 from dpfed.wire.signing import SignatureError, _signed_bytes, verify
+from dpfed.wire import limits
 
 from aggregator import aggregate
 from aggregator.registry import Registry
@@ -128,6 +129,21 @@ def _fast_contribution(payload: bytes) -> pb.Contribution | None:
         return None
 
 
+def _check_envelope_size(envelope: pb.SignedEnvelope) -> None:
+    """Wire limits (dpfed.wire.limits) before any signature work: cheap, and an oversized
+    field never reaches the verifier, the store or a log line."""
+    problems = limits.envelope_problems(envelope)
+    if problems:
+        raise Rejected("INVALID_ARGUMENT", "envelope: " + "; ".join(problems))
+
+
+def _check_fields(check, value) -> None:
+    try:
+        check(value)
+    except limits.LimitError as exc:
+        raise Rejected("INVALID_ARGUMENT", str(exc)) from None
+
+
 def _parse_envelope(data: bytes) -> pb.SignedEnvelope:
     env = pb.SignedEnvelope()
     env.ParseFromString(data)
@@ -207,6 +223,7 @@ class RoundManager:
                            f"clock out of sync")
 
     def _verify_site(self, envelope: pb.SignedEnvelope, type_name: str):
+        _check_envelope_size(envelope)
         msg = None
         if type_name == "dpfed.v1.Contribution" and envelope.payload_type == type_name:
             public_key = self.registry.site_keys.get(envelope.key_id)
@@ -225,6 +242,7 @@ class RoundManager:
             raise Rejected("UNAUTHENTICATED", str(exc)) from None
         except CanonicalError as exc:
             raise Rejected("INVALID_ARGUMENT", str(exc)) from None
+        _check_fields(limits.SITE_MESSAGE_CHECKS[type_name], msg)
         owner = self.registry.site_of_key(envelope.key_id)
         if msg.site_id != owner:
             raise Rejected("PERMISSION_DENIED",
@@ -240,6 +258,7 @@ class RoundManager:
 
     # ---- coordinator side ----
     def start_round(self, envelope: pb.SignedEnvelope) -> pb.RoundStatus:
+        _check_envelope_size(envelope)
         try:
             spec = verify(envelope, self.registry.coordinator_keys, "dpfed.v1.RoundSpec")
         except SignatureError as exc:
@@ -250,7 +269,9 @@ class RoundManager:
         if spec.coordinator_id != owner:
             raise Rejected("PERMISSION_DENIED", f"spec names coordinator {spec.coordinator_id!r} "
                                                 f"but is signed by the key of {owner!r}")
-        problems = aggregate.validate_spec(spec, self.registry.site_ids())
+        problems = limits.spec_problems(spec)
+        if not problems:  # validate_spec decodes public statistics: only once they fit
+            problems = aggregate.validate_spec(spec, self.registry.site_ids())
         now = self.now_ms()
         if spec.deadline_unix_ms and spec.deadline_unix_ms <= now:
             problems.append("deadline_unix_ms is in the past")
@@ -275,6 +296,7 @@ class RoundManager:
         return self.status(spec.round_id)
 
     def status(self, round_id: str) -> pb.RoundStatus:
+        _check_fields(limits.check_round_query, round_id)
         with self._lock:
             live = self._rounds.get(round_id)
             if live is None:

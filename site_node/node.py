@@ -28,6 +28,7 @@ import time
 from dpfed import __version__
 from dpfed.preprocess import Preprocessing
 from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire import limits
 from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
 from dpfed.wire.signing import SigningKey
 from site_node import policy as site_policy
@@ -75,8 +76,10 @@ class SiteNode:
                                                   nonce=new_nonce(), software_version=__version__))
 
     def refusal(self, round_id: str, spec_digest: str, reason: str) -> pb.SignedEnvelope:
-        return self.signing_key.sign(pb.Refusal(round_id=round_id, site_id=self.site_id,
-                                                spec_digest=spec_digest, reason=reason,
+        # Kept inside the wire limits, so the aggregator never rejects an honest refusal.
+        return self.signing_key.sign(pb.Refusal(round_id=limits.clip_id(round_id),
+                                                site_id=self.site_id, spec_digest=spec_digest,
+                                                reason=limits.clip_text(reason),
                                                 timestamp_unix_ms=now_ms(), nonce=new_nonce()))
 
     # -- one round ---------------------------------------------------------------------------
@@ -92,6 +95,14 @@ class SiteNode:
         except site_policy.PolicyViolation as exc:
             round_id = _untrusted_round_id(envelope)
             log.warning("refused round %s (spec %s): %s", round_id or "?", spec_digest[:12], exc)
+            return self.refusal(round_id, spec_digest, str(exc))
+        try:
+            # The same wire limits the aggregator enforces (d <= 512, id formats, finite
+            # values), before the ledger or the data file is touched.
+            limits.check_spec(spec)
+        except limits.LimitError as exc:
+            round_id = limits.clip_id(spec.round_id)
+            log.warning("refused round %s: %s", round_id or "?", exc)
             return self.refusal(round_id, spec_digest, str(exc))
         round_id = spec.round_id
         log.info("received round %s (spec %s): target=%s, d=%d, epsilon=%g", round_id,
@@ -171,6 +182,6 @@ def _untrusted_round_id(envelope: pb.SignedEnvelope) -> str:
     if envelope.payload_type != "dpfed.v1.RoundSpec":
         return ""
     try:
-        return parse_canonical(envelope.payload, "dpfed.v1.RoundSpec").round_id[:200]
+        return limits.clip_id(parse_canonical(envelope.payload, "dpfed.v1.RoundSpec").round_id)
     except CanonicalError:
         return ""

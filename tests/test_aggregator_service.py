@@ -84,7 +84,7 @@ def test_rejections_leave_the_round_untouched(federation):
         "stale timestamp": (federation.contribution(
             "site-b", "r1", stats, timestamp_unix_ms=int(time.time() * 1000) - 3_600_000),
             C.UNAUTHENTICATED),
-        "unknown round": (federation.contribution("site-b", "nope", stats, digest="00"),
+        "unknown round": (federation.contribution("site-b", "nope", stats, digest="00" * 32),
                           C.FAILED_PRECONDITION),
         "stale spec digest": (federation.contribution("site-b", "r1", stats, digest="ab" * 32),
                               C.FAILED_PRECONDITION),
