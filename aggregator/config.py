@@ -37,6 +37,13 @@ class AggregatorConfig:
     # gRPC worker threads. Every subscribed site holds one for its stream, so this must exceed
     # the number of sites expected to be connected at once.
     max_workers: int = 64
+    # Load shedding (RESOURCE_EXHAUSTED instead of falling over, tests/test_load.py):
+    # open Subscribe streams are capped below max_workers so some threads always remain for
+    # Contribute, GetRound and health checks (0: max_workers - 8, at least 1); every RPC
+    # running or queued for a thread is capped by gRPC's maximum_concurrent_rpcs, which bounds
+    # the memory held by queued requests (4096 x a 17 kB d = 64 contribution = 70 MB).
+    max_streams: int = 0
+    max_concurrent_rpcs: int = 4096
     # Benchmarks only: close rounds at quorum without fitting, to time the federation alone.
     skip_fit: bool = False
     grace_s: float = 5.0
@@ -71,6 +78,11 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".") -> AggregatorConfig:
     skew = float(raw.get("max_clock_skew_s", 300))
     if not skew > 0:
         raise ConfigError("max_clock_skew_s must be > 0")
+    workers = int(raw.get("max_workers", 64))
+    if workers < 2:
+        raise ConfigError("max_workers must be >= 2")
+    if int(raw.get("max_concurrent_rpcs", 4096)) < workers:
+        raise ConfigError("max_concurrent_rpcs must be >= max_workers")
     return AggregatorConfig(
         listen=str(raw.get("listen", "127.0.0.1:50051")),
         state_db=base / raw.get("state_db", "aggregator.sqlite"),
@@ -78,11 +90,14 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".") -> AggregatorConfig:
         sites=_entries(raw.get("sites"), "site_id", base, "sites"),
         coordinators=_entries(raw.get("coordinators"), "coordinator_id", base, "coordinators"),
         max_workers=int(raw.get("max_workers", 64)),
+        max_streams=int(raw.get("max_streams", 0)),
+        max_concurrent_rpcs=int(raw.get("max_concurrent_rpcs", 4096)),
         skip_fit=bool(raw.get("skip_fit", False)),
         grace_s=float(raw.get("grace_s", 5.0)),
         extra={k: v for k, v in raw.items() if k not in {
             "listen", "state_db", "insecure", "tls", "max_clock_skew_s", "sites",
-            "coordinators", "max_workers", "skip_fit", "grace_s"}},
+            "coordinators", "max_workers", "skip_fit", "grace_s", "max_streams",
+            "max_concurrent_rpcs"}},
     )
 
 
@@ -95,3 +110,10 @@ def load_config(path: str | Path) -> AggregatorConfig:
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return config_from_dict(raw, path.parent)
+
+
+def stream_limit(config: AggregatorConfig) -> int:
+    """Open Subscribe streams allowed at once (see AggregatorConfig.max_streams)."""
+    if config.max_streams > 0:
+        return min(config.max_streams, config.max_workers - 1)
+    return max(1, config.max_workers - 8)

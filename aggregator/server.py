@@ -15,7 +15,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from dpfed.transport import SERVER_OPTIONS, add_server_port
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 
-from aggregator.config import AggregatorConfig, load_config
+from aggregator.config import AggregatorConfig, load_config, stream_limit
 from aggregator.registry import Registry
 from aggregator.rounds import RoundManager
 from aggregator.service import AggregatorServicer
@@ -46,8 +46,12 @@ class AggregatorServer:
         self.manager.recover()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
                                                              thread_name_prefix="grpc"),
-                                  options=SERVER_OPTIONS)
-        pb_grpc.add_AggregatorServicer_to_server(AggregatorServicer(self.manager), self.server)
+                                  options=SERVER_OPTIONS,
+                                  # Past this many running + queued calls gRPC answers
+                                  # RESOURCE_EXHAUSTED itself (aggregator/config.py).
+                                  maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
+        pb_grpc.add_AggregatorServicer_to_server(
+            AggregatorServicer(self.manager, max_streams=stream_limit(cfg)), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = add_server_port(self.server, cfg.listen, None if cfg.insecure else cfg.tls)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 
 import grpc
 
@@ -29,8 +30,13 @@ def _peer(context) -> str:
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
-    def __init__(self, manager: RoundManager):
+    def __init__(self, manager: RoundManager, *, max_streams: int | None = None):
         self.manager = manager
+        # Each open Subscribe stream holds a server thread for its lifetime; past this many,
+        # new streams get RESOURCE_EXHAUSTED (the site reconnects with backoff) so the
+        # remaining threads stay free for unary calls and health checks.
+        self._streams = threading.BoundedSemaphore(max_streams) if max_streams else None
+        self.max_streams = max_streams
 
     def _call(self, what: str, context, fn, *args):
         try:
@@ -58,6 +64,19 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return self._call("Refuse", context, self.manager.refuse, request)
 
     def Subscribe(self, request, context):
+        if self._streams is not None and not self._streams.acquire(blocking=False):
+            log.warning("Subscribe from %s shed: %d streams already open", _peer(context),
+                        self.max_streams)
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the aggregator has {self.max_streams} round streams open, its "
+                          f"limit; retry later")
+        try:
+            yield from self._subscribe(request, context)
+        finally:
+            if self._streams is not None:
+                self._streams.release()
+
+    def _subscribe(self, request, context):
         site_id = self._call("Subscribe", context, self.manager.hello, request)
         token, updates = self.manager.subscribe(site_id)
         try:

@@ -8,8 +8,11 @@ back by a unary call: Contribute (a release) or Refuse (a reasoned refusal).
 Failure handling:
 * a broken stream (aggregator restarting, network down: UNAVAILABLE, or any other error) is
   re-opened with exponential backoff and jitter, forever, until stopped;
-* Contribute/Refuse get a deadline each and are retried with backoff only on UNAVAILABLE and
-  DEADLINE_EXCEEDED; other codes are answers, not transport failures;
+* Contribute/Refuse get a deadline each and are retried in place, with exponential backoff
+  and jitter, only on UNAVAILABLE (the server was not reached). DEADLINE_EXCEEDED and
+  RESOURCE_EXHAUSTED (the aggregator shedding load) are not answers either: the release stays
+  unacknowledged and the connection loop reconnects after its own backoff and resends it.
+  Every other code is an answer (the request was judged) and is never retried;
 * a release is marked acknowledged only when the aggregator says accepted or duplicate, and
   marked rejected (with the status and message) when it answers with an error status. On
   every (re)connect, stored-but-unacknowledged releases are resent first, as the *stored
@@ -24,7 +27,9 @@ Failure handling:
 from __future__ import annotations
 
 import logging
+import os
 import random
+import signal
 import threading
 import time
 
@@ -38,7 +43,25 @@ from site_node.node import CONTRIBUTION, REFUSAL, SiteNode
 
 log = logging.getLogger(__name__)
 
-RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
+# Codes that mean "no answer": the release stays unacknowledged and is resent later.
+RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
+                       grpc.StatusCode.RESOURCE_EXHAUSTED})
+# Of those, the one retried in place: the call did not reach the server. A call that timed out
+# or was shed may still be running there; it is resent only after a reconnect backoff.
+RETRY_IN_PLACE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+# TEST HOOK (tests/test_crash_site.py): DPFED_TEST_CRASH_AT=after_debit|after_send makes the
+# site process SIGKILL itself right after the release is debited and stored (before sending),
+# or right after the aggregator answered (before the acknowledgement is recorded). Never set
+# it in production; it exists to prove that a crash at these points loses no epsilon
+# accounting and resends the stored bytes.
+CRASH_ENV = "DPFED_TEST_CRASH_AT"
+
+
+def _crash_point(name: str) -> None:
+    if os.environ.get(CRASH_ENV) == name:
+        log.critical("%s=%s: killing this process (test hook)", CRASH_ENV, name)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Backoff:
@@ -141,6 +164,7 @@ class SiteClient:
             answer = self.node.refusal(round_id, digest(spec_envelope.payload), "internal error at the site (see site log)")
         self.rounds_handled += 1
         if answer.payload_type == CONTRIBUTION:
+            _crash_point("after_debit")
             self.send_contribution(stub, answer)
         elif answer.payload_type == REFUSAL:
             self.send_refusal(stub, answer)
@@ -170,6 +194,7 @@ class SiteClient:
             log.warning("aggregator rejected the release for round %s: %s (the epsilon stays "
                         "debited)", round_id, message)
             return False
+        _crash_point("after_send")
         if reply.accepted or reply.duplicate:
             self.node.ledger.mark_acknowledged(round_id)
             log.info("aggregator acknowledged round %s%s", round_id,
@@ -198,7 +223,8 @@ class SiteClient:
             try:
                 return method(request, timeout=self.rpc_timeout_s)
             except grpc.RpcError as exc:
-                if exc.code() not in RETRYABLE or attempt == self.max_attempts or self._stop.is_set():
+                if (exc.code() not in RETRY_IN_PLACE or attempt == self.max_attempts
+                        or self._stop.is_set()):
                     raise
                 delay = backoff.next_delay()
                 log.warning("%s failed (%s), attempt %d/%d; retrying in %.1f s", what,

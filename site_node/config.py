@@ -35,6 +35,9 @@ class DataConfig:
     # sites whose column headers differ from the federation's names. Unmapped names are used
     # as they are.
     columns: dict[str, str] = field(default_factory=dict)
+    # A larger file is refused before a byte is read (site_node.data.read_table): a wrong
+    # path or a runaway export must not exhaust the site's memory. [data] max_bytes.
+    max_bytes: int = 2 * 1024**3
 
     def column_for(self, name: str) -> str:
         return self.columns.get(name, name)
@@ -120,8 +123,11 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None) -> Si
         cols = d.table("columns")
         for name in cols.raw:
             columns[name] = cols.string(name)
+    max_bytes = d.integer("max_bytes", default=DataConfig.max_bytes)
+    if max_bytes < 1:
+        raise ConfigError(f"{where}: data.max_bytes must be >= 1, got {max_bytes}")
     data = DataConfig(path=data_path, format=fmt, id_column=d.string("id_column", default=None),
-                      columns=columns)
+                      columns=columns, max_bytes=max_bytes)
 
     p = r.table("policy")
     trusted = p.string_list("trusted_coordinators")

@@ -61,12 +61,19 @@ class RoundData:
         return int(self.y.shape[0])
 
 
-def read_table(path: str | Path, fmt: str) -> Table:
+def read_table(path: str | Path, fmt: str, max_bytes: int | None = None) -> Table:
     path = Path(path)
     if not path.exists():
         raise DataError(f"data file {path} does not exist", "data file not found at the site")
-    if path.stat().st_size == 0:
+    if not path.is_file():
+        raise DataError(f"data file {path} is not a regular file", "data file is not a file")
+    size = path.stat().st_size
+    if size == 0:
         raise DataError(f"data file {path} is empty", "data file is empty")
+    if max_bytes is not None and size > max_bytes:
+        # Checked on the size alone, before reading: the text reader holds the whole file.
+        raise DataError(f"data file {path} has {size} bytes, more than data.max_bytes = "
+                        f"{max_bytes}", "data file exceeds the site's size limit")
     if fmt == "parquet":
         return _read_parquet(path)
     if fmt in ("csv", "tsv"):
@@ -78,8 +85,9 @@ def _read_text(path: Path, delimiter: str) -> Table:
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:
             rows = list(csv.reader(fh, delimiter=delimiter))
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise DataError(f"data file {path} cannot be read as text: {exc}") from None
+    except (UnicodeDecodeError, csv.Error) as exc:  # binary garbage, wrong encoding, NUL
+        raise DataError(f"data file {path} cannot be read as text: {exc}",
+                        "data file is not readable UTF-8 text") from None
     # Blank lines carry no record.
     rows = [r for r in rows if any(cell.strip() for cell in r)]
     if not rows:
@@ -195,12 +203,13 @@ def _check_ids(table: Table, id_column: str) -> None:
 
 def load_round_data(config: DataConfig, features: list[str], target: str) -> RoundData:
     """Read the data file and select one round's columns (see select_round_data)."""
-    return select_round_data(read_table(config.path, config.format), list(features), target, config)
+    return select_round_data(read_table(config.path, config.format, config.max_bytes),
+                             list(features), target, config)
 
 
 def describe(config: DataConfig) -> dict:
     """Shape of the data file without values, for ``dpfed site check``."""
-    table = read_table(config.path, config.format)
+    table = read_table(config.path, config.format, config.max_bytes)
     if config.id_column:
         _check_ids(table, config.id_column)
     return {"path": str(table.path), "format": config.format, "rows": table.n_rows,
