@@ -19,10 +19,26 @@ from dpfed import exitcodes
 HELP = "run a federation (aggregator + K sites as processes) on this machine and score it"
 
 
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+EPILOG = """\
+examples:
+  dpfed simulate                               3 sites, eps 2, Nutlin-3a, ADVI: a readable report
+  dpfed simulate --sites 10 --epsilon 1 --drug 1373 --seed 4
+  dpfed simulate --json > result.json          one JSON object (round_id, sites, metrics, timings)
+  dpfed simulate --data my.csv --target response --workdir run1   your own CSV; keep the folder
+
+exit codes: 0 done, 3 the round failed (the process logs are printed and the folder kept),
+            2 bad options or data, 130 interrupted (every child process is stopped)
+"""
+
+
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "simulate", help=HELP, description=HELP + ".",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        formatter_class=_Formatter, epilog=EPILOG)
     p.add_argument("--sites", type=int, default=3, help="number of site processes")
     p.add_argument("--epsilon", type=float, default=2.0, help="epsilon each site spends")
     p.add_argument("--drug", type=int, default=1047,

@@ -26,16 +26,32 @@ def register(subparsers) -> None:
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="site_command", metavar="SUBCOMMAND")
 
-    serve = sub.add_parser("serve", help="connect to the aggregator and answer rounds")
+    serve = sub.add_parser(
+        "serve", help="connect to the aggregator and answer rounds",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Dial out to the aggregator (no inbound port), answer round specs signed by a "
+                    "trusted coordinator within this site's policy, and reconnect with backoff.",
+        epilog="example:\n  dpfed site serve --config site.toml\n"
+               "      logs every round received, refused (with the reason) or released (n, epsilon,\n"
+               "      remaining budget); stop with Ctrl-C or SIGTERM.")
     serve.add_argument("--config", required=True, help="site.toml")
     serve.set_defaults(func=cmd_serve)
 
-    ledger = sub.add_parser("ledger", help="show the privacy ledger (spent, remaining, releases)")
+    ledger = sub.add_parser(
+        "ledger", help="show the privacy ledger (spent, remaining, releases)",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  dpfed site ledger --config site.toml\n"
+               "  dpfed site ledger --config site.toml --json   # for monitoring scripts")
     ledger.add_argument("--config", required=True, help="site.toml")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
     ledger.set_defaults(func=cmd_ledger)
 
-    check = sub.add_parser("check", help="validate config, keys and data without releasing")
+    check = sub.add_parser(
+        "check", help="validate config, keys and data without releasing",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="example:\n  dpfed site check --config site.toml\n"
+               "      exit 0 when the config, keys and data file are usable; 2 with the reason "
+               "otherwise.\n      Nothing is released and nothing is debited.")
     check.add_argument("--config", required=True, help="site.toml")
     check.set_defaults(func=cmd_check)
 
