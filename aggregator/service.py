@@ -13,6 +13,7 @@ import grpc
 
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
+from dpfed.wire.limits import clip_text
 
 from aggregator.rounds import Rejected, RoundManager
 
@@ -42,8 +43,11 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         try:
             return fn(*args)
         except Rejected as exc:
-            log.warning("%s from %s rejected: %s: %s", what, _peer(context), exc.code, exc.message)
-            context.abort(getattr(grpc.StatusCode, exc.code), exc.message)
+            # Messages may quote the request; gRPC drops a status whose message exceeds its
+            # metadata limit (8 kB soft), so the caller would get a bare transport error.
+            message = clip_text(exc.message)
+            log.warning("%s from %s rejected: %s: %s", what, _peer(context), exc.code, message)
+            context.abort(getattr(grpc.StatusCode, exc.code), message)
 
     def StartRound(self, request, context):
         return self._call("StartRound", context, self.manager.start_round, request)
