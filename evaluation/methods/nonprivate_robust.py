@@ -1,0 +1,43 @@
+"""Non-private robust linear regression (paper section 4.5, "non-private robust LR").
+
+``robust_private`` without the noise: the private rows are projected into [-Bx, Bx] x
+[-By, By] (paper eq. (9)) and the public rows are used exactly, unclipped, as the production
+aggregator uses them; the Gamma-prior model is fitted to the exact sum. The gap to
+``nonprivate`` is the cost of the projection, the gap to ``robust_private`` the cost of the noise.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from dpfed.statistics import Statistics
+from evaluation.methods.base import PrivacySetting, TrainingData, validate_posterior
+from evaluation.methods.posterior_fit import posterior_beta
+from evaluation.methods.robust_private import public_statistics
+from site_node.release import clipped_statistics
+
+
+@dataclass(frozen=True)
+class NonPrivateRobust:
+    posterior: str = "advi"
+    draws: int = 5000
+    name: ClassVar[str] = "nonprivate_robust"
+    private: ClassVar[bool] = False
+
+    def __post_init__(self):
+        validate_posterior(self.posterior, self.draws)
+
+    def statistics(self, data: TrainingData, setting: PrivacySetting) -> Statistics:
+        total = public_statistics(data)
+        if data.n_private:
+            sxx, sxy, syy = clipped_statistics(data.x_private, data.y_private,
+                                               setting.x_bound, setting.y_bound)
+            total = total + Statistics(sxx, sxy, syy, data.n_private)
+        return total
+
+    def fit(self, data: TrainingData, setting: PrivacySetting, *, seed: int) -> np.ndarray:
+        return posterior_beta(self.statistics(data, setting), posterior=self.posterior,
+                              draws=self.draws, seed=seed)
