@@ -32,7 +32,7 @@ from cryptography.exceptions import InvalidSignature
 from dpfed.wire.signing import SignatureError, _signed_bytes, verify
 from dpfed.wire import limits
 
-from aggregator import aggregate
+from aggregator import aggregate, identity
 from aggregator.registry import Registry
 from aggregator.store import RoundStore, StoredContribution, StoredResult, StoredRound
 
@@ -222,7 +222,8 @@ class RoundManager:
                            f"clock (allowed {self.max_clock_skew_ms / 1000:.0f} s): stale or "
                            f"clock out of sync")
 
-    def _verify_site(self, envelope: pb.SignedEnvelope, type_name: str):
+    def _verify_site(self, envelope: pb.SignedEnvelope, type_name: str,
+                     peer: identity.PeerIdentity | None = None):
         _check_envelope_size(envelope)
         msg = None
         if type_name == "dpfed.v1.Contribution" and envelope.payload_type == type_name:
@@ -248,6 +249,10 @@ class RoundManager:
             raise Rejected("PERMISSION_DENIED",
                            f"{type_name} claims site {msg.site_id!r} but is signed by the key "
                            f"of {owner!r}")
+        # Key and TLS certificate must name the same site (aggregator.identity).
+        mismatch = identity.site_mismatch(peer, msg.site_id)
+        if mismatch:
+            raise Rejected("PERMISSION_DENIED", f"{type_name}: {mismatch}")
         return msg
 
     def _round(self, round_id: str) -> LiveRound:
@@ -257,7 +262,8 @@ class RoundManager:
         return live
 
     # ---- coordinator side ----
-    def start_round(self, envelope: pb.SignedEnvelope) -> pb.RoundStatus:
+    def start_round(self, envelope: pb.SignedEnvelope,
+                    peer: identity.PeerIdentity | None = None) -> pb.RoundStatus:
         _check_envelope_size(envelope)
         try:
             spec = verify(envelope, self.registry.coordinator_keys, "dpfed.v1.RoundSpec")
@@ -269,6 +275,9 @@ class RoundManager:
         if spec.coordinator_id != owner:
             raise Rejected("PERMISSION_DENIED", f"spec names coordinator {spec.coordinator_id!r} "
                                                 f"but is signed by the key of {owner!r}")
+        mismatch = identity.coordinator_mismatch(peer, spec.coordinator_id)
+        if mismatch:
+            raise Rejected("PERMISSION_DENIED", mismatch)
         problems = limits.spec_problems(spec)
         if not problems:  # validate_spec decodes public statistics: only once they fit
             problems = aggregate.validate_spec(spec, self.registry.site_ids())
@@ -328,9 +337,9 @@ class RoundManager:
                         last_seen_unix_ms=r.last_seen_unix_ms) for r in self.registry.snapshot()])
 
     # ---- site side ----
-    def hello(self, envelope: pb.SignedEnvelope) -> str:
+    def hello(self, envelope: pb.SignedEnvelope, peer: identity.PeerIdentity | None = None) -> str:
         """Authenticate a SiteHello; returns the site id."""
-        hello = self._verify_site(envelope, "dpfed.v1.SiteHello")
+        hello = self._verify_site(envelope, "dpfed.v1.SiteHello", peer)
         self._check_fresh(hello.timestamp_unix_ms, "SiteHello")
         self._take_nonce(envelope.key_id, hello.nonce, hello.timestamp_unix_ms, "SiteHello")
         return hello.site_id
@@ -380,8 +389,9 @@ class RoundManager:
             return [rid for rid, live in self._rounds.items()
                     if self.spec_for_site(rid, site_id) is not None]
 
-    def contribute(self, envelope: pb.SignedEnvelope) -> pb.ContributeReply:
-        c = self._verify_site(envelope, "dpfed.v1.Contribution")
+    def contribute(self, envelope: pb.SignedEnvelope,
+                   peer: identity.PeerIdentity | None = None) -> pb.ContributeReply:
+        c = self._verify_site(envelope, "dpfed.v1.Contribution", peer)
         live = self._round(c.round_id)
         site = c.site_id
         with self._lock:
@@ -445,8 +455,8 @@ class RoundManager:
             raise Rejected("ALREADY_EXISTS", f"site {c.site_id!r} refused round {c.round_id!r}")
         self._check_fresh(c.timestamp_unix_ms, "Contribution")
 
-    def refuse(self, envelope: pb.SignedEnvelope) -> pb.Ack:
-        r = self._verify_site(envelope, "dpfed.v1.Refusal")
+    def refuse(self, envelope: pb.SignedEnvelope, peer: identity.PeerIdentity | None = None) -> pb.Ack:
+        r = self._verify_site(envelope, "dpfed.v1.Refusal", peer)
         live = self._round(r.round_id)
         with self._lock:
             if live.refusals.get(r.site_id) is not None:

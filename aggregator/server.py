@@ -51,7 +51,8 @@ class AggregatorServer:
                                   # RESOURCE_EXHAUSTED itself (aggregator/config.py).
                                   maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
         pb_grpc.add_AggregatorServicer_to_server(
-            AggregatorServicer(self.manager, max_streams=stream_limit(cfg)), self.server)
+            AggregatorServicer(self.manager, max_streams=stream_limit(cfg),
+                               require_identity=not cfg.insecure), self.server)
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self.port = add_server_port(self.server, cfg.listen, None if cfg.insecure else cfg.tls)

@@ -15,6 +15,7 @@ from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 from dpfed.wire.limits import clip_text
 
+from aggregator import identity
 from aggregator.rounds import Rejected, RoundManager
 
 log = logging.getLogger(__name__)
@@ -31,8 +32,11 @@ def _peer(context) -> str:
 
 
 class AggregatorServicer(pb_grpc.AggregatorServicer):
-    def __init__(self, manager: RoundManager, *, max_streams: int | None = None):
+    def __init__(self, manager: RoundManager, *, max_streams: int | None = None,
+                 require_identity: bool = False):
         self.manager = manager
+        # Mutual TLS: every signed request is bound to the certificate's identity.
+        self.require_identity = require_identity
         # Each open Subscribe stream holds a server thread for its lifetime; past this many,
         # new streams get RESOURCE_EXHAUSTED (the site reconnects with backoff) so the
         # remaining threads stay free for unary calls and health checks.
@@ -49,8 +53,21 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             log.warning("%s from %s rejected: %s: %s", what, _peer(context), exc.code, message)
             context.abort(getattr(grpc.StatusCode, exc.code), message)
 
+    def _identity(self, what: str, context) -> identity.PeerIdentity | None:
+        try:
+            peer = identity.peer_identity(context)
+        except identity.NoPeerIdentity as exc:
+            peer, problem = None, str(exc)
+        else:
+            problem = "no client certificate" if peer is None and self.require_identity else ""
+        if problem:
+            log.warning("%s from %s rejected: UNAUTHENTICATED: %s", what, _peer(context), problem)
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
+        return peer
+
     def StartRound(self, request, context):
-        return self._call("StartRound", context, self.manager.start_round, request)
+        return self._call("StartRound", context, self.manager.start_round, request,
+                          self._identity("StartRound", context))
 
     def GetRound(self, request, context):
         return self._call("GetRound", context, self.manager.status, request.round_id)
@@ -62,10 +79,12 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return self.manager.list_sites()
 
     def Contribute(self, request, context):
-        return self._call("Contribute", context, self.manager.contribute, request)
+        return self._call("Contribute", context, self.manager.contribute, request,
+                          self._identity("Contribute", context))
 
     def Refuse(self, request, context):
-        return self._call("Refuse", context, self.manager.refuse, request)
+        return self._call("Refuse", context, self.manager.refuse, request,
+                          self._identity("Refuse", context))
 
     def Subscribe(self, request, context):
         if self._streams is not None and not self._streams.acquire(blocking=False):
@@ -81,7 +100,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                 self._streams.release()
 
     def _subscribe(self, request, context):
-        site_id = self._call("Subscribe", context, self.manager.hello, request)
+        site_id = self._call("Subscribe", context, self.manager.hello, request,
+                             self._identity("Subscribe", context))
         token, updates = self.manager.subscribe(site_id)
         try:
             sent: set[str] = set()

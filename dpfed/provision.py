@@ -1,0 +1,675 @@
+"""Provisioning a federation: its certificate authority and one kit per party.
+
+``dpfed provision --project project.toml --out DIR`` (dpfed.commands.provision) makes
+
+    DIR/ca/ca.key, ca.pem         the federation CA (ECDSA P-256; key 0600, folder 0700)
+    DIR/public/                   every public thing: ca.pem, sites/<id>.pub|.pem,
+                                  coordinators/<id>.pub|.pem (what was issued, and to whom)
+    DIR/aggregator/               kit: aggregator.toml, START.md, tls/, keys/*.pub
+    DIR/sites/<site_id>/          kit: site.toml, START.md, tls/, keys/
+    DIR/coordinators/<id>/        kit: coordinator.toml, START.md, tls/, keys/
+
+Why these choices:
+- TLS keys and the CA are ECDSA P-256: every TLS stack (gRPC's BoringSSL included) accepts
+  it for certificates and handshakes. Ed25519 stays for payload signatures (dpfed.wire.signing):
+  the signature on a release outlives the connection that carried it.
+- A certificate's identity is its SAN URI, ``dpfed://site/<id>``, ``dpfed://coordinator/<id>``
+  or ``dpfed://aggregator`` (also the subject CN). The aggregator binds it to the signing key's
+  registered owner (aggregator.identity), so a stolen signing key is useless without the
+  matching certificate and the other way round.
+- Issuing is append-only. A party that has a public/ entry was issued once and is never issued
+  again, so a re-run (or ``--add-site``) never rotates the CA or changes an existing kit; files
+  that must change (the aggregator's list of sites) get an addition file next to them instead.
+- Kits are assembled in a hidden temporary folder and renamed into place, so a crash never
+  leaves a half-written kit that a re-run would then skip.
+
+Every private key is written 0600 in a 0700 folder; kits are 0700 as a whole.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import os
+import re
+import shutil
+import stat
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from dpfed.wire.signing import SigningKey, load_public_key, public_key_pem
+
+URI_SCHEME = "dpfed"
+SITE, COORDINATOR, AGGREGATOR = "site", "coordinator", "aggregator"
+KINDS = (SITE, COORDINATOR, AGGREGATOR)
+CA_DAYS = 3650
+DEFAULT_CERT_DAYS = 825          # the usual ceiling for TLS leaf certificates
+_BACKDATE = dt.timedelta(minutes=5)  # tolerate small clock differences between parties
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+DEFAULT_POLICY = {"max_epsilon_per_round": 2.0, "total_epsilon": 10.0, "min_n": 20,
+                  "allowed_targets": ["*"], "allowed_features": ["*"]}
+
+
+class ProvisionError(ValueError):
+    """project.toml is invalid, or DIR holds something that contradicts it."""
+
+
+# ---------------------------------------------------------------------------------------------
+# identities
+
+
+def identity_uri(kind: str, party_id: str | None = None) -> str:
+    """The SAN URI naming a party: dpfed://site/<id>, dpfed://coordinator/<id>, dpfed://aggregator."""
+    if kind == AGGREGATOR:
+        return f"{URI_SCHEME}://{AGGREGATOR}"
+    if kind not in (SITE, COORDINATOR) or not party_id:
+        raise ValueError(f"no identity URI for {kind!r} {party_id!r}")
+    return f"{URI_SCHEME}://{kind}/{party_id}"
+
+
+def parse_identity_uri(uri: str) -> tuple[str, str] | None:
+    """(kind, party_id) of a dpfed identity URI, or None if ``uri`` is not one."""
+    prefix = f"{URI_SCHEME}://"
+    if not uri.startswith(prefix):
+        return None
+    rest = uri[len(prefix):]
+    if rest == AGGREGATOR:
+        return AGGREGATOR, AGGREGATOR
+    kind, sep, party = rest.partition("/")
+    if sep and kind in (SITE, COORDINATOR) and _NAME.match(party):
+        return kind, party
+    return None
+
+
+def check_name(name: str, what: str) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise ProvisionError(f"{what} {name!r} must be 1-64 characters of letters, digits, "
+                             "'.', '_' or '-', starting with a letter or digit (it names "
+                             "folders and certificates)")
+    return name
+
+
+# ---------------------------------------------------------------------------------------------
+# project.toml
+
+
+@dataclass(frozen=True)
+class Project:
+    """What project.toml says: the federation and its parties."""
+
+    federation: str
+    aggregator_address: str                  # host:port that sites and coordinators dial
+    listen: str                              # what the aggregator binds
+    hostnames: tuple[str, ...] = ("localhost",)
+    ip_addresses: tuple[str, ...] = ("127.0.0.1",)
+    sites: tuple[str, ...] = ()
+    coordinators: tuple[str, ...] = ()
+    cert_days: int = DEFAULT_CERT_DAYS
+    site_policy: dict = field(default_factory=lambda: dict(DEFAULT_POLICY))
+
+    def with_sites(self, extra: list[str] | tuple[str, ...]) -> "Project":
+        sites = list(self.sites)
+        for s in extra:
+            check_name(s, "site id")
+            if s not in sites:
+                sites.append(s)
+        return Project(self.federation, self.aggregator_address, self.listen, self.hostnames,
+                       self.ip_addresses, tuple(sites), self.coordinators, self.cert_days,
+                       self.site_policy)
+
+
+def _ids(raw, key: str, id_key: str) -> tuple[str, ...]:
+    """``sites = ["a", "b"]`` or ``[[sites]] site_id = "a"``."""
+    items = raw.get(key, [])
+    if not isinstance(items, list):
+        raise ProvisionError(f"project.toml: {key} must be a list")
+    out = []
+    for item in items:
+        name = item.get(id_key) if isinstance(item, dict) else item
+        check_name(name, f"{key} entry")
+        if name in out:
+            raise ProvisionError(f"project.toml: {key} lists {name!r} twice")
+        out.append(name)
+    return tuple(out)
+
+
+def _split_host_port(address: str) -> tuple[str, int]:
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ProvisionError(f"project.toml: aggregator.address must be host:port, got {address!r}")
+    return host.strip("[]"), int(port)
+
+
+def _is_ip(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        return False
+
+
+def project_from_dict(raw: dict) -> Project:
+    federation = raw.get("federation")
+    if not isinstance(federation, str) or not federation.strip():
+        raise ProvisionError("project.toml: `federation` (the federation's name) is missing")
+    agg = raw.get("aggregator", {})
+    if not isinstance(agg, dict):
+        raise ProvisionError("project.toml: [aggregator] must be a table")
+    address = agg.get("address", "localhost:50051")
+    if not isinstance(address, str):
+        raise ProvisionError("project.toml: aggregator.address must be a string host:port")
+    host, port = _split_host_port(address)
+    hostnames = list(agg.get("hostnames", ["localhost"]))
+    ips = list(agg.get("ip_addresses", ["127.0.0.1"]))
+    # The address the parties dial must be in the certificate, or their TLS check fails.
+    if _is_ip(host):
+        ips = ips if host in ips else [*ips, host]
+    elif host not in hostnames:
+        hostnames.append(host)
+    for h in hostnames:
+        if not isinstance(h, str) or not h or _is_ip(h):
+            raise ProvisionError(f"project.toml: aggregator.hostnames entry {h!r} is not a DNS name")
+    for ip in ips:
+        if not isinstance(ip, str) or not _is_ip(ip):
+            raise ProvisionError(f"project.toml: aggregator.ip_addresses entry {ip!r} is not an "
+                                 "IP address")
+    listen = agg.get("listen", f"0.0.0.0:{port}")
+    _split_host_port(listen)
+    sites = _ids(raw, "sites", "site_id")
+    coordinators = _ids(raw, "coordinators", "coordinator_id")
+    if not coordinators:
+        raise ProvisionError("project.toml: list at least one coordinator (coordinators = "
+                             '["coordinator"]): only coordinators start rounds')
+    days = raw.get("cert_days", DEFAULT_CERT_DAYS)
+    if isinstance(days, bool) or not isinstance(days, int) or not 1 <= days <= CA_DAYS:
+        raise ProvisionError(f"project.toml: cert_days must be an integer in 1..{CA_DAYS}")
+    policy = dict(DEFAULT_POLICY)
+    extra = raw.get("site_policy", {})
+    if not isinstance(extra, dict) or not extra.keys() <= DEFAULT_POLICY.keys():
+        raise ProvisionError(f"project.toml: [site_policy] may set {sorted(DEFAULT_POLICY)}")
+    policy.update(extra)
+    return Project(federation.strip(), address, listen, tuple(hostnames), tuple(ips), sites,
+                   coordinators, days, policy)
+
+
+def load_project(path: str | Path) -> Project:
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ProvisionError(f"{path}: project file not found") from None
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ProvisionError(f"{path}: {exc}") from None
+    try:
+        return project_from_dict(raw)
+    except ProvisionError as exc:
+        raise ProvisionError(str(exc).replace("project.toml", str(path), 1)) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# files with owner-only permissions
+
+
+def make_private_dir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    os.chmod(path, 0o700)
+    return path
+
+
+def write_private(path: Path, data: bytes) -> None:
+    """Create ``path`` with mode 0600 from the start (no window where it is world-readable)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, 0o600)
+
+
+def _private_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                             serialization.NoEncryption())
+
+
+def cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+# ---------------------------------------------------------------------------------------------
+# the certificate authority
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+@dataclass(frozen=True)
+class CertificateAuthority:
+    key: ec.EllipticCurvePrivateKey
+    cert: x509.Certificate
+
+    @property
+    def federation(self) -> str:
+        return self.cert.subject.get_attributes_for_oid(NameOID.ORGANIZATION_NAME)[0].value
+
+    @classmethod
+    def create(cls, federation: str) -> "CertificateAuthority":
+        key = ec.generate_private_key(ec.SECP256R1())
+        name = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, federation),
+                          x509.NameAttribute(NameOID.COMMON_NAME, f"{federation} dpfed CA")])
+        now = _now()
+        ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
+        cert = (x509.CertificateBuilder()
+                .subject_name(name).issuer_name(name).public_key(key.public_key())
+                .serial_number(x509.random_serial_number())
+                .not_valid_before(now - _BACKDATE).not_valid_after(now + dt.timedelta(days=CA_DAYS))
+                .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=False, content_commitment=False,
+                                             key_encipherment=False, data_encipherment=False,
+                                             key_agreement=False, key_cert_sign=True,
+                                             crl_sign=True, encipher_only=False,
+                                             decipher_only=False), critical=True)
+                .add_extension(ski, critical=False)
+                .sign(key, hashes.SHA256()))
+        return cls(key, cert)
+
+    def save(self, folder: Path) -> None:
+        make_private_dir(folder)
+        write_private(folder / "ca.key", _private_pem(self.key))
+        (folder / "ca.pem").write_bytes(cert_pem(self.cert))
+
+    @classmethod
+    def load(cls, folder: Path) -> "CertificateAuthority":
+        key_path, cert_path = folder / "ca.key", folder / "ca.pem"
+        if not key_path.exists() or not cert_path.exists():
+            raise ProvisionError(f"{folder}: the CA is incomplete (need ca.key and ca.pem); "
+                                 "restore it from backup rather than making a new one, or every "
+                                 "issued certificate stops working")
+        mode = stat.S_IMODE(key_path.stat().st_mode)
+        if mode & 0o077:
+            raise ProvisionError(f"{key_path} is readable by others (mode {mode:o}); "
+                                 f"run `chmod 600 {key_path}` and check who copied it")
+        key = serialization.load_pem_private_key(key_path.read_bytes(), password=None)
+        cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+        if not isinstance(key, ec.EllipticCurvePrivateKey) or (
+                key.public_key().public_numbers() != cert.public_key().public_numbers()):
+            raise ProvisionError(f"{folder}: ca.key does not belong to ca.pem")
+        return cls(key, cert)
+
+    def issue(self, kind: str, party_id: str, *, days: int, dns_names=(), ip_addresses=()):
+        """A TLS key and certificate for one party; returns (key PEM, certificate PEM)."""
+        key = ec.generate_private_key(ec.SECP256R1())
+        uri = identity_uri(kind, party_id)
+        names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri)]
+        names += [x509.DNSName(h) for h in dns_names]
+        names += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ip_addresses]
+        # The aggregator is the only server; sites and coordinators only dial out.
+        usage = ExtendedKeyUsageOID.SERVER_AUTH if kind == AGGREGATOR else ExtendedKeyUsageOID.CLIENT_AUTH
+        now = _now()
+        subject = x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, self.federation),
+                             x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, kind),
+                             x509.NameAttribute(NameOID.COMMON_NAME, party_id)])
+        cert = (x509.CertificateBuilder()
+                .subject_name(subject).issuer_name(self.cert.subject)
+                .public_key(key.public_key()).serial_number(x509.random_serial_number())
+                .not_valid_before(now - _BACKDATE).not_valid_after(now + dt.timedelta(days=days))
+                .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+                .add_extension(x509.KeyUsage(digital_signature=True, content_commitment=False,
+                                             key_encipherment=False, data_encipherment=False,
+                                             key_agreement=False, key_cert_sign=False,
+                                             crl_sign=False, encipher_only=False,
+                                             decipher_only=False), critical=True)
+                .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+                .add_extension(x509.SubjectAlternativeName(names), critical=False)
+                .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()),
+                               critical=False)
+                .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
+                    self.key.public_key()), critical=False)
+                .sign(self.key, hashes.SHA256()))
+        return _private_pem(key), cert_pem(cert)
+
+
+def identities_of(cert: x509.Certificate) -> list[tuple[str, str]]:
+    """The dpfed identities (kind, id) a certificate's SAN URIs name."""
+    try:
+        san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return []
+    found = (parse_identity_uri(u) for u in san.get_values_for_type(x509.UniformResourceIdentifier))
+    return [f for f in found if f is not None]
+
+
+# ---------------------------------------------------------------------------------------------
+# config templates (the formats of docs/interfaces.md and what the loaders parse)
+
+
+def _toml(v) -> str:
+    import json
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml(x) for x in v) + "]"
+    raise TypeError(type(v).__name__)
+
+
+def _tls_table(name: str) -> str:
+    return ("[tls]\n"
+            'ca_cert = "tls/ca.pem"\n'
+            f'cert = "tls/{name}.pem"\n'
+            f'key = "tls/{name}.key"          # TLS private key (0600)\n')
+
+
+def site_toml(project: Project, site_id: str, coordinators: list[str]) -> str:
+    p = project.site_policy
+    trusted = [f"keys/{c}.pub" for c in coordinators]
+    return f"""\
+# Site node of {site_id} in federation {project.federation!r} (made by dpfed provision).
+#   dpfed site check --config site.toml     # validate config, keys and data; releases nothing
+#   dpfed site serve --config site.toml
+# Paths are relative to this file.
+site_id = {_toml(site_id)}
+aggregator = {_toml(project.aggregator_address)}   # dialled out; no inbound port is opened
+state_db = "state/{site_id}.sqlite"   # the privacy ledger: back it up, never delete it
+signing_key = "keys/{site_id}.key"     # Ed25519, signs every release (0600)
+
+# Mutual TLS with the federation's CA; the certificate names dpfed://site/{site_id}.
+{_tls_table(site_id)}
+[data]
+path = "data/CHANGE-ME.csv"   # your data file (.csv, .tsv or .parquet)
+# id_column = "COSMIC_ID"
+
+[policy]
+# Only rounds signed by these coordinator keys are answered.
+trusted_coordinators = {_toml(trusted)}
+max_epsilon_per_round = {_toml(float(p["max_epsilon_per_round"]))}
+total_epsilon = {_toml(float(p["total_epsilon"]))}     # lifetime budget; recorded in the ledger on first use
+min_n = {_toml(int(p["min_n"]))}
+allowed_targets = {_toml(list(p["allowed_targets"]))}
+allowed_features = {_toml(list(p["allowed_features"]))}
+"""
+
+
+def _sites_block(site_id: str) -> str:
+    return f'[[sites]]\nsite_id = {_toml(site_id)}\npublic_key = "keys/{site_id}.pub"\n'
+
+
+def _coordinators_block(coord_id: str) -> str:
+    return (f'[[coordinators]]\ncoordinator_id = {_toml(coord_id)}\n'
+            f'public_key = "keys/{coord_id}.pub"\n')
+
+
+def aggregator_toml(project: Project, sites: list[str], coordinators: list[str]) -> str:
+    blocks = "\n".join([*(_sites_block(s) for s in sites),
+                        *(_coordinators_block(c) for c in coordinators)])
+    return f"""\
+# Aggregator of federation {project.federation!r} (made by dpfed provision).
+#   dpfed aggregator serve --config aggregator.toml
+# Paths are relative to this file.
+listen = {_toml(project.listen)}
+state_db = "state/aggregator.sqlite"   # rounds, accepted contributions, nonces, results
+max_clock_skew_s = 300
+
+# Mutual TLS: only certificates of the federation's CA get in, and each request's signing key
+# must belong to the party its certificate names.
+{_tls_table("aggregator")}
+{blocks}"""
+
+
+def coordinator_toml(project: Project, coord_id: str) -> str:
+    return f"""\
+# Coordinator {coord_id} of federation {project.federation!r} (made by dpfed provision).
+#   dpfed round start --spec round.toml --config coordinator.toml --wait
+#   dpfed sites list --config coordinator.toml
+# Paths are relative to this file.
+aggregator = {_toml(project.aggregator_address)}
+coordinator_id = {_toml(coord_id)}
+signing_key = "keys/{coord_id}.key"   # Ed25519, signs round specs (0600)
+
+{_tls_table(coord_id)}"""
+
+
+_START = {
+    SITE: """\
+# {name}: site kit of federation {federation!r}
+
+This folder is what {name} runs. It holds private keys: move it only over a secure channel,
+keep it readable by the service account alone (`chmod -R go-rwx`), and delete other copies.
+
+| file | what |
+|---|---|
+| `site.toml` | the site's configuration: set `[data] path` and review `[policy]` |
+| `keys/{name}.key` | Ed25519 signing key: signs every release (private, 0600) |
+| `keys/{name}.pub` | its public half (registered at the aggregator) |
+| `keys/<coordinator>.pub` | coordinators whose rounds this site may answer |
+| `tls/{name}.pem`, `tls/{name}.key` | TLS certificate (`dpfed://site/{name}`) and key (0600) |
+| `tls/ca.pem` | the federation's CA: the aggregator must present a certificate it signed |
+
+1. `pip install "dpfed[site]"`
+2. Put the data file in place and set `[data] path` in `site.toml` (and `[data.columns]` if the
+   column names differ from the federation's).
+3. `dpfed site check --config site.toml` (releases nothing)
+4. `dpfed site serve --config site.toml` (or the systemd unit in deploy/systemd/). The site only
+   dials out to {address}; it opens no inbound port.
+5. `dpfed site ledger --config site.toml` shows the privacy budget spent. Back up `state/`.
+""",
+    AGGREGATOR: """\
+# aggregator kit of federation {federation!r}
+
+| file | what |
+|---|---|
+| `aggregator.toml` | configuration: listens on `{listen}`, registers the sites and coordinators |
+| `keys/*.pub` | public signing keys of the registered sites and coordinators |
+| `tls/aggregator.pem`, `tls/aggregator.key` | TLS certificate (`dpfed://aggregator`, DNS/IP names below) and key (0600) |
+| `tls/ca.pem` | the federation's CA: only clients with a certificate it signed get in |
+
+Certificate names: {names}. Sites and coordinators dial {address}.
+
+1. `pip install "dpfed[aggregator]"`
+2. `dpfed aggregator serve --config aggregator.toml` (or deploy/systemd/dpfed-aggregator.service)
+3. Open port {port} to the hospitals. Back up `state/`.
+
+A site added later (`dpfed provision --add-site NAME`) brings `keys/NAME.pub` and
+`add-sites/NAME.toml`: append that block to `aggregator.toml` and restart.
+""",
+    COORDINATOR: """\
+# {name}: coordinator kit of federation {federation!r}
+
+| file | what |
+|---|---|
+| `coordinator.toml` | the connection: aggregator address, coordinator id, keys |
+| `keys/{name}.key` | Ed25519 signing key: signs round specs (private, 0600) |
+| `tls/{name}.pem`, `tls/{name}.key` | TLS certificate (`dpfed://coordinator/{name}`) and key (0600) |
+
+1. `pip install "dpfed[aggregator]"` (or `dpfed` alone to start rounds with fixed bounds)
+2. `dpfed sites list --config coordinator.toml`
+3. `dpfed round start --spec round.toml --config coordinator.toml --wait`
+""",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# kits
+
+
+@dataclass
+class ProvisionReport:
+    out: Path
+    ca: str = "reused"                     # "created" or "reused"
+    created: list[tuple[str, str, Path]] = field(default_factory=list)   # kind, id, kit folder
+    existing: list[tuple[str, str]] = field(default_factory=list)
+    additions: list[Path] = field(default_factory=list)   # files added next to existing kits
+
+    def to_dict(self) -> dict:
+        return {"out": str(self.out), "ca": self.ca,
+                "created": [{"kind": k, "id": i, "path": str(p)} for k, i, p in self.created],
+                "existing": [{"kind": k, "id": i} for k, i in self.existing],
+                "additions": [str(p) for p in self.additions]}
+
+
+def kit_dir(out: Path, kind: str, party_id: str) -> Path:
+    if kind == AGGREGATOR:
+        return out / "aggregator"
+    return out / ("sites" if kind == SITE else "coordinators") / party_id
+
+
+def public_dir(out: Path, kind: str) -> Path:
+    return out / "public" / ("sites" if kind == SITE else "coordinators")
+
+
+def _issued(out: Path, kind: str, party_id: str) -> bool:
+    return (public_dir(out, kind) / f"{party_id}.pub").exists()
+
+
+class _KitBuilder:
+    """Writes a kit into a hidden folder next to its place; ``commit`` renames it in."""
+
+    def __init__(self, final: Path):
+        self.final = final
+        if final.exists():
+            raise ProvisionError(f"{final} exists but was not issued by this CA's records "
+                                 "(public/): move it away or restore public/")
+        self.tmp = final.parent / f".{final.name}.partial"
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp)   # a previous run died here: nothing in it was handed out
+        make_private_dir(final.parent)
+        make_private_dir(self.tmp)
+        make_private_dir(self.tmp / "tls")
+        make_private_dir(self.tmp / "keys")
+
+    def write(self, rel: str, data: bytes | str, *, private: bool = False) -> None:
+        path = self.tmp / rel
+        data = data.encode() if isinstance(data, str) else data
+        if private:
+            write_private(path, data)
+        else:
+            path.write_bytes(data)
+
+    def commit(self) -> Path:
+        os.rename(self.tmp, self.final)
+        return self.final
+
+
+def _issue_party(ca: CertificateAuthority, project: Project, out: Path, kind: str,
+                 party_id: str, coordinators: list[str]) -> Path:
+    """A new site or coordinator kit; its public parts are recorded in public/."""
+    kit = _KitBuilder(kit_dir(out, kind, party_id))
+    tls_key, tls_cert = ca.issue(kind, party_id, days=project.cert_days)
+    signing = SigningKey.generate()
+    pub = public_key_pem(signing.public_key)
+    kit.write(f"tls/{party_id}.key", tls_key, private=True)
+    kit.write(f"tls/{party_id}.pem", tls_cert)
+    kit.write("tls/ca.pem", cert_pem(ca.cert))
+    signing.save(kit.tmp / "keys" / f"{party_id}.key", kit.tmp / "keys" / f"{party_id}.pub")
+    if kind == SITE:
+        for c in coordinators:
+            kit.write(f"keys/{c}.pub", (public_dir(out, COORDINATOR) / f"{c}.pub").read_bytes())
+        kit.write("site.toml", site_toml(project, party_id, coordinators))
+    else:
+        kit.write("coordinator.toml", coordinator_toml(project, party_id))
+    kit.write("START.md", _START[kind].format(name=party_id, federation=project.federation,
+                                              address=project.aggregator_address))
+    # Public record first: if the rename below fails, a re-run refuses rather than re-issuing.
+    pdir = public_dir(out, kind)
+    pdir.mkdir(parents=True, exist_ok=True)
+    (pdir / f"{party_id}.pem").write_bytes(tls_cert)
+    (pdir / f"{party_id}.pub").write_bytes(pub)
+    return kit.commit()
+
+
+def _issue_aggregator(ca: CertificateAuthority, project: Project, out: Path,
+                      sites: list[str], coordinators: list[str]) -> Path:
+    kit = _KitBuilder(kit_dir(out, AGGREGATOR, AGGREGATOR))
+    tls_key, tls_cert = ca.issue(AGGREGATOR, AGGREGATOR, days=project.cert_days,
+                                 dns_names=project.hostnames, ip_addresses=project.ip_addresses)
+    kit.write("tls/aggregator.key", tls_key, private=True)
+    kit.write("tls/aggregator.pem", tls_cert)
+    kit.write("tls/ca.pem", cert_pem(ca.cert))
+    for kind, ids in ((SITE, sites), (COORDINATOR, coordinators)):
+        for i in ids:
+            kit.write(f"keys/{i}.pub", (public_dir(out, kind) / f"{i}.pub").read_bytes())
+    kit.write("aggregator.toml", aggregator_toml(project, sites, coordinators))
+    names = ", ".join([*project.hostnames, *project.ip_addresses])
+    kit.write("START.md", _START[AGGREGATOR].format(
+        federation=project.federation, listen=project.listen, names=names,
+        address=project.aggregator_address, port=project.listen.rsplit(":", 1)[1]))
+    (out / "public" / "aggregator.pem").write_bytes(tls_cert)
+    return kit.commit()
+
+
+def _add_to_aggregator(out: Path, kind: str, party_id: str) -> list[Path]:
+    """A party issued after the aggregator kit: its public key and the block to append to
+    aggregator.toml go next to the kit; existing files stay byte-identical."""
+    kit = kit_dir(out, AGGREGATOR, AGGREGATOR)
+    pub = kit / "keys" / f"{party_id}.pub"
+    if pub.exists():
+        return []
+    pub.write_bytes((public_dir(out, kind) / f"{party_id}.pub").read_bytes())
+    folder = kit / ("add-sites" if kind == SITE else "add-coordinators")
+    folder.mkdir(mode=0o700, exist_ok=True)
+    snippet = folder / f"{party_id}.toml"
+    block = _sites_block(party_id) if kind == SITE else _coordinators_block(party_id)
+    snippet.write_text(f"# Append to aggregator.toml to register {kind} {party_id!r}, then "
+                       f"restart the aggregator.\n{block}")
+    return [pub, snippet]
+
+
+def provision(project: Project, out: str | Path) -> ProvisionReport:
+    """Create (or extend) the federation in ``out``: the CA on first use, then a kit for every
+    party of ``project`` that was never issued. Existing kits and the CA are never changed."""
+    out = Path(out)
+    report = ProvisionReport(out)
+    make_private_dir(out)
+    ca_dir = out / "ca"
+    if (ca_dir / "ca.key").exists() or (ca_dir / "ca.pem").exists():
+        ca = CertificateAuthority.load(ca_dir)
+        if ca.federation != project.federation:
+            raise ProvisionError(f"{out} holds the CA of federation {ca.federation!r}, not "
+                                 f"{project.federation!r}")
+    else:
+        ca = CertificateAuthority.create(project.federation)
+        ca.save(ca_dir)
+        report.ca = "created"
+    (out / "public").mkdir(exist_ok=True)
+    (out / "public" / "ca.pem").write_bytes(cert_pem(ca.cert))
+
+    # Coordinators first: site kits carry their public keys.
+    for kind, ids in ((COORDINATOR, project.coordinators), (SITE, project.sites)):
+        for party in ids:
+            if _issued(out, kind, party):
+                report.existing.append((kind, party))
+                continue
+            path = _issue_party(ca, project, out, kind, party, list(project.coordinators))
+            report.created.append((kind, party, path))
+
+    agg_kit = kit_dir(out, AGGREGATOR, AGGREGATOR)
+    if agg_kit.exists():
+        report.existing.append((AGGREGATOR, AGGREGATOR))
+        for kind, party, _ in report.created:
+            report.additions += _add_to_aggregator(out, kind, party)
+    else:
+        path = _issue_aggregator(ca, project, out, list(project.sites), list(project.coordinators))
+        report.created.append((AGGREGATOR, AGGREGATOR, path))
+    return report
+
+
+def kit_tls(kit: Path, name: str):
+    """The TlsFiles of a kit folder (dpfed.transport)."""
+    from dpfed.transport import TlsFiles
+    return TlsFiles(kit / "tls" / "ca.pem", kit / "tls" / f"{name}.pem", kit / "tls" / f"{name}.key")
+
+
+def check_public_key(path: Path) -> None:
+    """Raise ProvisionError unless ``path`` is an Ed25519 public key file."""
+    try:
+        load_public_key(path)
+    except (OSError, ValueError) as exc:
+        raise ProvisionError(f"{path}: {exc}") from None
