@@ -146,6 +146,9 @@ def _to_float(value, table: Table, row: int, column: str) -> float:
     if math.isinf(v):
         raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: infinite value",
                         f"infinite value in column {column!r}")
+    if math.isnan(v):  # spellings the missing markers do not cover, e.g. "-nan", "+NaN"
+        raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: NaN value",
+                        f"NaN value in column {column!r}")
     return v
 
 
