@@ -1,0 +1,66 @@
+import numpy as np
+import pytest
+
+import site_node.release
+from dpfed.statistics import exact_statistics
+from evaluation.methods import get_method
+from evaluation.methods.robust_private import RobustPrivate
+from site_node.release import clipped_statistics
+
+from .conftest import Recorder
+
+FIXED = RobustPrivate(posterior="fixed", draws=200)
+
+
+def test_recovers_beta_at_generous_epsilon(problem):
+    beta = FIXED.fit(problem.data, problem.setting(epsilon=50.0), seed=0)
+    assert problem.spearman(beta) > 0.9
+    assert np.corrcoef(beta, problem.beta)[0, 1] > 0.95
+
+
+def test_noise_is_there_at_small_epsilon(problem):
+    data, setting = problem.small(200), problem.setting(epsilon=1.0)
+    a = FIXED.statistics(data, setting)
+    b = FIXED.statistics(data, setting)
+    assert not np.array_equal(a.xty, b.xty) and not np.array_equal(a.xtx, b.xtx)
+    assert a.yty != b.yty
+    assert not np.allclose(FIXED.fit(data, setting, seed=0), FIXED.fit(data, setting, seed=0))
+
+
+@pytest.mark.parametrize("n_sites", [1, 3])
+def test_statistics_are_site_releases_plus_exact_public(problem, monkeypatch, n_sites):
+    rec = Recorder()
+    monkeypatch.setattr(site_node.release, "add_laplace_noise", rec.laplace)
+    data = problem.small(301)
+    setting = problem.setting(epsilon=2.0, n_sites=n_sites, budget_split=(0.3, 0.65, 0.05))
+    stats = FIXED.statistics(data, setting)
+    d, bx, by = 5, setting.x_bound, setting.y_bound
+    expected = [(d * (d + 1) * bx ** 2, 0.3 * 2.0), (2 * d * bx * by, 0.65 * 2.0),
+                (by ** 2, 0.05 * 2.0)] * n_sites
+    assert [c["sensitivity"] for c in rec.calls] == pytest.approx([e[0] for e in expected])
+    assert [c["epsilon"] for c in rec.calls] == pytest.approx([e[1] for e in expected])
+    assert [c["size"] for c in rec.calls] == [d * (d + 1) // 2, d, 1] * n_sites
+    # With the noise removed: clipped private + exact, unclipped public statistics.
+    sxx, sxy, syy = clipped_statistics(data.x_private, data.y_private, bx, by)
+    pub = exact_statistics(data.x_public, data.y_public)
+    assert stats.n == 311
+    np.testing.assert_allclose(stats.xtx, sxx + pub.xtx, rtol=1e-12)
+    np.testing.assert_allclose(stats.xty, sxy + pub.xty, rtol=1e-12)
+    assert stats.yty == pytest.approx(syy + pub.yty, rel=1e-12)
+
+
+def test_bad_settings_raise(problem):
+    with pytest.raises(ValueError):
+        RobustPrivate(posterior="laplace")
+    with pytest.raises(ValueError):
+        get_method("robust_private", draws=-1)
+
+
+@pytest.mark.slow
+def test_advi_fit_recovers_beta(problem):
+    # The default path of the evaluation: ADVI as in the paper (first call compiles the graph).
+    method = RobustPrivate(posterior="advi", draws=1000)
+    beta = method.fit(problem.data, problem.setting(epsilon=50.0), seed=3)
+    assert problem.spearman(beta) > 0.9
+    fixed = FIXED.fit(problem.data, problem.setting(epsilon=50.0), seed=3)
+    assert np.corrcoef(beta, fixed)[0, 1] > 0.99
