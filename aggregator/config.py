@@ -65,16 +65,39 @@ def _entries(items, id_key: str, base: Path, what: str) -> tuple[KeyEntry, ...]:
     return tuple(out)
 
 
-def config_from_dict(raw: dict, base_dir: str | Path = ".") -> AggregatorConfig:
+def _tls_files(raw: dict, base: Path, insecure_flag: bool) -> TlsFiles | None:
+    """The [tls] table as TlsFiles; None for plaintext, which needs ``insecure = true`` in the
+    file or --insecure on the command line (``insecure_flag``, which wins over a [tls] table)."""
+    insecure = raw.get("insecure", False)
+    if not isinstance(insecure, bool):
+        raise ConfigError(f"insecure must be true or false, got {insecure!r}")
+    t = raw.get("tls")
+    if insecure_flag:
+        return None
+    if t is None:
+        if insecure:
+            return None
+        raise ConfigError("no [tls] table. Mutual TLS is required: get the aggregator kit from "
+                          "`dpfed provision` (its aggregator.toml has the [tls] table with "
+                          "ca_cert, cert and key); or, for local tests only, pass --insecure "
+                          "or set insecure = true")
+    if insecure:
+        raise ConfigError("both insecure = true and a [tls] table; choose one")
+    if not isinstance(t, dict) or not all(isinstance(t.get(k), str) for k in ("ca_cert", "cert", "key")):
+        raise ConfigError("[tls] needs ca_cert, cert and key (paths to PEM files)")
+    files = TlsFiles(base / t["ca_cert"], base / t["cert"], base / t["key"])
+    for key in ("ca_cert", "cert", "key"):
+        if not getattr(files, key).is_file():
+            raise ConfigError(f"tls.{key} names {str(getattr(files, key))!r}, which does not exist")
+    return files
+
+
+def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
+                     insecure: bool = False) -> AggregatorConfig:
+    """``insecure``: the command line's --insecure (plaintext even with a [tls] table)."""
     base = Path(base_dir)
-    insecure = bool(raw.get("insecure", False))
-    tls = None
-    if not insecure:
-        t = raw.get("tls")
-        if not t or not all(k in t for k in ("ca_cert", "cert", "key")):
-            raise ConfigError("set insecure = true (tests only) or give a [tls] table with "
-                              "ca_cert, cert and key")
-        tls = TlsFiles(base / t["ca_cert"], base / t["cert"], base / t["key"])
+    tls = _tls_files(raw, base, insecure)
+    insecure = tls is None
     skew = float(raw.get("max_clock_skew_s", 300))
     if not skew > 0:
         raise ConfigError("max_clock_skew_s must be > 0")
@@ -101,7 +124,7 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".") -> AggregatorConfig:
     )
 
 
-def load_config(path: str | Path) -> AggregatorConfig:
+def load_config(path: str | Path, *, insecure: bool = False) -> AggregatorConfig:
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text())
@@ -109,7 +132,10 @@ def load_config(path: str | Path) -> AggregatorConfig:
         raise ConfigError(f"config file {path} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return config_from_dict(raw, path.parent)
+    try:
+        return config_from_dict(raw, path.parent, insecure=insecure)
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
 
 
 def stream_limit(config: AggregatorConfig) -> int:

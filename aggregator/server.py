@@ -81,9 +81,10 @@ class AggregatorServer:
         self.server.wait_for_termination()
 
 
-def serve(config_path: str | Path) -> int:
-    """Run until SIGTERM or SIGINT, then shut down gracefully."""
-    server = AggregatorServer(load_config(config_path))
+def serve(config_path: str | Path, *, insecure: bool = False) -> int:
+    """Run until SIGTERM or SIGINT, then shut down gracefully. ``insecure``: plaintext gRPC
+    (the command line's --insecure)."""
+    server = AggregatorServer(load_config(config_path, insecure=insecure))
     server.start()
     stopping = threading.Event()
 

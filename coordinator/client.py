@@ -18,13 +18,16 @@ FINAL_STATES = (pb.RoundStatus.DONE, pb.RoundStatus.FAILED)
 
 class Coordinator:
     def __init__(self, address: str, signing_key: SigningKey | str | Path | None,
-                 coordinator_id: str, tls: TlsFiles | None = None, *, timeout_s: float = 30.0):
+                 coordinator_id: str, tls: TlsFiles | None = None, *, timeout_s: float = 30.0,
+                 server_name: str | None = None):
         if signing_key is not None and not isinstance(signing_key, SigningKey):
             signing_key = SigningKey.load(signing_key)
         self.signing_key = signing_key
         self.coordinator_id = coordinator_id
         self.timeout_s = timeout_s
-        self.channel = client_channel(address, tls)
+        # Mutual TLS with the federation's CA (dpfed provision); ``server_name``: the name in
+        # the aggregator's certificate when it differs from the host in ``address``.
+        self.channel = client_channel(address, tls, server_name=server_name)
         self.stub = pb_grpc.AggregatorStub(self.channel)
 
     def close(self) -> None:

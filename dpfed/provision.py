@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from dpfed.wire.signing import SigningKey, load_public_key, public_key_pem
+from dpfed.wire.signing import SigningKey, public_key_pem
 
 URI_SCHEME = "dpfed"
 SITE, COORDINATOR, AGGREGATOR = "site", "coordinator", "aggregator"
@@ -667,9 +668,32 @@ def kit_tls(kit: Path, name: str):
     return TlsFiles(kit / "tls" / "ca.pem", kit / "tls" / f"{name}.pem", kit / "tls" / f"{name}.key")
 
 
-def check_public_key(path: Path) -> None:
-    """Raise ProvisionError unless ``path`` is an Ed25519 public key file."""
+def certificate_problems(tls, kind: str, party_id: str) -> list[str]:
+    """What is wrong with a party's TLS files (dpfed.transport.TlsFiles): unreadable, not
+    signed by the CA in the same kit, expired or not yet valid, naming another identity, or
+    a key that does not belong to the certificate. Empty when all is well."""
     try:
-        load_public_key(path)
-    except (OSError, ValueError) as exc:
-        raise ProvisionError(f"{path}: {exc}") from None
+        ca = x509.load_pem_x509_certificate(Path(tls.ca_cert).read_bytes())
+        cert = x509.load_pem_x509_certificate(Path(tls.cert).read_bytes())
+        key = serialization.load_pem_private_key(Path(tls.key).read_bytes(), password=None)
+    except (OSError, ValueError, TypeError) as exc:
+        return [f"cannot read the TLS files: {exc}"]
+    problems = []
+    try:
+        cert.verify_directly_issued_by(ca)
+    except (ValueError, TypeError, InvalidSignature):
+        problems.append(f"{tls.cert} is not signed by the CA in {tls.ca_cert}")
+    now = _now()
+    if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+        problems.append(f"{tls.cert} is valid only from {cert.not_valid_before_utc:%Y-%m-%d} to "
+                        f"{cert.not_valid_after_utc:%Y-%m-%d}")
+    want = (kind, party_id)
+    if identities_of(cert) != [want]:
+        problems.append(f"{tls.cert} names {[identity_uri(*i) for i in identities_of(cert)] or 'no dpfed identity'}, "
+                        f"not {identity_uri(kind, party_id)}")
+    if key.public_key().public_bytes(serialization.Encoding.DER,
+                                     serialization.PublicFormat.SubjectPublicKeyInfo) != \
+            cert.public_key().public_bytes(serialization.Encoding.DER,
+                                           serialization.PublicFormat.SubjectPublicKeyInfo):
+        problems.append(f"{tls.key} is not the key of {tls.cert}")
+    return problems

@@ -9,6 +9,7 @@ connections after a few minutes.
 from __future__ import annotations
 
 import logging
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +37,16 @@ SERVER_OPTIONS = [
     ("grpc.http2.min_ping_interval_without_data_ms", 10_000),
     ("grpc.http2.max_ping_strikes", 0),
 ]
+
+
+PLAINTEXT_WARNING = ("WARNING: plaintext gRPC (--insecure / insecure = true): nothing is "
+                     "encrypted and no party is authenticated by certificate. Local tests only; "
+                     "`dpfed provision` makes the certificates for mutual TLS.")
+
+
+def warn_plaintext(command: str) -> None:
+    """Say on stderr, where a person sees it, that ``command`` runs without TLS."""
+    print(f"dpfed {command}: {PLAINTEXT_WARNING}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)

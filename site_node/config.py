@@ -68,8 +68,9 @@ class SiteConfig:
     source: Path | None = None        # the file this came from, for messages
 
 
-def load_config(path: str | Path) -> SiteConfig:
-    """Read and validate site.toml; raise ConfigError naming the file and key on any problem."""
+def load_config(path: str | Path, *, insecure: bool = False) -> SiteConfig:
+    """Read and validate site.toml; raise ConfigError naming the file and key on any problem.
+    ``insecure`` (the command line's --insecure) allows plaintext gRPC without a [tls] table."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -79,10 +80,11 @@ def load_config(path: str | Path) -> SiteConfig:
         raise ConfigError(f"{path}: cannot read config file: {exc}") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from None
-    return parse_config(raw, base_dir=path.resolve().parent, source=path)
+    return parse_config(raw, base_dir=path.resolve().parent, source=path, insecure=insecure)
 
 
-def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None) -> SiteConfig:
+def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
+                 insecure: bool = False) -> SiteConfig:
     """Validate an already-parsed site.toml mapping (``base_dir`` anchors relative paths)."""
     where = str(source) if source else "site config"
     r = _Reader(raw, where, base_dir, prefix="")
@@ -93,17 +95,20 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None) -> Si
         raise ConfigError(f"{where}: key 'aggregator' must be host:port, got {aggregator!r}")
     state_db = r.path("state_db")
     signing_key = r.path("signing_key", must_exist=True)
+    cli_insecure = insecure
     insecure = r.boolean("insecure", default=False)
     server_name = r.string("server_name", default=None)
 
     tls = None
-    if "tls" in raw:
+    if "tls" in raw and not cli_insecure:  # --insecure on the command line: plaintext
         t = r.table("tls")
         tls = TlsFiles(ca_cert=t.path("ca_cert", must_exist=True), cert=t.path("cert", must_exist=True),
                        key=t.path("key", must_exist=True))
-    if tls is None and not insecure:
-        raise ConfigError(f"{where}: no [tls] table; set insecure = true to use plaintext gRPC "
-                          "(local tests only)")
+    if tls is None and not (insecure or cli_insecure):
+        raise ConfigError(f"{where}: no [tls] table. Mutual TLS is required: get this site's kit "
+                          "from `dpfed provision` (certificate, key and CA) and add [tls] "
+                          "ca_cert/cert/key; or, for local tests only, pass --insecure or set "
+                          "insecure = true")
     if tls is not None and insecure:
         raise ConfigError(f"{where}: both insecure = true and a [tls] table; choose one")
 

@@ -177,3 +177,17 @@ def test_failed_round_exits_3_and_keeps_logs(tmp_path, capsys):
     assert "round failed" in err and "aggregator.log" in err and "site-1.log" in err
     assert (tmp_path / "logs" / "aggregator.log").exists()
     assert "refus" in (tmp_path / "logs" / "site-1.log").read_text().lower()
+
+
+def test_federation_ran_over_mutual_tls(run):
+    """simulate provisions a CA and kits; every config names them and none allows plaintext."""
+    import tomllib
+
+    _, _, layout = run
+    agg = tomllib.loads(layout.aggregator_config.read_text())
+    assert "insecure" not in agg and set(agg["tls"]) == {"ca_cert", "cert", "key"}
+    for name in sim.site_ids(N_SITES):
+        site = tomllib.loads(layout.site_config(name).read_text())
+        assert "insecure" not in site and site["tls"]["cert"].endswith(f"{name}.pem")
+    for log in layout.logs.iterdir():
+        assert "plaintext" not in log.read_text().lower(), log

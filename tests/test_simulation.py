@@ -107,13 +107,15 @@ def test_written_files_follow_the_interfaces(tmp_path, nutlin):
     names = sim.write_federation(layout, nutlin, split, port=50999, epsilon=2.0)
     assert names == ["site-1", "site-2"]
     site = tomllib.loads(layout.site_config("site-1").read_text())
-    assert site["aggregator"] == "127.0.0.1:50999" and site["insecure"] is True
+    assert site["aggregator"] == "127.0.0.1:50999" and "insecure" not in site
+    assert site["tls"]["cert"].endswith("site-1.pem")   # mutual TLS, kits from dpfed.provision
     assert site["data"]["id_column"] == "COSMIC_ID"
     assert site["policy"]["max_epsilon_per_round"] == 2.0
     agg = tomllib.loads(layout.aggregator_config.read_text())
     assert [s["site_id"] for s in agg["sites"]] == names
     assert agg["coordinators"][0]["coordinator_id"] == "coordinator"
-    assert (layout.keys / "site-1.key").stat().st_mode & 0o077 == 0
+    assert layout.signing_key("site-1").stat().st_mode & 0o077 == 0
+    assert "insecure" not in agg and agg["tls"]["cert"].endswith("aggregator.pem")
     # The site CSV round-trips bit for bit, so the sites' view equals ours.
     back = sim.csv_problem(layout.site_csv("site-2"), id_column="COSMIC_ID",
                            target=nutlin.target)

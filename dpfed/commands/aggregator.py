@@ -13,14 +13,19 @@ example:
       listens on `listen`, keeps rounds in `state_db` (SQLite; survives restarts), accepts
       contributions only from the [[sites]] keys and rounds only from [[coordinators]] keys.
       Stop with Ctrl-C or SIGTERM: running calls finish, open rounds resume on restart.
+      Mutual TLS with the [tls] table of the aggregator kit from `dpfed provision`; without
+      one it refuses to start (exit 2) unless --insecure (plaintext, local tests only).
 """
 
 
 def serve(args) -> int:
-    from aggregator.config import ConfigError
+    from aggregator.config import ConfigError, load_config
     from aggregator.server import serve as run_server
+    from dpfed.transport import warn_plaintext
     try:
-        return run_server(args.config)
+        if load_config(args.config, insecure=args.insecure).tls is None:
+            warn_plaintext("aggregator serve")
+        return run_server(args.config, insecure=args.insecure)
     except ConfigError as exc:
         print(f"dpfed aggregator serve: {exc}", file=sys.stderr)
         return exitcodes.USAGE
@@ -37,4 +42,7 @@ def register(subparsers) -> None:
     s = sub.add_parser("serve", help="serve until SIGTERM/SIGINT", epilog=EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     s.add_argument("--config", required=True, help="aggregator.toml (see docs/interfaces.md)")
+    s.add_argument("--insecure", action="store_true",
+                   help="plaintext gRPC without certificates, even if the config has [tls] "
+                        "(local tests only)")
     s.set_defaults(func=serve)

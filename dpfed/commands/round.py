@@ -22,7 +22,11 @@ coordinator.toml holds the connection so it need not be typed each time:
   aggregator = "127.0.0.1:50051"
   coordinator_id = "coordinator"
   signing_key = "keys/coordinator.key"
-  insecure = true            # or a [tls] table with ca_cert, cert, key
+  [tls]                      # from `dpfed provision` (the coordinator kit has this file)
+  ca_cert = "tls/ca.pem"
+  cert = "tls/coordinator.pem"
+  key = "tls/coordinator.key"
+  (or --insecure / insecure = true: plaintext, local tests only)
 
 exit codes: 0 done (or started, without --wait), 2 bad spec or config, 3 round failed,
             4 refused by the aggregator (key not registered), 5 aggregator unreachable
@@ -65,15 +69,26 @@ def connect(args, *, signing: bool):
         if not key or not coord_id:
             raise UsageError("starting a round needs --key and --coordinator-id (or a --config "
                              "with signing_key and coordinator_id)")
-    insecure = args.insecure or bool(conf.get("insecure", False))
+    insecure = args.insecure or conf.get("insecure", False) is True
     tls = None
     if not insecure:
         t = conf.get("tls")
         if not t:
-            raise UsageError("give --insecure (local tests only) or a --config with a [tls] table")
+            raise UsageError("mutual TLS is required: give --config with the coordinator kit's "
+                             "coordinator.toml from `dpfed provision` (it has the [tls] table), "
+                             "or --insecure for plaintext local tests")
+        if not isinstance(t, dict) or not all(isinstance(t.get(k), str)
+                                              for k in ("ca_cert", "cert", "key")):
+            raise UsageError("[tls] needs ca_cert, cert and key (paths to PEM files)")
         tls = TlsFiles(base / t["ca_cert"], base / t["cert"], base / t["key"])
+        for path in (tls.ca_cert, tls.cert, tls.key):
+            if not Path(path).is_file():
+                raise UsageError(f"[tls] names {str(path)!r}, which does not exist")
+    else:
+        from dpfed.transport import warn_plaintext
+        warn_plaintext(args.command)
     try:
-        return Coordinator(address, key, coord_id or "", tls)
+        return Coordinator(address, key, coord_id or "", tls, server_name=conf.get("server_name"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load the signing key: {exc}") from None
 

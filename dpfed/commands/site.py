@@ -35,6 +35,9 @@ def register(subparsers) -> None:
                "      logs every round received, refused (with the reason) or released (n, epsilon,\n"
                "      remaining budget); stop with Ctrl-C or SIGTERM.")
     serve.add_argument("--config", required=True, help="site.toml")
+    serve.add_argument("--insecure", action="store_true",
+                       help="plaintext gRPC without certificates, even if site.toml has [tls] "
+                            "(local tests only)")
     serve.set_defaults(func=cmd_serve)
 
     ledger = sub.add_parser(
@@ -58,11 +61,11 @@ def register(subparsers) -> None:
     parser.set_defaults(func=lambda args: (parser.print_help(), exitcodes.USAGE)[1])
 
 
-def _load(path):
+def _load(path, *, insecure: bool = False):
     from site_node.config import ConfigError, load_config
 
     try:
-        return load_config(path), None
+        return load_config(path, insecure=insecure), None
     except ConfigError as exc:
         return None, str(exc)
 
@@ -72,10 +75,13 @@ def cmd_serve(args) -> int:
     from site_node.ledger import LedgerError
     from site_node.node import SiteNode
 
-    config, error = _load(args.config)
+    config, error = _load(args.config, insecure=args.insecure)
     if error:
         print(f"dpfed site serve: {error}", file=sys.stderr)
         return exitcodes.USAGE
+    if config.tls is None:
+        from dpfed.transport import warn_plaintext
+        warn_plaintext("site serve")
     try:
         node = SiteNode(config)
     except LedgerError as exc:
@@ -101,7 +107,7 @@ def cmd_serve(args) -> int:
 def cmd_ledger(args) -> int:
     from site_node.ledger import LedgerError, PrivacyLedger
 
-    config, error = _load(args.config)
+    config, error = _load(args.config, insecure=True)  # reads the ledger only; never dials
     if error:
         print(f"dpfed site ledger: {error}", file=sys.stderr)
         return exitcodes.USAGE
@@ -153,6 +159,15 @@ def cmd_check(args) -> int:
         print(f"signing key: {config.signing_key} (key id {key.key_id})")
     except (OSError, ValueError) as exc:
         problems.append(f"signing_key {config.signing_key}: {exc}")
+    if config.tls is not None:
+        from dpfed.provision import certificate_problems
+        tls_problems = certificate_problems(config.tls, "site", config.site_id)
+        problems += [f"[tls]: {p}" for p in tls_problems]
+        if not tls_problems:
+            print(f"tls: {config.tls.cert} (dpfed://site/{config.site_id}, signed by "
+                  f"{config.tls.ca_cert})")
+    else:
+        print("tls: none (insecure = true: plaintext, local tests only)")
     try:
         keys = trusted_keys(config.policy.trusted_coordinators)
         print(f"trusted coordinators: {', '.join(k[:16] for k in keys)}")

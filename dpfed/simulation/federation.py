@@ -1,7 +1,8 @@
 """A federation on one machine: its files (site data, keys, configs) and its processes.
 
 ``LocalFederation`` starts ``dpfed aggregator serve`` and K ``dpfed site serve`` processes
-talking real gRPC on loopback and always stops them (a context manager).
+talking real gRPC on loopback and always stops them (a context manager). Every channel is
+mutual TLS with a CA and kits made by dpfed.provision, as in a deployment.
 """
 
 from __future__ import annotations
@@ -85,8 +86,24 @@ class FederationLayout:
     root: Path
 
     @property
-    def keys(self) -> Path:
-        return self.root / "keys"
+    def pki(self) -> Path:
+        """The CA and one kit per party (dpfed.provision layout)."""
+        return self.root / "pki"
+
+    def kit(self, name: str) -> Path:
+        """The kit folder of a site, the coordinator or the aggregator."""
+        from dpfed.provision import AGGREGATOR, COORDINATOR, SITE, kit_dir
+        kind = (AGGREGATOR if name == AGGREGATOR else
+                COORDINATOR if name == COORDINATOR_ID else SITE)
+        return kit_dir(self.pki, kind, name)
+
+    def signing_key(self, name: str) -> Path:
+        return self.kit(name) / "keys" / f"{name}.key"
+
+    def tls(self, name: str):
+        """The TlsFiles (dpfed.transport) of a party's kit."""
+        from dpfed.provision import kit_tls
+        return kit_tls(self.kit(name), name)
 
     @property
     def data(self) -> Path:
@@ -126,47 +143,54 @@ class FederationLayout:
         return self.root / "round.toml"
 
     def make(self) -> None:
-        for p in (self.keys, self.data, self.state, self.logs):
+        for p in (self.data, self.state, self.logs):
             p.mkdir(parents=True, exist_ok=True)
 
 
 def write_federation(layout: FederationLayout, problem: Problem, split: Split, *, port: int,
                      epsilon: float, total_epsilon: float | None = None) -> list[str]:
-    """Keys, per-site CSVs, site.toml files and aggregator.toml (docs/interfaces.md).
-    Returns the site ids."""
-    from dpfed.wire.signing import SigningKey
+    """CA and kits (dpfed.provision), per-site CSVs, site.toml files and aggregator.toml
+    (docs/interfaces.md) with [tls] tables. Returns the site ids."""
+    from dpfed.provision import Project, provision
 
     layout.make()
     names = site_ids(len(split.sites))
-    for name in [*names, COORDINATOR_ID]:
-        SigningKey.generate().save(layout.keys / f"{name}.key", layout.keys / f"{name}.pub")
     address = f"127.0.0.1:{port}"
+    provision(Project(federation="dpfed-simulate", aggregator_address=address, listen=address,
+                      sites=tuple(names), coordinators=(COORDINATOR_ID,)), layout.pki)
     for name, rows in zip(names, split.sites):
         write_rows_csv(layout.site_csv(name), problem, rows)
         layout.site_config(name).write_text(to_toml({
             "site_id": name,
             "aggregator": address,
             "state_db": str(layout.site_db(name)),
-            "signing_key": str(layout.keys / f"{name}.key"),
-            "insecure": True,
+            "signing_key": str(layout.signing_key(name)),
+            "tls": _tls_table(layout, name),
             "data": {"path": str(layout.site_csv(name)), "format": "csv",
                      "id_column": problem.id_column},
-            "policy": {"trusted_coordinators": [str(layout.keys / f"{COORDINATOR_ID}.pub")],
+            "policy": {"trusted_coordinators": [str(layout.kit(name) / "keys" /
+                                                    f"{COORDINATOR_ID}.pub")],
                        "max_epsilon_per_round": float(epsilon),
                        "total_epsilon": float(total_epsilon or 5 * epsilon),
                        "min_n": 20, "allowed_targets": ["*"], "allowed_features": ["*"]},
         }))
     write_rows_csv(layout.public_csv, problem, split.public)
+    agg_keys = layout.kit("aggregator") / "keys"
     layout.aggregator_config.write_text(to_toml({
         "listen": address,
         "state_db": str(layout.aggregator_db),
-        "insecure": True,
         "max_clock_skew_s": 300,
-        "sites": [{"site_id": n, "public_key": str(layout.keys / f"{n}.pub")} for n in names],
+        "tls": _tls_table(layout, "aggregator"),
+        "sites": [{"site_id": n, "public_key": str(agg_keys / f"{n}.pub")} for n in names],
         "coordinators": [{"coordinator_id": COORDINATOR_ID,
-                          "public_key": str(layout.keys / f"{COORDINATOR_ID}.pub")}],
+                          "public_key": str(agg_keys / f"{COORDINATOR_ID}.pub")}],
     }))
     return names
+
+
+def _tls_table(layout: FederationLayout, name: str) -> dict:
+    tls = layout.tls(name)
+    return {"ca_cert": str(tls.ca_cert), "cert": str(tls.cert), "key": str(tls.key)}
 
 
 def round_config(problem: Problem, *, epsilon: float, x_bound: float, y_bound: float,
@@ -281,8 +305,11 @@ class LocalFederation:
         import grpc
         from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+        from dpfed.transport import client_channel
+
         deadline = time.monotonic() + timeout_s
-        with grpc.insecure_channel(self.address) as channel:
+        # Over mutual TLS with the coordinator's certificate: the aggregator admits no other.
+        with client_channel(self.address, self.layout.tls(COORDINATOR_ID)) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
             while True:
                 self.check_alive()

@@ -100,8 +100,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
         with federation:
             federation.start(timeout_s=options.startup_timeout_s)
             coordinator = Coordinator(federation.address,
-                                      SigningKey.load(layout.keys / f"{COORDINATOR_ID}.key"),
-                                      COORDINATOR_ID)
+                                      SigningKey.load(layout.signing_key(COORDINATOR_ID)),
+                                      COORDINATOR_ID, layout.tls(COORDINATOR_ID))
             federation.wait_sites_connected(coordinator, options.startup_timeout_s)
             spec = build_round_spec(config, base_dir=layout.root)
             progress(f"starting round: target {problem.target}, eps {options.epsilon} per site, "
