@@ -1,8 +1,9 @@
 """The aggregation arithmetic of a round, as pure functions (method.md section 3).
 
 The sum of the sites' releases plus the exact public statistics is computed entry by entry
-with ``math.fsum``: the result is the correctly rounded exact sum, independent of the order in
-which contributions arrived, so a restart or a re-fit gives bit-identical input to the model.
+exactly and rounded once (aggregator.exact_sum): the result is the correctly rounded sum,
+bit-identical to ``math.fsum`` and independent of the order in which contributions arrived,
+so a restart or a re-fit gives bit-identical input to the model.
 """
 
 from __future__ import annotations
@@ -12,17 +13,57 @@ from collections.abc import Sequence
 
 import numpy as np
 
-# The encoding's header layout is owned by dpfed.statistics; importing it (rather than
-# restating it) makes a format change fail here loudly.
-from dpfed.statistics import _HEADER, _MAGIC, _VERSION, Statistics, StatisticsError
+from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values)
 from dpfed.v1 import dpfed_pb2 as pb
+
+from aggregator.exact_sum import ExactSum, ExactSumError
 
 FIT_METHODS = ("advi", "nuts", "fixed")
 
 
-def _flat(stats: Statistics) -> np.ndarray:
-    iu = np.triu_indices(stats.dim)
-    return np.concatenate([stats.xtx[iu], stats.xty, [stats.yty]])
+class RunningTotal:
+    """The exact sum of statistics of one dimension, updated one contribution at a time (the
+    round manager adds each accepted release as it arrives, so closing a round needs only
+    ``total()``). n is summed as an integer."""
+
+    def __init__(self, dim: int):
+        self.dim = int(dim)
+        self._values = ExactSum(self.dim * (self.dim + 1) // 2 + self.dim + 1)
+        self.n = 0
+
+    def add_encoded(self, data: bytes) -> None:
+        """Add one encoding (checked like ``encoded_n``: header, dimension, finite values)."""
+        d, n = decode_header(data)
+        if d != self.dim:
+            raise StatisticsError(f"statistics have dimension {d}, the sum has {self.dim}")
+        try:
+            self._values.add(encoded_values(data))
+        except ExactSumError as exc:
+            raise StatisticsError(str(exc)) from None
+        self.n += n
+
+    def add_rows(self, rows: np.ndarray, n: int) -> None:
+        """Add many ``Statistics.upper_values`` vectors at once, with their total n."""
+        try:
+            self._values.add_rows(rows)
+        except ExactSumError as exc:
+            raise StatisticsError(str(exc)) from None
+        self.n += int(n)
+
+    def copy(self) -> "RunningTotal":
+        twin = RunningTotal(self.dim)
+        twin._values, twin.n = self._values.copy(), self.n
+        return twin
+
+    @property
+    def count(self) -> int:
+        return self._values.count
+
+    def total(self) -> Statistics:
+        try:
+            return Statistics.from_upper(self.dim, self.n, self._values.result())
+        except ExactSumError as exc:
+            raise StatisticsError(str(exc)) from None
 
 
 def exact_sum(parts: Sequence[Statistics]) -> Statistics:
@@ -32,13 +73,9 @@ def exact_sum(parts: Sequence[Statistics]) -> Statistics:
     d = parts[0].dim
     if any(p.dim != d for p in parts):
         raise StatisticsError("cannot sum statistics of different dimensions")
-    rows = np.stack([_flat(p) for p in parts])          # parts x (d(d+1)/2 + d + 1)
-    body = np.array([math.fsum(col) for col in rows.T.tolist()])
-    m = d * (d + 1) // 2
-    xtx = np.zeros((d, d))
-    xtx[np.triu_indices(d)] = body[:m]
-    xtx = np.triu(xtx) + np.triu(xtx, 1).T
-    return Statistics(xtx, body[m:m + d], float(body[-1]), sum(p.n for p in parts))
+    running = RunningTotal(d)
+    running.add_rows(np.stack([p.upper_values() for p in parts]), sum(p.n for p in parts))
+    return running.total()
 
 
 def encoded_n(data: bytes, dim: int) -> int:
@@ -46,38 +83,26 @@ def encoded_n(data: bytes, dim: int) -> int:
     n, without building the matrices: the same checks as Statistics.from_bytes (magic,
     version, length, finite values; symmetry holds by construction of the encoding) at a
     fraction of the cost on the contribution hot path."""
-    if len(data) < _HEADER.size:
-        raise StatisticsError("encoded statistics are too short")
-    magic, version, d, n = _HEADER.unpack_from(data)
-    if magic != _MAGIC or version != _VERSION:
-        raise StatisticsError("not a dpfed Statistics encoding (bad magic or version)")
+    d, n = decode_header(data)
     if d != dim:
         raise StatisticsError(f"statistics have dimension {d}, the round has {dim}")
-    size = _HEADER.size + 8 * (d * (d + 1) // 2 + d + 1)
-    if len(data) != size:
-        raise StatisticsError(f"encoded statistics of dimension {d} must be {size} bytes, "
-                              f"got {len(data)}")
-    if not np.isfinite(np.frombuffer(data, dtype="<f8", offset=_HEADER.size)).all():
+    if not np.isfinite(encoded_values(data)).all():
         raise StatisticsError("statistics contain NaN or infinite values")
-    return int(n)
+    return n
 
 
 def exact_sum_encoded(encoded: Sequence[bytes]) -> Statistics:
-    """``exact_sum`` straight from encodings (checked by ``encoded_n``): stacks the raw
-    upper-triangle bodies instead of decoding every release into full matrices."""
+    """``exact_sum`` straight from encodings (checked by ``encoded_n``), without decoding
+    every release into full matrices."""
     if not encoded:
         raise StatisticsError("nothing to sum")
-    heads = [_HEADER.unpack_from(e) for e in encoded]
-    d = heads[0][2]
-    if any(h[2] != d for h in heads):
+    heads = [decode_header(e) for e in encoded]
+    d = heads[0][0]
+    if any(h[0] != d for h in heads):
         raise StatisticsError("cannot sum statistics of different dimensions")
-    rows = np.stack([np.frombuffer(e, dtype="<f8", offset=_HEADER.size) for e in encoded])
-    body = np.array([math.fsum(col) for col in rows.T.tolist()])
-    m = d * (d + 1) // 2
-    xtx = np.zeros((d, d))
-    xtx[np.triu_indices(d)] = body[:m]
-    xtx = np.triu(xtx) + np.triu(xtx, 1).T
-    return Statistics(xtx, body[m:m + d], float(body[-1]), sum(h[3] for h in heads))
+    running = RunningTotal(d)
+    running.add_rows(np.stack([encoded_values(e) for e in encoded]), sum(h[1] for h in heads))
+    return running.total()
 
 
 def aggregate_encoded(releases: Sequence[bytes], public: bytes | None) -> Statistics:

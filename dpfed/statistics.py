@@ -22,6 +22,11 @@ _HEADER = struct.Struct("<4sHIQ")
 MAX_DIMENSION = 4096
 
 
+def encoded_length(d: int) -> int:
+    """Bytes of the encoding of dimension ``d``: header, upper triangle of xtx, xty, yty."""
+    return _HEADER.size + 8 * (d * (d + 1) // 2 + d + 1)
+
+
 class StatisticsError(ValueError):
     """Raised for malformed statistics or an encoding that cannot be decoded."""
 
@@ -118,33 +123,58 @@ class Statistics:
     # float64. Lossless because xtx is exactly symmetric; about half the bytes of the full
     # matrix, and independent of protobuf's serialisation so it can be signed.
     def to_bytes(self) -> bytes:
-        d = self.dim
+        body = self.upper_values().astype("<f8")
+        return _HEADER.pack(_MAGIC, _VERSION, self.dim, self.n) + body.tobytes()
+
+    def upper_values(self) -> np.ndarray:
+        """The d(d+1)/2 + d + 1 numbers that determine the value besides n: the upper
+        triangle of xtx (row-major), xty, yty. The body of the encoding, and the vector the
+        aggregator sums."""
+        return np.concatenate([self.xtx[np.triu_indices(self.dim)], self.xty, [self.yty]])
+
+    @classmethod
+    def from_upper(cls, d: int, n: int, values) -> "Statistics":
+        """Inverse of ``upper_values``: xtx is rebuilt by mirroring the upper triangle
+        (assigned, not added, so every value including a signed zero is kept bit for bit)."""
+        values = np.asarray(values, dtype=np.float64)
+        m = d * (d + 1) // 2
+        if values.shape != (m + d + 1,):
+            raise StatisticsError(f"statistics of dimension {d} have {m + d + 1} values, "
+                                  f"got shape {values.shape}")
+        xtx = np.empty((d, d))
         iu = np.triu_indices(d)
-        body = np.concatenate([self.xtx[iu], self.xty, [self.yty]]).astype("<f8")
-        return _HEADER.pack(_MAGIC, _VERSION, d, self.n) + body.tobytes()
+        xtx[iu] = values[:m]
+        xtx.T[iu] = values[:m]
+        return cls(xtx, values[m:m + d], float(values[-1]), n)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> "Statistics":
-        if len(data) < _HEADER.size:
-            raise StatisticsError("encoded statistics are too short")
-        magic, version, d, n = _HEADER.unpack_from(data)
-        if magic != _MAGIC:
-            raise StatisticsError("not an encoded Statistics value (bad magic)")
-        if version != _VERSION:
-            raise StatisticsError(f"unsupported Statistics encoding version {version}")
-        if d < 1 or d > MAX_DIMENSION:
-            raise StatisticsError(f"dimension {d} out of range")
-        count = d * (d + 1) // 2 + d + 1
-        if len(data) != _HEADER.size + 8 * count:
-            raise StatisticsError(
-                f"encoded statistics of dimension {d} must be {_HEADER.size + 8 * count} bytes, "
-                f"got {len(data)}")
-        body = np.frombuffer(data, dtype="<f8", offset=_HEADER.size).astype(np.float64)
-        m = d * (d + 1) // 2
-        xtx = np.zeros((d, d))
-        xtx[np.triu_indices(d)] = body[:m]
-        xtx = np.triu(xtx) + np.triu(xtx, 1).T
-        return cls(xtx, body[m:m + d], float(body[-1]), n)
+        d, n = decode_header(data)
+        return cls.from_upper(d, n, encoded_values(data))
+
+
+def decode_header(data: bytes) -> tuple[int, int]:
+    """``(d, n)`` of an encoding, after checking magic, version, dimension range and that the
+    length matches d. Cheap: the values are not read (``encoded_values`` does that)."""
+    if len(data) < _HEADER.size:
+        raise StatisticsError("encoded statistics are too short")
+    magic, version, d, n = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise StatisticsError("not an encoded Statistics value (bad magic)")
+    if version != _VERSION:
+        raise StatisticsError(f"unsupported Statistics encoding version {version}")
+    if d < 1 or d > MAX_DIMENSION:
+        raise StatisticsError(f"dimension {d} out of range")
+    if len(data) != encoded_length(d):
+        raise StatisticsError(f"encoded statistics of dimension {d} must be "
+                              f"{encoded_length(d)} bytes, got {len(data)}")
+    return int(d), int(n)
+
+
+def encoded_values(data: bytes) -> np.ndarray:
+    """The ``upper_values`` of an encoding whose header ``decode_header`` accepted, as a
+    read-only float64 view of ``data`` (no copy; finiteness is the caller's to check)."""
+    return np.frombuffer(data, dtype="<f8", offset=_HEADER.size)
 
 
 def validate_shapes(x, y) -> tuple[np.ndarray, np.ndarray]:

@@ -3,6 +3,8 @@ contribution decoder (must accept exactly what the reference parser accepts) and
 
 from __future__ import annotations
 
+import base64
+import binascii
 import json
 import math
 import random
@@ -10,6 +12,8 @@ import secrets
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from aggregator import aggregate
 from aggregator.rounds import _fast_contribution
@@ -119,3 +123,27 @@ def test_store_round_trip(tmp_path):
     assert (back.state, back.message, back.round_s, back.invited) == ("FITTING", "quorum", 1.5, ["a", "b"])
     assert store.contributions("r1") == [c]  # the failed second insert left nothing
     assert store.nonces_since(0) == [("key", "nonce")]
+
+
+
+_B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_ \n"
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(st.binary(max_size=40).map(base64.b64encode),
+                 st.text(alphabet=_B64_CHARS, max_size=24).map(str.encode)))
+def test_canonical_base64_decoder_accepts_exactly_what_b64encode_produces(raw):
+    from aggregator.rounds import _canonical_b64decode
+    try:
+        reference = base64.b64decode(raw, validate=True)
+        canonical = base64.b64encode(reference) == raw
+    except binascii.Error:
+        canonical = False
+    assert _canonical_b64decode(raw) == (reference if canonical else None)
+
+
+@pytest.mark.parametrize("raw", [b"QR==", b"QUJDRB==", b"QUF=", b"QQ", b"QQ=", b"QQ===",
+                                 b"QQ==QQ==", b"Q-==", b"QUJD\n", b"=QQ="])
+def test_canonical_base64_decoder_rejects_non_canonical_forms(raw):
+    from aggregator.rounds import _canonical_b64decode
+    assert _canonical_b64decode(raw) is None

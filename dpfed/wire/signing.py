@@ -106,8 +106,17 @@ def verify(envelope: pb.SignedEnvelope, trusted: dict[str, Ed25519PublicKey],
     public_key = trusted.get(envelope.key_id)
     if public_key is None:
         raise SignatureError(f"unknown signing key {envelope.key_id[:16] or '(none)'}")
-    try:
-        public_key.verify(envelope.signature, _signed_bytes(expected_type, envelope.payload))
-    except InvalidSignature:
-        raise SignatureError(f"bad signature on {expected_type} from key {envelope.key_id[:16]}") from None
+    verify_signature(envelope, public_key, expected_type)
     return parse_canonical(envelope.payload, expected_type)
+
+
+def verify_signature(envelope: pb.SignedEnvelope, public_key: Ed25519PublicKey,
+                     type_name: str) -> None:
+    """Check only that ``public_key`` signed ``envelope.payload`` as a ``type_name`` (domain
+    prefix included); raises SignatureError otherwise. For callers that look the key up and
+    parse the payload themselves (the aggregator's contribution hot path); ``verify`` is
+    this plus the key lookup, the type check and the canonical parse."""
+    try:
+        public_key.verify(envelope.signature, _signed_bytes(type_name, envelope.payload))
+    except InvalidSignature:
+        raise SignatureError(f"bad signature on {type_name} from key {envelope.key_id[:16]}") from None

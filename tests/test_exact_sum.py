@@ -1,0 +1,153 @@
+"""aggregator.exact_sum: the running sum is the correctly rounded exact sum (checked against
+math.fsum and exact rational arithmetic), whatever the order, the batching or the range of
+the values; and the round's running total equals the sum of its stored encodings."""
+
+from __future__ import annotations
+
+import math
+import random
+from fractions import Fraction
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from aggregator.aggregate import RunningTotal, exact_sum, exact_sum_encoded
+from aggregator.exact_sum import ExactSum, ExactSumError
+from dpfed.statistics import Statistics, StatisticsError
+
+from tests.conftest import random_statistics
+
+finite = st.floats(allow_nan=False, allow_infinity=False)
+# Same magnitudes with cancellation, subnormals, signed zeros and the extremes of the range.
+special = st.sampled_from([0.0, -0.0, 5e-324, -5e-324, 2.2250738585072014e-308, 1e308,
+                           -1e308, 1.7976931348623157e308, 1.0, -1.0, 2.0**53, 0.1])
+
+
+def _bits(a) -> list[int]:
+    return np.asarray(a, dtype=np.float64).view(np.int64).tolist()
+
+
+def _exact(column) -> float:
+    """Reference: exact rational sum, rounded once (Fraction -> float is correctly rounded)."""
+    return float(sum((Fraction(x) for x in column), Fraction(0)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(finite | special, min_size=3, max_size=3), min_size=1, max_size=40))
+def test_running_sum_is_the_correctly_rounded_exact_sum(rows):
+    rows = np.array(rows, dtype=np.float64)
+    one_by_one, batched = ExactSum(3), ExactSum(3)
+    for r in rows:
+        one_by_one.add(r)
+    batched.add_rows(rows)
+    try:
+        expected = [_exact(rows[:, j].tolist()) for j in range(3)]
+    except OverflowError:
+        for s in (one_by_one, batched):
+            with pytest.raises(ExactSumError):
+                s.result()
+        return
+    got = one_by_one.result()
+    assert _bits(got) == _bits(expected) and _bits(batched.result()) == _bits(expected)
+    for j in range(3):
+        try:
+            fsum = math.fsum(rows[:, j].tolist())
+        except OverflowError:   # fsum gives up on an intermediate overflow; we do not
+            continue
+        # Bit-identical to fsum (up to the sign of a zero sum: 0.0 == -0.0 in Statistics).
+        assert got[j] == fsum and _bits([got[j] + 0.0]) == _bits([fsum + 0.0])
+
+
+def test_result_does_not_depend_on_order_or_batching():
+    rng = np.random.default_rng(3)
+    rows = rng.normal(size=(200, 7)) * 10.0 ** rng.integers(-20, 20, size=(200, 7))
+    rows[50] = -rows[10]                      # exact cancellations
+    reference = ExactSum(7)
+    reference.add_rows(rows)
+    expected = _bits(reference.result())
+    for seed in range(3):
+        order = list(range(200))
+        random.Random(seed).shuffle(order)
+        s = ExactSum(7)
+        for i in order[:77]:
+            s.add(rows[i])
+        s.add_rows(rows[order[77:]])
+        assert _bits(s.result()) == expected
+    merged, other = ExactSum(7), ExactSum(7)
+    merged.add_rows(rows[:100])
+    other.add_rows(rows[100:])
+    merged.merge(other)
+    assert _bits(merged.result()) == expected and merged.count == 200
+
+
+def test_carries_are_propagated_before_limbs_can_overflow(monkeypatch):
+    import aggregator.exact_sum as es
+    monkeypatch.setattr(es, "_NORMALISE_EVERY", 4)   # exercise normalisation on a few rows
+    rng = np.random.default_rng(0)
+    rows = rng.normal(size=(50, 5)) * 1e300
+    s = ExactSum(5)
+    for r in rows[:25]:
+        s.add(r)
+    s.add_rows(rows[25:])
+    assert _bits(s.result()) == _bits([_exact(rows[:, j].tolist()) for j in range(5)])
+
+
+def test_a_copy_is_independent():
+    s = ExactSum(2)
+    s.add([1.0, 2.0])
+    twin = s.copy()
+    twin.add([1.0, 1.0])
+    assert s.result().tolist() == [1.0, 2.0] and twin.result().tolist() == [2.0, 3.0]
+
+
+@pytest.mark.parametrize("bad", [[np.nan, 1.0], [1.0, np.inf]])
+def test_non_finite_values_are_refused(bad):
+    with pytest.raises(ExactSumError):
+        ExactSum(2).add(bad)
+    with pytest.raises(ExactSumError):
+        ExactSum(2).add_rows([bad])
+
+
+def test_wrong_shapes_are_refused():
+    with pytest.raises(ValueError):
+        ExactSum(3).add([1.0, 2.0])
+    with pytest.raises(ValueError):
+        ExactSum(3).add_rows([1.0, 2.0, 3.0])
+    with pytest.raises(ValueError):
+        ExactSum(0)
+
+
+def test_an_overflowing_total_is_a_clear_error():
+    s = ExactSum(1)
+    s.add([1.7e308])
+    s.add([1.7e308])
+    with pytest.raises(ExactSumError, match="outside the float64 range"):
+        s.result()
+    s.add([-1.7e308])                          # back in range: no intermediate overflow
+    assert s.result().tolist() == [1.7e308]
+
+
+def test_running_total_equals_the_sum_at_close():
+    parts = [random_statistics(d=4, seed=i, n=10 + i) for i in range(25)]
+    running = RunningTotal(4)
+    for p in parts:
+        running.add_encoded(p.to_bytes())
+    total = running.total()
+    assert total == exact_sum(parts) == exact_sum_encoded([p.to_bytes() for p in parts])
+    assert total.n == sum(p.n for p in parts) and running.count == 25
+    assert np.array_equal(total.xtx, total.xtx.T)
+    for j in range(4):
+        assert total.xty[j] == math.fsum(p.xty[j] for p in parts)
+    with pytest.raises(StatisticsError, match="dimension"):
+        running.add_encoded(random_statistics(d=3).to_bytes())
+
+
+def test_statistics_upper_values_round_trip_keeps_every_bit():
+    s = Statistics(np.array([[-0.0, 1.5], [1.5, 5e-324]]), np.array([-0.0, 2.0]), -0.0, 3)
+    again = Statistics.from_upper(2, 3, s.upper_values())
+    assert _bits(again.xtx.ravel()) == _bits(s.xtx.ravel())
+    assert _bits(again.xty) == _bits(s.xty) and _bits([again.yty]) == _bits([s.yty])
+    with pytest.raises(StatisticsError):
+        Statistics.from_upper(2, 3, np.zeros(5))
