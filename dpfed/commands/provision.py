@@ -44,7 +44,8 @@ exit codes: 0 ok, 2 invalid project.toml or output folder, 1 other error
 def run(args) -> int:
     from dpfed.provision import ProvisionError, load_project, provision
     try:
-        project = load_project(args.project).with_sites(args.add_site or [])
+        listed = load_project(args.project)
+        project = listed.with_sites(args.add_site or [])
         report = provision(project, args.out)
     except ProvisionError as exc:
         print(f"dpfed provision: {exc}", file=sys.stderr)
@@ -52,6 +53,10 @@ def run(args) -> int:
     except OSError as exc:
         print(f"dpfed provision: {exc}", file=sys.stderr)
         return exitcodes.ERROR
+    missing = [s for s in (args.add_site or []) if s not in listed.sites]
+    if missing:
+        print(f"note: add {', '.join(missing)} to the sites of {args.project} so it stays the "
+              "record of the federation", file=sys.stderr)
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return exitcodes.OK
@@ -65,16 +70,7 @@ def run(args) -> int:
     if report.additions:
         print("register new parties at the aggregator: append its add-sites/*.toml (and "
               "add-coordinators/*.toml) to aggregator.toml and restart it")
-    missing = [s for s in (args.add_site or []) if s not in _listed_sites(args.project)]
-    if missing:
-        print(f"note: add {', '.join(missing)} to the sites of {args.project} so it stays the "
-              "record of the federation", file=sys.stderr)
     return exitcodes.OK
-
-
-def _listed_sites(path) -> tuple[str, ...]:
-    from dpfed.provision import load_project
-    return load_project(path).sites
 
 
 def register(subparsers) -> None:

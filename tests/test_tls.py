@@ -1,0 +1,337 @@
+"""Mutual TLS over real gRPC on 127.0.0.1 with certificates from dpfed.provision.
+
+What is checked: a whole round over mTLS (aggregator, a site node, a coordinator); the handshake
+turns away clients without a certificate, with one from another CA, or in plaintext; and the
+aggregator binds each signed message to the certificate's identity (aggregator/identity.py), so
+a party holding someone else's signing key cannot use it over its own connection.
+"""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+import threading
+import time
+import tomllib
+
+import grpc
+import numpy as np
+import pytest
+
+from aggregator import identity
+from aggregator.config import config_from_dict
+from aggregator.server import AggregatorServer
+from coordinator.client import Coordinator
+from dpfed import exitcodes
+from dpfed.provision import kit_dir, kit_tls, project_from_dict, provision
+from dpfed.statistics import Statistics
+from dpfed.transport import client_channel
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
+from dpfed.wire.signing import SigningKey
+from tests.test_site_node import make_spec
+
+SITES = ("site-a", "site-b")
+COORDINATORS = ("coord", "other-coord")
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """Two federations: ours, and a rogue one with the same party names and its own CA."""
+    root = tmp_path_factory.mktemp("pki")
+    for name in ("ours", "rogue"):
+        provision(project_from_dict({
+            "federation": name, "sites": list(SITES), "coordinators": list(COORDINATORS),
+            "aggregator": {"address": "127.0.0.1:50051"}}), root / name)
+    return root / "ours", root / "rogue"
+
+
+def tls_of(out, kind, name):
+    return kit_tls(kit_dir(out, kind, name), name)
+
+
+def signing_key(out, kind, name) -> SigningKey:
+    return SigningKey.load(kit_dir(out, kind, name) / "keys" / f"{name}.key")
+
+
+@pytest.fixture
+def aggregator(pki, tmp_path):
+    """The aggregator of the kit's own aggregator.toml, on a free port, state in tmp_path."""
+    ours, _ = pki
+    kit = kit_dir(ours, "aggregator", "aggregator")
+    raw = tomllib.loads((kit / "aggregator.toml").read_text())
+    assert "insecure" not in raw
+    raw.update(listen="127.0.0.1:0", state_db=str(tmp_path / "agg.sqlite"), grace_s=0.2)
+    server = AggregatorServer(config_from_dict(raw, kit))
+    port = server.start()
+    yield server, f"127.0.0.1:{port}"
+    server.stop(0)
+
+
+def coordinator_over(pki_out, address, tls_name, key_name="coord") -> Coordinator:
+    return Coordinator(address, signing_key(pki_out, "coordinator", key_name), key_name,
+                       tls_of(pki_out, "coordinator", tls_name), timeout_s=10)
+
+
+def start_round(pki, address, round_id, quorum=1):
+    ours, _ = pki
+    with coordinator_over(ours, address, "coord") as c:
+        return c.start_round(make_spec(round_id, coordinator_id="coord", quorum=quorum,
+                                       deadline_unix_ms=int(time.time() * 1000) + 60_000,
+                                       fit_method="fixed", fit_draws=200, fit_seed=1))
+
+
+def site_contribution(key: SigningKey, site_id: str, round_id: str, digest: str) -> pb.SignedEnvelope:
+    rng = np.random.default_rng(1)
+    a = rng.normal(size=(3, 3))
+    stats = Statistics(a @ a.T, rng.normal(size=3), 40.0, 50)
+    return key.sign(pb.Contribution(
+        round_id=round_id, site_id=site_id, statistics=stats.to_bytes(), n=50, epsilon_spent=1.0,
+        spec_digest=digest, timestamp_unix_ms=int(time.time() * 1000),
+        nonce=secrets.token_hex(16)))
+
+
+def rpc_code(fn) -> grpc.StatusCode:
+    with pytest.raises(grpc.RpcError) as info:
+        fn()
+    return info.value.code()
+
+
+# ---- a round end to end ------------------------------------------------------------------------
+
+
+def _site_kit_with_data(ours, tmp_path, address):
+    """A copy of site-a's kit as its hospital would fill it in: data file, aggregator port."""
+    kit = tmp_path / "site-a"
+    shutil.copytree(kit_dir(ours, "site", "site-a"), kit)
+    rng = np.random.default_rng(0)
+    rows = ["id,g1,g2,g3,drug"]
+    for i in range(60):
+        x = rng.normal(size=3)
+        rows.append(f"{i},{x[0]:.4f},{x[1]:.4f},{x[2]:.4f},{x.sum() + rng.normal():.4f}")
+    (kit / "data").mkdir()
+    (kit / "data" / "CHANGE-ME.csv").write_text("\n".join(rows) + "\n")
+    config = kit / "site.toml"
+    config.write_text(config.read_text().replace('"127.0.0.1:50051"', f'"{address}"'))
+    return config
+
+
+def test_round_end_to_end_over_mutual_tls(pki, aggregator, tmp_path):
+    from site_node.client import Backoff, SiteClient
+    from site_node.config import load_config
+    from site_node.node import SiteNode
+
+    ours, _ = pki
+    server, address = aggregator
+    config = load_config(_site_kit_with_data(ours, tmp_path, address))
+    assert config.tls is not None and config.tls.cert.name == "site-a.pem"
+    node = SiteNode(config)
+    client = SiteClient(node, rpc_timeout_s=5, reconnect=Backoff(0.05, 0.2))
+    thread = threading.Thread(target=client.run, daemon=True)
+    thread.start()
+    try:
+        with coordinator_over(ours, address, "coord") as coordinator:
+            deadline = time.monotonic() + 20
+            while not any(s.connected for s in coordinator.list_sites() if s.site_id == "site-a"):
+                assert time.monotonic() < deadline, "site-a never connected over TLS"
+                time.sleep(0.05)
+            start_round(pki, address, "tls-round")
+            status = coordinator.wait("tls-round", 30, poll_s=0.05)
+            assert status.state == pb.RoundStatus.DONE, status.message
+            assert [(c.site_id, c.n) for c in status.contributions] == [("site-a", 60)]
+            result = coordinator.result("tls-round")
+            assert result.dim == 3
+    finally:
+        client.stop()
+        thread.join(10)
+        node.ledger.close()
+    from site_node.ledger import PrivacyLedger
+    with PrivacyLedger(config.state_db) as ledger:
+        assert ledger.spent == pytest.approx(1.0)
+
+
+# ---- the handshake ----------------------------------------------------------------------------
+
+
+def test_client_without_certificate_is_rejected_at_handshake(pki, aggregator):
+    ours, _ = pki
+    _, address = aggregator
+    ca = (ours / "ca" / "ca.pem").read_bytes()
+    with grpc.secure_channel(address, grpc.ssl_channel_credentials(root_certificates=ca)) as ch:
+        code = rpc_code(lambda: pb_grpc.AggregatorStub(ch).ListSites(pb.ListSitesRequest(),
+                                                                      timeout=5))
+    assert code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_plaintext_client_is_rejected(aggregator):
+    _, address = aggregator
+    with grpc.insecure_channel(address) as ch:
+        code = rpc_code(lambda: pb_grpc.AggregatorStub(ch).ListSites(pb.ListSitesRequest(),
+                                                                      timeout=5))
+    assert code == grpc.StatusCode.UNAVAILABLE
+
+
+def test_certificate_from_another_ca_is_rejected(pki, aggregator):
+    ours, rogue = pki
+    _, address = aggregator
+    # The rogue site-a: same name, same kind of certificate, another CA.
+    with client_channel(address, tls_of(rogue, "site", "site-a")) as ch:
+        code = rpc_code(lambda: pb_grpc.AggregatorStub(ch).ListSites(pb.ListSitesRequest(),
+                                                                      timeout=5))
+    assert code == grpc.StatusCode.UNAVAILABLE
+    # Control: the same call with our site-a certificate goes through.
+    with client_channel(address, tls_of(ours, "site", "site-a")) as ch:
+        sites = pb_grpc.AggregatorStub(ch).ListSites(pb.ListSitesRequest(), timeout=5).sites
+    assert {s.site_id for s in sites} == set(SITES)
+
+
+# ---- identity binding -------------------------------------------------------------------------
+
+
+def test_site_b_signing_as_site_a_is_denied_and_the_sum_untouched(pki, aggregator):
+    ours, _ = pki
+    server, address = aggregator
+    digest = start_round(pki, address, "r-bind", quorum=2).spec_digest
+    stolen = signing_key(ours, "site", "site-a")
+    envelope = site_contribution(stolen, "site-a", "r-bind", digest)
+    with client_channel(address, tls_of(ours, "site", "site-b")) as ch:
+        stub = pb_grpc.AggregatorStub(ch)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.Contribute(envelope, timeout=5)
+        assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert "site-b" in info.value.details()
+        refusal = stolen.sign(pb.Refusal(round_id="r-bind", site_id="site-a", reason="x",
+                                         spec_digest=digest, nonce=secrets.token_hex(16),
+                                         timestamp_unix_ms=int(time.time() * 1000)))
+        assert rpc_code(lambda: stub.Refuse(refusal, timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
+        hello = stolen.sign(pb.SiteHello(site_id="site-a", nonce=secrets.token_hex(16),
+                                         timestamp_unix_ms=int(time.time() * 1000)))
+        assert rpc_code(lambda: next(stub.Subscribe(hello, timeout=5))) == \
+            grpc.StatusCode.PERMISSION_DENIED
+    with client_channel(address, tls_of(ours, "coordinator", "coord")) as ch:
+        # A coordinator certificate cannot carry a site's message either.
+        code = rpc_code(lambda: pb_grpc.AggregatorStub(ch).Contribute(envelope, timeout=5))
+        assert code == grpc.StatusCode.PERMISSION_DENIED
+    status = server.manager.status("r-bind")
+    assert not status.contributions and not status.refusals
+    assert server.store.contributions("r-bind") == []
+    assert server.manager.aggregated_statistics("r-bind") == Statistics.zeros(3)
+    # Control: the very same envelope over site-a's own connection is accepted.
+    with client_channel(address, tls_of(ours, "site", "site-a")) as ch:
+        reply = pb_grpc.AggregatorStub(ch).Contribute(envelope, timeout=5)
+    assert reply.accepted and [c.site_id for c in server.store.contributions("r-bind")] == ["site-a"]
+
+
+def test_coordinator_identity_mismatch_is_denied(pki, aggregator):
+    ours, _ = pki
+    server, address = aggregator
+    spec = make_spec("r-coord", coordinator_id="coord",
+                     deadline_unix_ms=int(time.time() * 1000) + 60_000)
+    # coord's signing key over other-coord's certificate, and over a site's certificate.
+    with coordinator_over(ours, address, "other-coord", key_name="coord") as c:
+        assert rpc_code(lambda: c.start_round(spec)) == grpc.StatusCode.PERMISSION_DENIED
+    site_tls = Coordinator(address, signing_key(ours, "coordinator", "coord"), "coord",
+                           tls_of(ours, "site", "site-a"), timeout_s=10)
+    with site_tls as c:
+        assert rpc_code(lambda: c.start_round(spec)) == grpc.StatusCode.PERMISSION_DENIED
+    from aggregator.rounds import Rejected
+    with pytest.raises(Rejected):
+        server.manager.status("r-coord")   # no round was created
+    with coordinator_over(ours, address, "coord") as c:
+        assert c.start_round(spec).state == pb.RoundStatus.OPEN
+
+
+# ---- identity extraction (no network) ---------------------------------------------------------
+
+
+def test_identity_from_auth_context(pki):
+    ours, _ = pki
+    ssl = {"transport_security_type": [b"ssl"]}
+    assert identity.identity_from_auth_context({}) is None      # plaintext
+    peer = identity.identity_from_auth_context(
+        {**ssl, "x509_subject_alternative_name": [b"localhost", b"dpfed://site/site-a"]})
+    assert peer == identity.PeerIdentity("site", "site-a") and str(peer) == "dpfed://site/site-a"
+    with pytest.raises(identity.NoPeerIdentity):
+        identity.identity_from_auth_context({**ssl, "x509_subject_alternative_name": [b"x.org"]})
+    with pytest.raises(identity.NoPeerIdentity):
+        identity.identity_from_auth_context({**ssl, "x509_subject_alternative_name": [
+            b"dpfed://site/site-a", b"dpfed://coordinator/coord"]})
+    pem = (ours / "public" / "coordinators" / "coord.pem").read_bytes()
+    assert identity.identity_from_auth_context({**ssl, "x509_pem_cert": [pem]}) == \
+        identity.PeerIdentity("coordinator", "coord")
+    assert identity.site_mismatch(None, "site-a") is None       # plaintext server: no binding
+    assert identity.site_mismatch(identity.PeerIdentity("coordinator", "site-a"), "site-a")
+    assert identity.coordinator_mismatch(identity.PeerIdentity("site", "coord"), "coord")
+
+
+# ---- commands refuse to run without TLS -------------------------------------------------------
+
+
+def _run_cli(argv, capsys):
+    from dpfed import cli
+    code = cli.main(["--log-level", "ERROR", *argv])
+    return code, capsys.readouterr().err
+
+
+def test_commands_without_tls_config_exit_2_and_say_how_to_provision(pki, tmp_path, capsys):
+    ours, _ = pki
+    kit = kit_dir(ours, "aggregator", "aggregator")
+    agg = tmp_path / "aggregator.toml"
+    agg.write_text((kit / "aggregator.toml").read_text().split("[tls]")[0].replace(
+        "keys/", f"{kit}/keys/") + "\n[[sites]]\nsite_id = \"site-a\"\n"
+        f"public_key = \"{kit}/keys/site-a.pub\"\n")
+    code, err = _run_cli(["aggregator", "serve", "--config", str(agg)], capsys)
+    assert code == exitcodes.USAGE and "dpfed provision" in err and "--insecure" in err
+
+    site_kit = kit_dir(ours, "site", "site-a")
+    site = tmp_path / "site.toml"
+    text = (site_kit / "site.toml").read_text()
+    head, tail = text.split("[tls]")
+    site.write_text((head + "[data]" + tail.split("[data]")[1]).replace(
+        '"keys/', f'"{site_kit}/keys/'))
+    code, err = _run_cli(["site", "serve", "--config", str(site)], capsys)
+    assert code == exitcodes.USAGE and "dpfed provision" in err and "--insecure" in err
+
+    code, err = _run_cli(["sites", "list", "--aggregator", "127.0.0.1:1"], capsys)
+    assert code == exitcodes.USAGE and "dpfed provision" in err
+    spec = tmp_path / "round.toml"
+    spec.write_text('target = "drug"\nfeatures = ["g1"]\nepsilon = 1.0\nx_bound = 0.5\n'
+                    'y_bound = 2.0\nquorum = 1\n')
+    code, err = _run_cli(["round", "start", "--spec", str(spec), "--aggregator", "127.0.0.1:1",
+                          "--key", str(kit_dir(ours, "coordinator", "coord") / "keys/coord.key"),
+                          "--coordinator-id", "coord"], capsys)
+    assert code == exitcodes.USAGE and "dpfed provision" in err
+
+
+def test_insecure_flag_warns_and_plaintext_cannot_reach_a_tls_aggregator(aggregator, capsys):
+    _, address = aggregator
+    code, err = _run_cli(["sites", "list", "--aggregator", address, "--insecure"], capsys)
+    assert "WARNING: plaintext gRPC" in err
+    assert code == exitcodes.UNAVAILABLE
+
+
+def test_coordinator_kit_config_works_as_is(pki, aggregator, tmp_path, capsys):
+    """`dpfed sites list --config coordinator.toml` with the kit file, only the port changed."""
+    ours, _ = pki
+    _, address = aggregator
+    kit = tmp_path / "coord"
+    shutil.copytree(kit_dir(ours, "coordinator", "coord"), kit)
+    config = kit / "coordinator.toml"
+    config.write_text(config.read_text().replace('"127.0.0.1:50051"', f'"{address}"'))
+    code, err = _run_cli(["sites", "list", "--config", str(config), "--json"], capsys)
+    assert code == exitcodes.OK, err
+    assert "plaintext" not in err
+
+
+def test_site_check_verifies_the_certificate(pki, tmp_path, capsys):
+    ours, _ = pki
+    config = _site_kit_with_data(ours, tmp_path, "127.0.0.1:1")
+    code, err = _run_cli(["site", "check", "--config", str(config)], capsys)
+    assert code == exitcodes.OK, err
+    # site-b's certificate in site-a's config: check names the mismatch.
+    text = config.read_text().replace('cert = "tls/site-a.pem"', 'cert = "tls/site-b.pem"')
+    shutil.copy(kit_dir(ours, "site", "site-b") / "tls" / "site-b.pem",
+                config.parent / "tls" / "site-b.pem")
+    config.write_text(text)
+    code, err = _run_cli(["site", "check", "--config", str(config)], capsys)
+    assert code == exitcodes.USAGE and "dpfed://site/site-b" in err
