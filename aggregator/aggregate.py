@@ -23,12 +23,18 @@ FIT_METHODS = ("advi", "nuts", "fixed")
 
 class RunningTotal:
     """The exact sum of statistics of one dimension, updated one contribution at a time (the
-    round manager adds each accepted release as it arrives, so closing a round needs only
-    ``total()``). n is summed as an integer."""
+    round manager adds each accepted release as it arrives, so closing a round costs only the
+    last few). n is summed as an integer.
+
+    Releases are folded into the exact sum in blocks of ``BLOCK`` (ExactSum.add_rows): about
+    a third of the cost of adding them one by one, and the sum is the same either way."""
+
+    BLOCK = 64
 
     def __init__(self, dim: int):
         self.dim = int(dim)
         self._values = ExactSum(self.dim * (self.dim + 1) // 2 + self.dim + 1)
+        self._pending: list[np.ndarray] = []
         self.n = 0
 
     def add_encoded(self, data: bytes) -> None:
@@ -36,11 +42,13 @@ class RunningTotal:
         d, n = decode_header(data)
         if d != self.dim:
             raise StatisticsError(f"statistics have dimension {d}, the sum has {self.dim}")
-        try:
-            self._values.add(encoded_values(data))
-        except ExactSumError as exc:
-            raise StatisticsError(str(exc)) from None
+        values = encoded_values(data)
+        if not np.isfinite(values).all():
+            raise StatisticsError("statistics contain NaN or infinite values")
+        self._pending.append(values)
         self.n += n
+        if len(self._pending) >= self.BLOCK:
+            self._flush()
 
     def add_rows(self, rows: np.ndarray, n: int) -> None:
         """Add many ``Statistics.upper_values`` vectors at once, with their total n."""
@@ -50,16 +58,22 @@ class RunningTotal:
             raise StatisticsError(str(exc)) from None
         self.n += int(n)
 
+    def _flush(self) -> None:
+        if self._pending:
+            self._values.add_rows(np.stack(self._pending))   # checked finite when added
+            self._pending = []
+
     def copy(self) -> "RunningTotal":
         twin = RunningTotal(self.dim)
-        twin._values, twin.n = self._values.copy(), self.n
+        twin._values, twin._pending, twin.n = self._values.copy(), list(self._pending), self.n
         return twin
 
     @property
     def count(self) -> int:
-        return self._values.count
+        return self._values.count + len(self._pending)
 
     def total(self) -> Statistics:
+        self._flush()
         try:
             return Statistics.from_upper(self.dim, self.n, self._values.result())
         except ExactSumError as exc:

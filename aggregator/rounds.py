@@ -565,9 +565,7 @@ class RoundManager:
         t0 = time.perf_counter()
         try:
             public = aggregate.public_statistics(spec)
-            if spec.public_statistics:
-                running.add_encoded(spec.public_statistics)
-            total = running.total()
+            total = _with_public(running, spec)
             d = total.dim
             if self.skip_fit:
                 beta_mean, draws, diag = np.zeros(d), np.zeros((0, d)), {"skipped": True}
@@ -597,10 +595,21 @@ class RoundManager:
                  "skipped" if self.skip_fit else spec.fit_method or "advi")
 
     def aggregated_statistics(self, round_id: str) -> Statistics:
-        """The sum the model is fitted on (for tests and audits)."""
+        """The sum the model is fitted on (for tests and audits): the running total of the
+        accepted releases plus the public statistics."""
         with self._lock:
             live = self._round(round_id)
-            parts = [c.statistics for _, c in sorted(live.contributions.items())]
-        if not parts and not live.spec.public_statistics:
-            return Statistics.zeros(live.stored.dim)
-        return aggregate.aggregate_encoded(parts, live.spec.public_statistics)
+            if live.running is None:   # a finished round loaded from the store
+                parts = [c.statistics for c in self.store.contributions(round_id)]
+                if not parts and not live.spec.public_statistics:
+                    return Statistics.zeros(live.stored.dim)
+                return aggregate.aggregate_encoded(parts, live.spec.public_statistics)
+            running = live.running.copy()
+        return _with_public(running, live.spec)
+
+
+def _with_public(running: aggregate.RunningTotal, spec: pb.RoundSpec) -> Statistics:
+    """``running`` (a copy: it is changed) plus the spec's public statistics, if any."""
+    if spec.public_statistics:
+        running.add_encoded(spec.public_statistics)
+    return running.total()

@@ -130,18 +130,25 @@ def test_an_overflowing_total_is_a_clear_error():
 
 
 def test_running_total_equals_the_sum_at_close():
-    parts = [random_statistics(d=4, seed=i, n=10 + i) for i in range(25)]
+    parts = [random_statistics(d=4, seed=i, n=10 + i) for i in range(150)]  # > 2 blocks
     running = RunningTotal(4)
-    for p in parts:
+    for i, p in enumerate(parts):
         running.add_encoded(p.to_bytes())
+        if i == 70:
+            snapshot = running.copy()
     total = running.total()
     assert total == exact_sum(parts) == exact_sum_encoded([p.to_bytes() for p in parts])
-    assert total.n == sum(p.n for p in parts) and running.count == 25
+    assert total.n == sum(p.n for p in parts) and running.count == 150
+    assert snapshot.total() == exact_sum(parts[:71]) and snapshot.count == 71
     assert np.array_equal(total.xtx, total.xtx.T)
     for j in range(4):
         assert total.xty[j] == math.fsum(p.xty[j] for p in parts)
     with pytest.raises(StatisticsError, match="dimension"):
         running.add_encoded(random_statistics(d=3).to_bytes())
+    nan = random_statistics(d=4).to_bytes()[:-8] + np.array([np.nan]).astype("<f8").tobytes()
+    with pytest.raises(StatisticsError, match="NaN"):
+        running.add_encoded(nan)
+    assert running.total() == total
 
 
 def test_statistics_upper_values_round_trip_keeps_every_bit():
@@ -151,3 +158,26 @@ def test_statistics_upper_values_round_trip_keeps_every_bit():
     assert _bits(again.xty) == _bits(s.xty) and _bits([again.yty]) == _bits([s.yty])
     with pytest.raises(StatisticsError):
         Statistics.from_upper(2, 3, np.zeros(5))
+
+
+def test_running_total_survives_a_restart(federation):
+    """Two releases before a restart, one after: the total the model is fitted on (rebuilt
+    from the store, then updated) equals the exact sum of all three plus the public data."""
+    from dpfed.v1 import dpfed_pb2 as pb
+    public = random_statistics(seed=9, n=10)
+    federation.start_round(federation.spec(quorum=3, public=public))
+    releases = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(federation.SITES)}
+    for site in federation.SITES[:2]:
+        assert federation.stub.Contribute(federation.contribution(site, "r1", releases[site])).accepted
+    federation.stop()
+    federation.start()
+    assert federation.manager.aggregated_statistics("r1") == exact_sum(
+        [releases[s] for s in federation.SITES[:2]] + [public])
+    last = federation.SITES[2]
+    assert federation.stub.Contribute(federation.contribution(last, "r1", releases[last])).accepted
+    assert federation.coordinator.wait("r1", 10, poll_s=0.05).state == pb.RoundStatus.DONE
+    expected = [*releases.values(), public]
+    assert federation.manager.aggregated_statistics("r1") == exact_sum(expected)
+    for j in range(3):
+        assert federation.manager.aggregated_statistics("r1").xty[j] == _exact(
+            [p.xty[j] for p in expected])
