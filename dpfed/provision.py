@@ -687,9 +687,9 @@ def certificate_problems(tls, kind: str, party_id: str) -> list[str]:
     if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
         problems.append(f"{tls.cert} is valid only from {cert.not_valid_before_utc:%Y-%m-%d} to "
                         f"{cert.not_valid_after_utc:%Y-%m-%d}")
-    want = (kind, party_id)
-    if identities_of(cert) != [want]:
-        problems.append(f"{tls.cert} names {[identity_uri(*i) for i in identities_of(cert)] or 'no dpfed identity'}, "
+    named = identities_of(cert)
+    if named != [(kind, party_id)]:
+        problems.append(f"{tls.cert} names {[identity_uri(*i) for i in named] or 'no dpfed identity'}, "
                         f"not {identity_uri(kind, party_id)}")
     if key.public_key().public_bytes(serialization.Encoding.DER,
                                      serialization.PublicFormat.SubjectPublicKeyInfo) != \

@@ -335,3 +335,22 @@ def test_site_check_verifies_the_certificate(pki, tmp_path, capsys):
     config.write_text(text)
     code, err = _run_cli(["site", "check", "--config", str(config)], capsys)
     assert code == exitcodes.USAGE and "dpfed://site/site-b" in err
+
+
+def test_serve_commands_refuse_a_certificate_of_another_party(pki, tmp_path, capsys):
+    """site-b's certificate in site-a's kit: `dpfed site serve` exits 2 before dialling."""
+    ours, _ = pki
+    config = _site_kit_with_data(ours, tmp_path, "127.0.0.1:1")
+    for suffix in ("pem", "key"):
+        shutil.copy(kit_dir(ours, "site", "site-b") / "tls" / f"site-b.{suffix}",
+                    config.parent / "tls" / f"site-a.{suffix}")
+    code, err = _run_cli(["site", "serve", "--config", str(config)], capsys)
+    assert code == exitcodes.USAGE and "dpfed://site/site-b" in err
+    # The aggregator with a site's certificate as its own.
+    kit = tmp_path / "agg"
+    shutil.copytree(kit_dir(ours, "aggregator", "aggregator"), kit)
+    for suffix in ("pem", "key"):
+        shutil.copy(kit_dir(ours, "site", "site-a") / "tls" / f"site-a.{suffix}",
+                    kit / "tls" / f"aggregator.{suffix}")
+    code, err = _run_cli(["aggregator", "serve", "--config", str(kit / "aggregator.toml")], capsys)
+    assert code == exitcodes.USAGE and "dpfed://aggregator" in err

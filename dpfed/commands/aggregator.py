@@ -23,8 +23,16 @@ def serve(args) -> int:
     from aggregator.server import serve as run_server
     from dpfed.transport import warn_plaintext
     try:
-        if load_config(args.config, insecure=args.insecure).tls is None:
+        config = load_config(args.config, insecure=args.insecure)
+        if config.tls is None:
             warn_plaintext("aggregator serve")
+        else:
+            # An expired or mismatched certificate would only show as failed handshakes at the
+            # clients; say so here, before listening.
+            from dpfed.provision import certificate_problems
+            problems = certificate_problems(config.tls, "aggregator", "aggregator")
+            if problems:
+                raise ConfigError("[tls]: " + "; ".join(problems))
         return run_server(args.config, insecure=args.insecure)
     except ConfigError as exc:
         print(f"dpfed aggregator serve: {exc}", file=sys.stderr)

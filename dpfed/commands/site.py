@@ -82,6 +82,14 @@ def cmd_serve(args) -> int:
     if config.tls is None:
         from dpfed.transport import warn_plaintext
         warn_plaintext("site serve")
+    else:
+        # An expired or mismatched certificate would only show as failed handshakes and
+        # PERMISSION_DENIED from the aggregator; say so before dialling.
+        from dpfed.provision import certificate_problems
+        problems = certificate_problems(config.tls, "site", config.site_id)
+        if problems:
+            print(f"dpfed site serve: [tls]: {'; '.join(problems)}", file=sys.stderr)
+            return exitcodes.USAGE
     try:
         node = SiteNode(config)
     except LedgerError as exc:
