@@ -8,6 +8,10 @@ each with the scales of ``site_node.sensitivity``. It is eps-DP under *bounded* 
 
 from __future__ import annotations
 
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
+
 import numpy as np
 
 from dpfed.statistics import (Statistics, exact_statistics, non_finite_error,
@@ -23,6 +27,50 @@ __all__ = ["release_statistics", "exact_statistics", "clip", "clipped_statistics
 _BLOCK_BYTES = 1 << 20
 # Upper triangles at least this long (d >= 45) get their noise sampled in two threads.
 _CHUNKED_NOISE_MIN = 1024
+# Data at least this large (n x d x 8 bytes) is clipped and accumulated by one thread per core
+# over contiguous row ranges, each with single-threaded BLAS (see _row_parallelism).
+_PARALLEL_MIN_BYTES = 8 << 20
+_MAX_ROW_WORKERS = 4
+
+try:  # optional: without it the pass runs in one thread with BLAS's own threading
+    from threadpoolctl import ThreadpoolController
+except ImportError:  # pragma: no cover - the [site] extra installs it
+    ThreadpoolController = None
+
+_POOL: ThreadPoolExecutor | None = None
+_POOL_LOCK = threading.Lock()
+_BLAS: "ThreadpoolController | None" = None
+# The BLAS thread limit is process-wide: one parallel pass at a time, so that overlapping
+# releases cannot restore each other's limits out of order.
+_PARALLEL_PASS = threading.Lock()
+
+
+def _pool() -> ThreadPoolExecutor:
+    global _POOL
+    with _POOL_LOCK:
+        if _POOL is None:
+            _POOL = ThreadPoolExecutor(max_workers=_MAX_ROW_WORKERS,
+                                       thread_name_prefix="dpfed-release")
+        return _POOL
+
+
+def _row_parallelism(n: int, d: int) -> int:
+    """How many threads share the clip + accumulate pass. BLAS's own threads cover only the
+    X^T X product; clipping and the finiteness scan are single-threaded numpy and leave the
+    other core idle for about a third of the pass. Splitting the rows between one thread per
+    core, each with single-threaded BLAS, keeps every core busy for the whole pass (numpy's
+    loops and BLAS both release the GIL)."""
+    global _BLAS
+    if ThreadpoolController is None or n * d * 8 < _PARALLEL_MIN_BYTES:
+        return 1
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        cores = os.cpu_count() or 1
+    workers = min(cores, _MAX_ROW_WORKERS)
+    if workers > 1 and _BLAS is None:
+        _BLAS = ThreadpoolController()
+    return workers
 
 
 def clip(values: np.ndarray, bound: float) -> np.ndarray:
@@ -36,11 +84,35 @@ def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: fl
 
     Same values as ``exact_statistics(clip(x, Bx), clip(y, By))`` up to floating-point
     summation order, but the rows are clipped block by block into a small reusable buffer that
-    stays in cache for the block's Gram update (no n x d temporary, one read of ``x``). Also
-    checks finiteness block by block (clipping would silently turn inf into a bound), raising
-    the ValueError of ``dpfed.statistics.validate_data`` before any noise is drawn.
+    stays in cache for the block's Gram update (no n x d temporary, one read of ``x``). Large
+    inputs are split into contiguous row ranges accumulated concurrently (``_row_parallelism``)
+    and the partial sums added. Also checks finiteness block by block (clipping would silently
+    turn inf into a bound), raising the ValueError of ``dpfed.statistics.validate_data`` for
+    the first bad row before any noise is drawn.
     ``x`` (n x d) and ``y`` (n,) must be float64 with matching shapes (``validate_shapes``).
     """
+    n, d = x.shape
+    workers = _row_parallelism(n, d)
+    if workers == 1:
+        xtx, xty, yty = _accumulate(x, y, x_bound, y_bound, 0)
+    else:
+        edges = np.linspace(0, n, workers + 1).astype(int)
+        with _PARALLEL_PASS, _BLAS.limit(limits=1, user_api="blas"):
+            futures = [_pool().submit(_accumulate, x[a:b], y[a:b], x_bound, y_bound, int(a))
+                       for a, b in zip(edges[:-1], edges[1:])]
+            wait(futures)  # every thread done before the BLAS limit is lifted
+        # In row order, so the error reported is the one for the first bad row.
+        parts = [f.result() for f in futures]
+        xtx = sum(p[0] for p in parts[1:]) + parts[0][0]
+        xty = sum(p[1] for p in parts[1:]) + parts[0][1]
+        yty = float(sum(p[2] for p in parts))
+    return np.triu(xtx) + np.triu(xtx, 1).T, xty, yty
+
+
+def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
+                row_offset: int) -> tuple[np.ndarray, np.ndarray, float]:
+    """The blocked clip + accumulate loop over ``x``, ``y`` (rows numbered from
+    ``row_offset`` in error messages); xtx is summed in full (not yet mirrored)."""
     n, d = x.shape
     rows = max(64, min(n, _BLOCK_BYTES // (8 * d)))
     bx = np.empty((rows, d))
@@ -51,7 +123,7 @@ def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: fl
     for start in range(0, n, rows):
         stop = min(n, start + rows)
         xs, ys = x[start:stop], y[start:stop]
-        error = non_finite_error(xs, ys, row_offset=start)
+        error = non_finite_error(xs, ys, row_offset=row_offset + start)
         if error is not None:
             raise error
         zb, ub = bx[:stop - start], by[:stop - start]
@@ -60,7 +132,7 @@ def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: fl
         xtx += zb.T @ zb  # numpy uses BLAS syrk for a.T @ a
         xty += zb.T @ ub
         yty += float(ub @ ub)
-    return np.triu(xtx) + np.triu(xtx, 1).T, xty, yty
+    return xtx, xty, yty
 
 
 class ReleaseInfo(dict):
@@ -97,10 +169,15 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
 
     # Large upper triangles are sampled in two concurrent pieces: the same mechanism with the
     # same certificate (site_node.laplace docstring), only faster on an idle multi-core host.
+    # Sxy and Syy are sampled meanwhile: three independent OpenDP mechanisms on final values
+    # (OpenDP runs through ctypes, which releases the GIL).
+    xty_future = _pool().submit(add_laplace_noise, sxy, cal.xty_sensitivity, cal.xty_epsilon)
+    yty_future = _pool().submit(add_laplace_noise, np.array([syy]), cal.yty_sensitivity,
+                                cal.yty_epsilon)
     xtx_upper, eps_xx = add_laplace_noise(sxx[iu], cal.xtx_sensitivity, cal.xtx_epsilon,
                                           chunks=2 if iu[0].size >= _CHUNKED_NOISE_MIN else 1)
-    xty, eps_xy = add_laplace_noise(sxy, cal.xty_sensitivity, cal.xty_epsilon)
-    yty, eps_yy = add_laplace_noise(np.array([syy]), cal.yty_sensitivity, cal.yty_epsilon)
+    xty, eps_xy = xty_future.result()
+    yty, eps_yy = yty_future.result()
 
     xtx = np.zeros((d, d))
     xtx[iu] = xtx_upper

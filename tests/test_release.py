@@ -312,6 +312,49 @@ def test_non_finite_value_in_a_late_block_raises_before_noise(monkeypatch, sampl
     assert sampler_calls == []
 
 
+@pytest.fixture
+def row_parallel(monkeypatch):
+    """Force the row-parallel pass on small data, with three 'cores' whatever the host has."""
+    import os
+    pytest.importorskip("threadpoolctl")
+    monkeypatch.setattr(release_mod, "_PARALLEL_MIN_BYTES", 0)
+    monkeypatch.setattr(release_mod, "_BLOCK_BYTES", 2048)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+
+
+def _blas_threads():
+    from threadpoolctl import threadpool_info
+    return [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+
+
+def test_row_parallel_pass_matches_exact_and_restores_blas_threads(row_parallel):
+    before = _blas_threads()
+    assert release_mod._row_parallelism(1000, 7) == 3
+    x, y = fixed_data(1000, 7, seed=5)
+    x = x * 3
+    xtx, xty, yty = release_mod.clipped_statistics(x, y, 0.7, 1.2)
+    e = exact_clipped(x, y, 0.7, 1.2)
+    np.testing.assert_allclose(xtx, e.xtx, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(xty, e.xty, rtol=1e-12, atol=1e-9)
+    assert yty == pytest.approx(e.yty, rel=1e-12)
+    assert np.array_equal(xtx, xtx.T)
+    assert _blas_threads() == before
+
+
+def test_row_parallel_pass_reports_the_first_bad_row(row_parallel, sampler_calls):
+    before = _blas_threads()
+    x, y = fixed_data(900, 4)
+    x[850, 1] = np.nan          # in the last third
+    x[420, 3] = -np.inf         # in the middle third: the first bad row overall
+    with pytest.raises(ValueError, match="row 420, column 3"):
+        release_statistics(x, y, **GOOD)
+    x[420, 3] = 0.0
+    with pytest.raises(ValueError, match="row 850, column 1"):
+        release_statistics(x, y, **GOOD)
+    assert sampler_calls == []
+    assert _blas_threads() == before
+
+
 # ---------------------------------------------------------------- chunked OpenDP sampling
 
 def test_chunked_sampling_is_the_same_mechanism(monkeypatch):
