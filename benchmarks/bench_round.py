@@ -6,7 +6,11 @@ simulated sites live in this one as lightweight clients. Their releases are pre-
 each site signs its own contribution before the clock starts (sites sign in parallel in
 reality, so one process signing 1000 in series would time this machine, not the federation).
 
-    python benchmarks/bench_round.py --sites 1000 --dim 64 [--json]
+    python benchmarks/bench_round.py --sites 10 100 1000 --dim 64 [--repeat 5] [--json]
+
+With --repeat R each size runs R times (a fresh aggregator process each time) and the median
+is reported with the minimum and the load average, because other processes on a small
+machine distort single runs. Results and the machine are in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -14,7 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing as mp
+import os
 import secrets
+import statistics
 import tempfile
 import time
 
@@ -38,7 +44,8 @@ def _release(d: int, n: int, rng) -> "Statistics":
     return Statistics(np.triu(a) + np.triu(a, 1).T, rng.normal(size=d), float(abs(rng.normal()) + n), n)
 
 
-def run_bench(sites: int, dim: int, *, channels: int = 4, seed: int = 0) -> dict:
+def run_bench(sites: int, dim: int, *, channels: int = 4, workers: int = 16,
+              seed: int = 0) -> dict:
     import grpc
     from dpfed.v1 import dpfed_pb2 as pb
     from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
@@ -50,7 +57,7 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, seed: int = 0) -> dict
     coordinator = SigningKey.generate()
     tmp = tempfile.mkdtemp(prefix="dpfed-bench-")
     raw = {"listen": "127.0.0.1:0", "state_db": "bench.sqlite", "insecure": True,
-           "skip_fit": True, "max_workers": 16, "grace_s": 0,
+           "skip_fit": True, "max_workers": workers, "grace_s": 0,
            "sites": [{"site_id": s, "public_key": public_key_pem(k.public_key).decode()}
                      for s, k in site_keys.items()],
            "coordinators": [{"coordinator_id": "bench",
@@ -106,6 +113,7 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, seed: int = 0) -> dict
         for c in chans:
             c.close()
         return {"sites": sites, "dim": dim, "round_s": round(round_s, 4),
+                "loadavg_1min": round(os.getloadavg()[0], 2),
                 "contributions_acked_s": round(t_contributed, 4),
                 "server_quorum_s": status.round_seconds,
                 "server_sum_s": round(summary["timings"]["fit_s"], 4),
@@ -118,18 +126,37 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, seed: int = 0) -> dict
             proc.terminate()
 
 
+def run_repeated(sites: int, dim: int, repeat: int, **kw) -> dict:
+    """Median over ``repeat`` runs of every timing, with the minimum round time and the load
+    average at the start of each run."""
+    runs = []
+    for _ in range(repeat):
+        load = os.getloadavg()[0]
+        runs.append({**run_bench(sites, dim, **kw), "loadavg_1min": round(load, 2)})
+    out = {k: statistics.median(r[k] for r in runs) if isinstance(runs[0][k], float) else runs[0][k]
+           for k in runs[0]}
+    out.update(repeat=repeat, round_s_min=min(r["round_s"] for r in runs),
+               loadavg_1min=[r["loadavg_1min"] for r in runs])
+    return out
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sites", type=int, nargs="+", default=[10, 100, 1000])
-    p.add_argument("--dim", type=int, default=64)
+    p.add_argument("--dim", type=int, nargs="+", default=[64])
+    p.add_argument("--repeat", type=int, default=1)
+    p.add_argument("--channels", type=int, default=4, help="client gRPC channels")
+    p.add_argument("--workers", type=int, default=16, help="aggregator gRPC worker threads")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    results = [run_bench(n, args.dim) for n in args.sites]
-    for r in results:
-        print(json.dumps(r) if args.json else
-              f"{r['sites']:>5} sites, d={r['dim']}: round {r['round_s']:.3f} s "
-              f"(all acked {r['contributions_acked_s']:.3f} s, server quorum "
-              f"{r['server_quorum_s']:.3f} s, sum {r['server_sum_s']:.3f} s)")
+    for d in args.dim:
+        for n in args.sites:
+            r = run_repeated(n, d, args.repeat, channels=args.channels, workers=args.workers)
+            print(json.dumps(r) if args.json else
+                  f"{r['sites']:>5} sites, d={r['dim']}: round {r['round_s']:.3f} s median of "
+                  f"{r['repeat']} (min {r['round_s_min']:.3f}; all acked "
+                  f"{r['contributions_acked_s']:.3f} s, sum {r['server_sum_s']:.4f} s; "
+                  f"load {r['loadavg_1min']})", flush=True)
     return 0
 
 

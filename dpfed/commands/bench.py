@@ -4,33 +4,41 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from dpfed import exitcodes
 
 EPILOG = """\
 example:
-  dpfed bench round --sites 1000 --dim 64 --json
+  dpfed bench round --sites 1000 --dim 64 --repeat 5 --json
       starts an aggregator process on loopback, N simulated sites with their own Ed25519
       keys and pre-computed releases, and times StartRound -> all N contributions verified,
-      stored and summed (the posterior fit is skipped). JSON keys: sites, dim, round_s, ...
+      stored and summed (the posterior fit is skipped); medians over the repeats. JSON keys:
+      sites, dim, round_s (median), round_s_min, contributions_acked_s, server_sum_s,
+      loadavg_1min (per run), ... Figures for this machine: docs/benchmarks.md.
 """
 
 
 def bench_round(args) -> int:
     try:
-        from benchmarks.bench_round import run_bench
+        from benchmarks.bench_round import run_repeated
     except ImportError:  # run from outside the source tree: benchmarks/ is not installed
-        import sys
         from pathlib import Path
         sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from benchmarks.bench_round import run_bench
-    result = run_bench(args.sites, args.dim)
+        from benchmarks.bench_round import run_repeated
+    if args.sites < 1 or args.dim < 1 or args.repeat < 1:
+        print("dpfed bench round: --sites, --dim and --repeat must be at least 1",
+              file=sys.stderr)
+        return exitcodes.USAGE
+    result = run_repeated(args.sites, args.dim, args.repeat)
     if args.json:
         print(json.dumps(result))
     else:
         print(f"{result['sites']} sites, d={result['dim']}: round {result['round_s']:.3f} s "
-              f"(all contributions acknowledged after {result['contributions_acked_s']:.3f} s, "
-              f"exact sum {result['server_sum_s']:.3f} s)")
+              f"median of {result['repeat']} (min {result['round_s_min']:.3f} s; all "
+              f"contributions acknowledged after {result['contributions_acked_s']:.3f} s, "
+              f"exact sum {result['server_sum_s']:.4f} s; load average "
+              f"{result['loadavg_1min']})")
     return exitcodes.OK
 
 
@@ -44,5 +52,7 @@ def register(subparsers) -> None:
                        formatter_class=fmt)
     r.add_argument("--sites", type=int, default=100, help="number of simulated sites")
     r.add_argument("--dim", type=int, default=64, help="number of features d")
+    r.add_argument("--repeat", type=int, default=1,
+                   help="runs to take the median of (default 1)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=bench_round)
