@@ -1,0 +1,199 @@
+"""The Monte Carlo cross-validation protocol of the paper's experiment (Honkela et al. 2018,
+section 4.5; method.md section 5), as pure functions.
+
+Per drug with at least ``min_lines`` measured cell lines (262 of GDSC v17's 265), per repeat:
+
+- a random permutation of the drug's lines (seeded by (seed, drug, repeat)) gives 100 *test*
+  lines, 30 *candidate public* lines of which the first 10 are used as the public
+  (non-private) training lines, and the rest, the *private pool*, in random order;
+- the private training set of size n is the first n lines of the private pool: the sets are
+  **nested** (n = 100 is a subset of n = 200 ...) within a repeat, as in the paper's reference
+  code's use of one permutation per repeat. Nesting makes the curve over n smoother (differences
+  between sizes are not blurred by a fresh draw of lines) and does not bias any single cell.
+  Sizes larger than the pool are skipped for that drug (GDSC v17 has fewer lines than the
+  paper's 985: 56 drugs reach n = 800), so each (method, n) mean says how many drugs it covers;
+- pre-processing (feature means, target mean: ``dpfed.simulation.public_preprocessing``) and
+  the threshold scales (``dpfed.simulation.public_sigmas``) come from the 10 public lines only;
+- clipping bounds: ``dpfed.bounds.choose_bounds(n_site, d, eps)`` (method.md section 4, synthetic
+  data, no privacy cost) scaled by the public sigmas, with n_site the smallest site's size
+  (K sites share the n private lines in near-equal blocks, each releasing with the same eps);
+- the public range of the pre-processed target needed by the rescaling baselines (y_range) is
+  the largest |y| over the 30 candidate public lines, also public;
+- n = 0 means public only: every method reduces to the Gamma-prior posterior of the 10 public
+  lines (no private data, nothing to protect), computed once per repeat.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+import numpy as np
+
+from dpfed.preprocess import Preprocessing
+from dpfed.simulation import Problem, Split, gdsc_problem, public_preprocessing, public_sigmas
+
+__all__ = ["ProtocolConfig", "RepeatSplit", "RepeatData", "QUICK", "eligible_drugs",
+           "repeat_split", "prepare_repeat", "private_rows", "bounds_table", "site_size"]
+
+PAPER_SIZES = (0, 100, 200, 300, 400, 500, 600, 700, 800)
+
+
+@dataclass(frozen=True)
+class ProtocolConfig:
+    """Every number of the protocol (paper section 4.5 defaults)."""
+
+    sizes: tuple[int, ...] = PAPER_SIZES
+    epsilons: tuple[float, ...] = (1.0, 2.0)
+    sites: tuple[int, ...] = (1, 3, 10)      # K, for robust_private only
+    repeats: int = 50
+    n_test: int = 100
+    n_candidates: int = 30
+    n_public: int = 10
+    min_lines: int = 400
+    seed: int = 0
+    budget_split: tuple[float, float, float] = (0.35, 0.60, 0.05)
+    feature_names: tuple[str, ...] | None = None  # None: dpfed.datasets.default_feature_names()
+
+    def __post_init__(self):
+        if any((not isinstance(n, int)) or n < 0 for n in self.sizes) or not self.sizes:
+            raise ValueError(f"sizes must be non-negative integers, got {self.sizes!r}")
+        if any(not (math.isfinite(e) and e > 0) for e in self.epsilons) or not self.epsilons:
+            raise ValueError(f"epsilons must be finite and > 0, got {self.epsilons!r}")
+        if any((not isinstance(k, int)) or k < 1 for k in self.sites) or not self.sites:
+            raise ValueError(f"sites must be integers >= 1, got {self.sites!r}")
+        if self.repeats < 1:
+            raise ValueError("repeats must be >= 1")
+        if not 2 <= self.n_public <= self.n_candidates:
+            raise ValueError("need 2 <= n_public <= n_candidates")
+        if self.n_test < 2:
+            raise ValueError("need at least 2 test lines")
+        object.__setattr__(self, "sizes", tuple(sorted(set(int(n) for n in self.sizes))))
+        object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
+        object.__setattr__(self, "sites", tuple(sorted(set(int(k) for k in self.sites))))
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        if self.feature_names:
+            return tuple(self.feature_names)
+        from dpfed.datasets import default_feature_names
+
+        return default_feature_names()
+
+
+#: ``dpfed evaluate --quick``: every method and K, both eps, 3 sizes, few repeats.
+QUICK = dict(sizes=(0, 100, 400), repeats=3)
+
+
+def eligible_drugs(min_lines: int = 400) -> list[int]:
+    """GDSC v17 drugs with at least ``min_lines`` lines that have a response and features."""
+    from dpfed import datasets
+
+    table = datasets.load_responses()
+    known = set(int(i) for i in datasets.load_genomic_features().line_ids)
+    has_features = np.array([int(i) in known for i in table.line_ids])
+    out = []
+    for j, drug in enumerate(table.drug_ids):
+        if int(np.sum(np.isfinite(table.ln_ic50[:, j]) & has_features)) >= min_lines:
+            out.append(int(drug))
+    return out
+
+
+@dataclass(frozen=True)
+class RepeatSplit:
+    """Row indices of one repeat: test lines, the 30 candidate public lines (first n_public
+    used), and the private pool in its random order (nested subsets are its prefixes)."""
+
+    test: np.ndarray
+    candidates: np.ndarray
+    public: np.ndarray
+    private_pool: np.ndarray
+
+
+def repeat_split(n_rows: int, config: ProtocolConfig, drug: int, repeat: int) -> RepeatSplit:
+    """The split of repeat ``repeat`` of ``drug`` (one permutation seeded by (seed, drug, repeat))."""
+    need = config.n_test + config.n_candidates
+    if n_rows <= need:
+        raise ValueError(f"{n_rows} lines cannot make {config.n_test} test and "
+                         f"{config.n_candidates} candidate public lines plus a private pool")
+    rng = np.random.default_rng(np.random.SeedSequence([config.seed, int(drug), int(repeat)]))
+    order = rng.permutation(n_rows)
+    test = order[:config.n_test]
+    candidates = order[config.n_test:need]
+    return RepeatSplit(np.sort(test), candidates, np.sort(candidates[:config.n_public]),
+                       order[need:])
+
+
+def private_rows(split: RepeatSplit, n: int) -> np.ndarray:
+    """The nested private training set of size n (the first n of the pool)."""
+    if n > split.private_pool.size:
+        raise ValueError(f"private pool has {split.private_pool.size} lines, {n} requested")
+    return split.private_pool[:n]
+
+
+def site_size(n: int, k: int) -> int:
+    """Rows of the smallest of K near-equal sites (``np.array_split``): the n the bounds are
+    chosen for, since smaller data sets want tighter clipping (as in dpfed.simulation)."""
+    return n // k
+
+
+@dataclass(frozen=True)
+class RepeatData:
+    """One repeat, pre-processed with the public parameters, ready for the methods."""
+
+    drug: int
+    repeat: int
+    x_test: np.ndarray
+    y_test: np.ndarray
+    x_public: np.ndarray
+    y_public: np.ndarray
+    x_pool: np.ndarray          # private pool, in pool order (prefix n = training set)
+    y_pool: np.ndarray
+    sigma_x: float
+    sigma_y: float
+    y_range: float
+    preprocessing: Preprocessing = field(repr=False)
+
+    @property
+    def pool_size(self) -> int:
+        return int(self.y_pool.shape[0])
+
+
+def prepare_repeat(problem: Problem, config: ProtocolConfig, drug: int, repeat: int) -> RepeatData:
+    """Split, then pre-process everything with parameters from the public lines only."""
+    split = repeat_split(problem.n, config, drug, repeat)
+    # dpfed.simulation's public step, on a Split whose public part is our 10 public lines.
+    prep = public_preprocessing(problem, Split(split.test, split.public, (split.private_pool,)))
+    sigma_x, sigma_y = public_sigmas(prep, problem.x[split.public], problem.y[split.public])
+    x_test = prep.transform_x(problem.x[split.test])
+    x_pub, y_pub = prep.apply(problem.x[split.public], problem.y[split.public])
+    x_pool, y_pool = prep.apply(problem.x[split.private_pool], problem.y[split.private_pool])
+    y_cand = prep.transform_y(problem.y[split.candidates])
+    y_range = float(np.max(np.abs(y_cand)))
+    if not (math.isfinite(y_range) and y_range > 0):
+        y_range = 1.0
+    return RepeatData(int(drug), int(repeat), x_test, problem.y[split.test], x_pub, y_pub,
+                      x_pool, y_pool, sigma_x, sigma_y, y_range, prep)
+
+
+def load_problem(drug: int, config: ProtocolConfig) -> Problem:
+    return gdsc_problem(drug, config.features)
+
+
+def bounds_table(config: ProtocolConfig, d: int, *, cache_dir=None) -> dict[tuple[int, float], tuple[float, float]]:
+    """(omega_x, omega_y) of ``choose_bounds(n_site, d, eps)`` for every site size and eps the
+    grid needs (computed once, in the parent, and shipped to the workers)."""
+    from dpfed.bounds import choose_bounds
+
+    table = {}
+    for eps in config.epsilons:
+        for n in config.sizes:
+            if n == 0:
+                continue
+            for k in config.sites:
+                m = site_size(n, k)
+                if m < 2 or (m, eps) in table:
+                    continue
+                choice = choose_bounds(m, d, eps, budget_split=config.budget_split,
+                                       cache_dir=cache_dir)
+                table[(m, eps)] = (float(choice.omega_x), float(choice.omega_y))
+    return table

@@ -1,0 +1,213 @@
+"""Running the evaluation grid: tasks of (drug, a few repeats), rows of Spearman results.
+
+One *task* is one drug and a chunk of its repeats (``plan_tasks``); ``run_task`` is a pure
+function of the task (plus OpenDP's unseeded DP noise) that returns one row per
+(drug, repeat, method, epsilon, n_private, sites) cell:
+
+    drug, repeat, method, epsilon, n_private, sites, spearman, converged, error
+
+``epsilon`` is None for ``nonprivate`` (it does not depend on eps); ``sites`` is K for
+``robust_private`` and 1 for everything else. ``converged`` is the ADVI convergence flag of the
+cell's Gamma-prior fit (None for methods that do not end in one); ``error`` is the message of a
+method that raised on this cell (its spearman is NaN): one failing cell does not end an
+hour-long run, and the report counts them.
+
+Gamma-prior fits are batched: the methods that end in the Gamma-prior posterior with ADVI
+(robust_private for every K, nonprivate, nonprivate_robust, private_unclipped) are asked only
+for their *statistics* (``method.statistics(data, setting)``: for robust_private the sum of the
+K OpenDP site releases plus the exact public statistics, exactly what the production aggregator
+fits); every statistics of the task is then fitted in one ``evaluation.batched.fit_batch`` call
+(the same algorithm as ``aggregator.fit_posterior(method="advi")``, see that module). The other
+methods (output_perturbation, functional_mechanism, adassp) are called through ``fit``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+from dpfed.metrics import spearman
+from dpfed.statistics import Statistics, exact_statistics
+from evaluation.protocol import (ProtocolConfig, RepeatData, load_problem, prepare_repeat,
+                                 site_size)
+
+__all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_grid",
+           "DEFAULT_METHODS"]
+
+ROW_FIELDS = ("drug", "repeat", "method", "epsilon", "n_private", "sites", "spearman",
+              "converged", "error")
+
+DEFAULT_METHODS = ("robust_private", "nonprivate", "nonprivate_robust", "private_unclipped",
+                   "output_perturbation", "functional_mechanism", "adassp")
+
+# Methods whose statistics do not depend on eps or the bounds: fitted once per (repeat, n).
+_EPS_FREE = ("nonprivate",)
+
+
+@dataclass(frozen=True)
+class Task:
+    drug: int
+    repeats: tuple[int, ...]
+    config: ProtocolConfig
+    methods: tuple[str, ...]
+    bounds: dict  # (n_site, eps) -> (omega_x, omega_y), from protocol.bounds_table
+
+
+@dataclass
+class TaskResult:
+    drug: int
+    repeats: tuple[int, ...]
+    rows: list[dict]
+    seconds: float
+    fits: int = 0
+    fit_seconds: float = 0.0
+    timings: dict = field(default_factory=dict)
+
+
+def plan_tasks(drugs: Sequence[int], config: ProtocolConfig, methods: Sequence[str],
+               bounds: dict, repeats_per_task: int = 5) -> list[Task]:
+    """Tasks of ``repeats_per_task`` repeats of one drug (more per task: bigger ADVI batches,
+    coarser progress and load balance)."""
+    tasks = []
+    for drug in drugs:
+        for start in range(0, config.repeats, repeats_per_task):
+            reps = tuple(range(start, min(config.repeats, start + repeats_per_task)))
+            tasks.append(Task(int(drug), reps, config, tuple(methods), dict(bounds)))
+    return tasks
+
+
+def _row(data: RepeatData, method: str, eps, n: int, k: int, **kw) -> dict:
+    row = dict(drug=data.drug, repeat=data.repeat, method=method,
+               epsilon=None if eps is None else float(eps), n_private=int(n), sites=int(k),
+               spearman=float("nan"), converged=None, error=None)
+    row.update(kw)
+    return row
+
+
+def _batched_statistics(method, name: str, training, setting) -> Statistics | None:
+    """The statistics ``method.fit`` would fit with ADVI, or None if the method does not end
+    in the Gamma-prior ADVI fit (then ``fit`` is called instead)."""
+    if getattr(method, "posterior", None) != "advi":
+        return None
+    if hasattr(method, "statistics"):
+        return method.statistics(training, setting)
+    if name == "nonprivate":  # NonPrivate.fit: the exact statistics of every training row
+        return exact_statistics(np.vstack([training.x_private, training.x_public]),
+                                np.concatenate([training.y_private, training.y_public]))
+    return None
+
+
+def run_task(task: Task) -> TaskResult:
+    """Every cell of ``task`` (module docstring)."""
+    from evaluation.batched import fit_batch
+    from evaluation.methods import get_method
+    from evaluation.methods.base import PrivacySetting, TrainingData
+
+    t0 = time.perf_counter()
+    cfg = task.config
+    problem = load_problem(task.drug, cfg)
+    methods = {name: get_method(name) for name in task.methods}
+    rows: list[dict] = []
+    pending: list[tuple[dict, Statistics, RepeatData]] = []
+    timings: dict[str, float] = {}
+
+    def timed(name, fn, *args, **kw):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            timings[name] = timings.get(name, 0.0) + time.perf_counter() - t
+
+    for rep in task.repeats:
+        data = prepare_repeat(problem, cfg, task.drug, rep)
+        # n = 0: public only, the same Gamma-prior posterior of the public lines for every
+        # method (no private data: nothing to protect), fitted once, reported for each.
+        if 0 in cfg.sizes:
+            public_row = _row(data, "_public_only", None, 0, 1)
+            pending.append((public_row, exact_statistics(data.x_public, data.y_public), data))
+        seed_seq = np.random.SeedSequence([cfg.seed, task.drug, rep, 1])
+        fit_seeds = iter(seed_seq.generate_state(10_000))
+        for n in cfg.sizes:
+            if n == 0 or n > data.pool_size:
+                continue
+            training = TrainingData(data.x_pool[:n], data.y_pool[:n], data.x_public, data.y_public)
+            for i_eps, eps in enumerate(cfg.epsilons):
+                for name, method in methods.items():
+                    if name in _EPS_FREE and i_eps > 0:
+                        continue
+                    site_counts = cfg.sites if name == "robust_private" else (1,)
+                    for k in site_counts:
+                        m = site_size(n, k)
+                        key = (m, float(eps))
+                        row = _row(data, name, None if name in _EPS_FREE else eps, n, k)
+                        if m < 2 or key not in task.bounds:
+                            continue  # fewer than 2 rows per site: no release to make
+                        om_x, om_y = task.bounds[key]
+                        setting = PrivacySetting(eps, om_x * data.sigma_x, om_y * data.sigma_y,
+                                                 budget_split=cfg.budget_split, n_sites=k,
+                                                 y_range=data.y_range)
+                        try:
+                            stats = timed(name, _batched_statistics, method, name, training,
+                                          setting)
+                            if stats is not None:
+                                pending.append((row, stats, data))
+                                continue
+                            beta = timed(name, method.fit, training, setting,
+                                         seed=int(next(fit_seeds)))
+                            row["spearman"] = spearman(data.x_test @ np.asarray(beta),
+                                                       data.y_test)
+                        except Exception as exc:  # one failing cell must not end the run
+                            row["error"] = f"{type(exc).__name__}: {exc}"
+                        rows.append(row)
+
+    fits, fit_s = 0, 0.0
+    if pending:
+        t_fit = time.perf_counter()
+        seed = np.random.SeedSequence([cfg.seed, task.drug, task.repeats[0], 2])
+        result = fit_batch([s for _, s, _ in pending], seed=int(seed.generate_state(1)[0]))
+        fit_s = time.perf_counter() - t_fit
+        fits = len(pending)
+        for (row, _, data), beta, ok in zip(pending, result.beta_mean, result.converged):
+            # private_unclipped fits rescaled data; its beta differs from the fitted one by a
+            # positive factor (Bx/Rx)/(By/Ry), which leaves the Spearman correlation unchanged.
+            row["converged"] = bool(ok)
+            if np.all(np.isfinite(beta)):
+                row["spearman"] = spearman(data.x_test @ beta, data.y_test)
+            else:
+                row["error"] = "ADVI diverged (non-finite parameters)"
+            if row["method"] == "_public_only":
+                rows.extend(_public_only_rows(row, task.methods, cfg))
+            else:
+                rows.append(row)
+    return TaskResult(task.drug, task.repeats, rows, time.perf_counter() - t0, fits, fit_s,
+                      timings)
+
+
+def _public_only_rows(row: dict, methods: Sequence[str], cfg: ProtocolConfig) -> list[dict]:
+    out = []
+    for name in methods:
+        epsilons = (None,) if name in _EPS_FREE else cfg.epsilons
+        site_counts = cfg.sites if name == "robust_private" else (1,)
+        for eps in epsilons:
+            for k in site_counts:
+                out.append({**row, "method": name,
+                            "epsilon": None if eps is None else float(eps), "sites": int(k)})
+    return out
+
+
+Progress = Callable[[int, int, TaskResult], None]
+
+
+def run_grid(tasks: Sequence[Task], executor, progress: Progress | None = None) -> list[dict]:
+    """Run every task on ``executor`` (``evaluation.executor``); rows in completion order."""
+    rows: list[dict] = []
+    total = len(tasks)
+    for done, result in enumerate(executor.map_unordered(run_task, tasks), start=1):
+        rows.extend(result.rows)
+        if progress is not None:
+            progress(done, total, result)
+    return rows
