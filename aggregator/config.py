@@ -104,8 +104,8 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
     workers = int(raw.get("max_workers", 64))
     if workers < 2:
         raise ConfigError("max_workers must be >= 2")
-    if int(raw.get("max_concurrent_rpcs", 4096)) < workers:
-        raise ConfigError("max_concurrent_rpcs must be >= max_workers")
+    if int(raw.get("max_concurrent_rpcs", 4096)) < 1:
+        raise ConfigError("max_concurrent_rpcs must be >= 1")
     return AggregatorConfig(
         listen=str(raw.get("listen", "127.0.0.1:50051")),
         state_db=base / raw.get("state_db", "aggregator.sqlite"),

@@ -44,8 +44,10 @@ from site_node.node import CONTRIBUTION, REFUSAL, SiteNode
 log = logging.getLogger(__name__)
 
 # Codes that mean "no answer": the release stays unacknowledged and is resent later.
+# CANCELLED is never an aggregator's verdict: it is what a client sees when the server's
+# HTTP/2 connection goes away under load (GOAWAY, benchmarks/bench_load.py).
 RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED,
-                       grpc.StatusCode.RESOURCE_EXHAUSTED})
+                       grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED})
 # Of those, the one retried in place: the call did not reach the server. A call that timed out
 # or was shed may still be running there; it is resent only after a reconnect backoff.
 RETRY_IN_PLACE = frozenset({grpc.StatusCode.UNAVAILABLE})
