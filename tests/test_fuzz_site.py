@@ -124,3 +124,24 @@ def test_handle_round_survives_mutated_specs_and_debits_once_per_release(tmp_pat
     print(f"\n[fuzz] handle_round: {tried} mutated specs, {released} released")
     assert node.ledger.spent == pytest.approx(sum(r.epsilon for r in node.ledger.releases()))
     assert len(node.ledger.releases()) == released
+
+
+@pytest.mark.parametrize("cell", ["PATIENT-SECRET-42", "-nan", "1e999", "98765.4321x"])
+def test_refusal_reasons_name_columns_never_values(tmp_path, cell):
+    rows = ["id,g1,g2,g3,drug"] + [f"{i},0.1,0.2,0.3,1.0" for i in range(40)]
+    rows[18] = f"17,0.1,{cell},0.3,1.0"
+    config_path, coordinator, _ = write_site(tmp_path, data_text="\n".join(rows) + "\n")
+    node = SiteNode(load_config(config_path))
+    answer = node.handle_round(coordinator.sign(make_spec()))
+    assert answer.payload_type == "dpfed.v1.Refusal"
+    reason = parse_canonical(answer.payload, "dpfed.v1.Refusal").reason
+    assert "g2" in reason and cell not in reason and "17" not in reason
+    assert node.ledger.spent == 0
+
+
+def test_small_site_refusal_does_not_reveal_its_n(tmp_path):
+    config_path, coordinator, _ = write_site(tmp_path, n=13)
+    node = SiteNode(load_config(config_path))
+    answer = node.handle_round(coordinator.sign(make_spec()))
+    reason = parse_canonical(answer.payload, "dpfed.v1.Refusal").reason
+    assert "min_n" in reason and "13" not in reason
