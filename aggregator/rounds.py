@@ -71,6 +71,11 @@ class LiveRound:
     # Exact sum of the accepted releases, updated as each is accepted so that closing the
     # round costs no pass over them (aggregator.exact_sum; equal to summing at close).
     running: aggregate.RunningTotal | None = None
+    # Contributions checked and being committed (group commit, outside the manager lock):
+    # they count towards the quorum so no more are taken, and the round does not close or
+    # fail at its deadline until they are durable and published (then ``deadline_due``).
+    storing: dict[str, AcceptedContribution] = field(default_factory=dict)
+    deadline_due: bool = False
 
     @property
     def state(self) -> str:
@@ -405,7 +410,8 @@ class RoundManager:
         with self._lock:
             live = self._rounds.get(round_id)
             if (live is None or live.state != OPEN or site_id not in live.invited
-                    or site_id in live.contributions or site_id in live.refusals):
+                    or site_id in live.contributions or site_id in live.storing
+                    or site_id in live.refusals):
                 return None
             return live.envelope
 
@@ -441,25 +447,41 @@ class RoundManager:
         now = self.now_ms()
         accepted = AcceptedContribution(envelope.payload, envelope.signature, c.statistics, c.n,
                                         c.epsilon_spent, now)
+        nonce = (envelope.key_id, c.nonce)
         with self._lock:
             # Re-check under the lock: the round may have closed, or this site answered, while
-            # the statistics were decoded.
+            # the statistics were decoded. Then reserve the site's slot and the nonce.
             self._check_contribution(c, live, envelope)
+            if len(live.contributions) + len(live.storing) >= live.stored.quorum:
+                raise Rejected("FAILED_PRECONDITION", f"round {c.round_id!r} is closed (quorum "
+                                                      f"reached)")
             self._take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
                              persist=False)
+            live.storing[site] = accepted
+            self._nonces.add(nonce)
+        # Durable before anything in memory changes or the site is answered; committed
+        # together with the contributions arriving at the same time (RoundStore._group_tx),
+        # without holding the manager lock so they can join the same transaction.
+        try:
             self.store.insert_contribution(
                 StoredContribution(c.round_id, site, envelope.SerializeToString(), c.statistics,
                                    c.n, c.epsilon_spent, now),
                 envelope.key_id, c.nonce, c.timestamp_unix_ms)
-            self._nonces.add((envelope.key_id, c.nonce))
+        except BaseException:
+            with self._lock:
+                del live.storing[site]
+                self._nonces.discard(nonce)
+                self._close_if_due(live)
+            raise
+        with self._lock:
+            del live.storing[site]
             live.contributions[site] = accepted
             live.running.add_encoded(c.statistics)
             self.registry.touch(site, now)
             count = len(live.contributions)
             log.debug("round %s: accepted contribution of %s (n=%d), %d of quorum %d",
                       c.round_id, site, c.n, count, live.stored.quorum)
-            if count >= live.stored.quorum:
-                self._close_for_fit(live, f"quorum reached ({count} of {len(live.invited)})")
+            self._close_if_due(live)
         return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=False,
                                   message=f"accepted ({count} of quorum {live.stored.quorum})")
 
@@ -477,6 +499,10 @@ class RoundManager:
         if c.site_id in live.contributions:
             raise Rejected("ALREADY_EXISTS", f"site {c.site_id!r} already contributed a different "
                                              f"release to round {c.round_id!r}")
+        if c.site_id in live.storing:
+            # Retryable: once stored, a retry of the same release is answered as a duplicate.
+            raise Rejected("UNAVAILABLE", f"a contribution of site {c.site_id!r} to round "
+                                          f"{c.round_id!r} is being stored; retry")
         if c.site_id in live.refusals:
             raise Rejected("ALREADY_EXISTS", f"site {c.site_id!r} refused round {c.round_id!r}")
         self._check_fresh(c.timestamp_unix_ms, "Contribution")
@@ -493,7 +519,7 @@ class RoundManager:
                 raise Rejected("PERMISSION_DENIED", f"site {r.site_id!r} is not invited")
             if r.spec_digest != live.stored.spec_digest:
                 raise Rejected("FAILED_PRECONDITION", "spec_digest does not match the round")
-            if r.site_id in live.contributions:
+            if r.site_id in live.contributions or r.site_id in live.storing:
                 raise Rejected("ALREADY_EXISTS", f"site {r.site_id!r} already contributed")
             self._check_fresh(r.timestamp_unix_ms, "Refusal")
             self._take_nonce(envelope.key_id, r.nonce, r.timestamp_unix_ms, "Refusal",
@@ -521,20 +547,37 @@ class RoundManager:
             live.timer.daemon = True
             live.timer.start()
 
+    def _close_if_due(self, live: LiveRound) -> None:
+        """Under the lock, once nothing is being stored: close at quorum, or carry out a
+        deadline that passed while contributions were being committed."""
+        if live.storing or live.state != OPEN or self._closed:
+            return
+        count = len(live.contributions)
+        if count >= live.stored.quorum:
+            self._close_for_fit(live, f"quorum reached ({count} of {len(live.invited)})")
+        elif live.deadline_due:
+            self._deadline_passed(live)
+
     def _on_deadline(self, round_id: str) -> None:
         with self._lock:
             live = self._rounds[round_id]
             if live.state != OPEN or self._closed:
                 return
-            count = len(live.contributions)
-            if count >= live.stored.quorum:
-                self._close_for_fit(live, f"deadline passed with quorum ({count})")
-            else:
-                missing = live.missing()
-                self._fail(live, f"deadline passed with {count} of quorum {live.stored.quorum} "
-                                 f"contribution(s); missing: {', '.join(missing) or 'none'}"
-                                 + (f"; refused: {', '.join(sorted(live.refusals))}"
-                                    if live.refusals else ""))
+            if live.storing:
+                live.deadline_due = True   # decided by the last contribution being stored
+                return
+            self._deadline_passed(live)
+
+    def _deadline_passed(self, live: LiveRound) -> None:
+        count = len(live.contributions)
+        if count >= live.stored.quorum:
+            self._close_for_fit(live, f"deadline passed with quorum ({count})")
+        else:
+            missing = live.missing()
+            self._fail(live, f"deadline passed with {count} of quorum {live.stored.quorum} "
+                             f"contribution(s); missing: {', '.join(missing) or 'none'}"
+                             + (f"; refused: {', '.join(sorted(live.refusals))}"
+                                if live.refusals else ""))
 
     def _fail(self, live: LiveRound, message: str) -> None:
         self.store.set_state(live.stored.round_id, FAILED, message)

@@ -1,7 +1,8 @@
 """Durable state of the aggregator's rounds in SQLite.
 
 WAL journal, one transaction per state change, so a crash leaves either the old or the new
-state and a restart can carry on: specs are kept as the coordinator-signed envelope bytes
+state and a restart can carry on (contributions arriving together share one transaction:
+group commit, below): specs are kept as the coordinator-signed envelope bytes
 (re-sent unchanged to sites, which verify the signature themselves), contributions as the
 site-signed envelope bytes plus their decoded statistics, every accepted nonce, refusals,
 round status and results.
@@ -91,6 +92,14 @@ class StoredContribution:
     received_ms: int
 
 
+@dataclass(eq=False)
+class _Pending:
+    """One caller's statements waiting for a group commit."""
+    statements: list[tuple[str, tuple]]
+    done: bool = False
+    error: BaseException | None = None
+
+
 @dataclass(frozen=True)
 class StoredResult:
     round_id: str
@@ -107,6 +116,9 @@ class RoundStore:
     def __init__(self, path: str | Path):
         self.path = str(path)
         self._lock = threading.Lock()
+        self._group = threading.Condition()      # guards _queue and _committing
+        self._queue: list[_Pending] = []
+        self._committing = False
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         # NORMAL in WAL mode: a committed transaction survives a process crash; only a power
@@ -128,6 +140,63 @@ class RoundStore:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
+
+    def _group_tx(self, statements: list[tuple[str, tuple]]) -> None:
+        """Run ``statements`` all-or-nothing and return once they are committed, sharing the
+        transaction with whoever else is waiting (group commit). The first waiter commits
+        everything queued so far in one transaction, each caller's statements inside their own
+        SAVEPOINT, so one caller's failure (say a duplicate nonce) rolls back only its own
+        statements and is raised to that caller alone; the others wait and are woken when
+        their batch is durable. Same guarantee as ``_tx`` for every caller, but one commit
+        (WAL append) for the whole batch instead of one each."""
+        mine = _Pending(statements)
+        with self._group:
+            self._queue.append(mine)
+            while not mine.done:
+                if self._committing:
+                    self._group.wait()
+                    continue
+                batch, self._queue = self._queue, []
+                self._committing = True
+                self._group.release()
+                try:
+                    self._commit_batch(batch)
+                finally:
+                    for item in batch:  # interrupted midway: nobody is left waiting forever
+                        if not item.done:
+                            item.error = item.error or RuntimeError("group commit interrupted")
+                            item.done = True
+                    self._group.acquire()
+                    self._committing = False
+                    self._group.notify_all()
+        if mine.error is not None:
+            raise mine.error
+
+    def _commit_batch(self, batch: list[_Pending]) -> None:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except BaseException as exc:
+                for item in batch:
+                    item.error, item.done = exc, True
+                return
+            for item in batch:
+                self._db.execute("SAVEPOINT contribution")
+                try:
+                    for sql, params in item.statements:
+                        self._db.execute(sql, params)
+                except BaseException as exc:  # noqa: BLE001 - handed to its own caller
+                    self._db.execute("ROLLBACK TO contribution")
+                    item.error = exc
+                self._db.execute("RELEASE contribution")
+            try:
+                self._db.execute("COMMIT")
+            except BaseException as exc:
+                self._db.execute("ROLLBACK")
+                for item in batch:
+                    item.error = item.error or exc
+            for item in batch:
+                item.done = True
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
@@ -167,8 +236,9 @@ class RoundStore:
     # ---- contributions, refusals, nonces ----
     def insert_contribution(self, c: StoredContribution, key_id: str, nonce: str,
                             timestamp_ms: int) -> None:
-        """The contribution and its nonce in one transaction: both or neither."""
-        self._tx([
+        """The contribution and its nonce: both or neither, committed when this returns
+        (with other contributions arriving at the same time: ``_group_tx``)."""
+        self._group_tx([
             ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
             ("INSERT INTO contributions VALUES (?,?,?,?,?,?,?)",
              (c.round_id, c.site_id, c.envelope, c.statistics, c.n, c.epsilon, c.received_ms)),

@@ -1,0 +1,138 @@
+"""Group commit of contributions: concurrent contributions share SQLite transactions, yet
+each is durable before its caller returns, fails alone, and the round neither closes nor
+fails while one is being committed."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+
+import pytest
+
+from aggregator.store import RoundStore, StoredContribution, StoredRound
+from dpfed.v1 import dpfed_pb2 as pb
+
+from tests.conftest import random_statistics
+
+
+def _store(tmp_path) -> RoundStore:
+    store = RoundStore(tmp_path / "g.sqlite")
+    store.insert_round(StoredRound("r1", b"env", "dig", 3, 2, 123, ["a"], "OPEN", "", 5, 0.0, 0.0))
+    return store
+
+
+def test_concurrent_inserts_are_all_durable_and_a_failure_stays_with_its_caller(tmp_path):
+    store = _store(tmp_path)
+    store.insert_nonce("key-dup", "n-dup", 1)
+    start = threading.Barrier(41)
+    batches: list[int] = []
+    real_commit = store._commit_batch
+
+    def commit(batch):
+        if not batches:   # hold the first commit until everyone else has queued behind it
+            for _ in range(1000):
+                if len(store._queue) >= 40 - len(batch):
+                    break
+                time.sleep(0.01)
+        batches.append(len(batch))
+        real_commit(batch)
+
+    store._commit_batch = commit
+    errors: dict[int, BaseException] = {}
+
+    def insert(i: int) -> None:
+        start.wait()
+        nonce = ("key-dup", "n-dup") if i == 7 else (f"key-{i}", f"n-{i}")
+        try:
+            store.insert_contribution(StoredContribution("r1", f"s{i:02d}", b"e", b"s", 1, 1.0, i),
+                                      *nonce, 1)
+        except BaseException as exc:  # noqa: BLE001 - collected for the assertions
+            errors[i] = exc
+
+    threads = [threading.Thread(target=insert, args=(i,)) for i in range(40)]
+    for t in threads:
+        t.start()
+    start.wait()
+    for t in threads:
+        t.join()
+    assert list(errors) == [7] and isinstance(errors[7], sqlite3.IntegrityError)
+    assert sum(batches) == 40 and len(batches) == 2   # the first caller, then all the others
+    store.close()
+    again = RoundStore(tmp_path / "g.sqlite")   # what a restart sees
+    assert [c.site_id for c in again.contributions("r1")] == [f"s{i:02d}" for i in range(40) if i != 7]
+    assert len(again.nonces_since(0)) == 40     # 39 new + the pre-existing duplicate
+
+
+def test_round_waits_for_contributions_being_stored(federation, monkeypatch):
+    """A deadline that passes while a contribution is being committed is decided once it is
+    durable (here: quorum reached, so the round is fitted, not failed); meanwhile the site's
+    retry is told to retry and the slot counts towards the quorum."""
+    manager = federation.manager
+    federation.start_round(federation.spec(quorum=2))
+    stats = random_statistics(seed=1)
+    assert federation.stub.Contribute(federation.contribution("site-a", "r1", stats)).accepted
+    entered, release = threading.Event(), threading.Event()
+    real = manager.store.insert_contribution
+
+    def slow_insert(*args, **kwargs):
+        entered.set()
+        assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(manager.store, "insert_contribution", slow_insert)
+    envelope = federation.contribution("site-b", "r1", stats)
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault(
+        "reply", manager.contribute(envelope)))
+    worker.start()
+    assert entered.wait(10)
+    from aggregator.rounds import Rejected
+    with pytest.raises(Rejected) as info:             # the same site, still being stored
+        manager.contribute(envelope)
+    assert info.value.code == "UNAVAILABLE"
+    with pytest.raises(Rejected) as info:             # quorum is taken by the slot in flight
+        manager.contribute(federation.contribution("site-c", "r1", stats))
+    assert info.value.code == "FAILED_PRECONDITION"
+    manager._on_deadline("r1")                         # deadline passes mid-commit
+    assert manager.status("r1").state == pb.RoundStatus.OPEN
+    release.set()
+    worker.join(10)
+    assert outcome["reply"].accepted and not outcome["reply"].duplicate
+    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    assert status.state == pb.RoundStatus.DONE, status.message
+    assert [c.site_id for c in status.contributions] == ["site-a", "site-b"]
+
+
+def test_a_failed_commit_frees_the_slot_and_the_deadline_then_applies(federation, monkeypatch):
+    manager = federation.manager
+    federation.start_round(federation.spec(quorum=2))
+    stats = random_statistics(seed=2)
+    entered, release = threading.Event(), threading.Event()
+
+    def failing_insert(*args, **kwargs):
+        entered.set()
+        assert release.wait(10)
+        raise sqlite3.OperationalError("disk I/O error")
+
+    monkeypatch.setattr(manager.store, "insert_contribution", failing_insert)
+    envelope = federation.contribution("site-a", "r1", stats)
+    outcome = {}
+
+    def run():
+        try:
+            manager.contribute(envelope)
+        except BaseException as exc:  # noqa: BLE001
+            outcome["error"] = exc
+
+    worker = threading.Thread(target=run)
+    worker.start()
+    assert entered.wait(10)
+    manager._on_deadline("r1")
+    assert manager.status("r1").state == pb.RoundStatus.OPEN
+    release.set()
+    worker.join(10)
+    assert isinstance(outcome["error"], sqlite3.OperationalError)
+    status = manager.status("r1")
+    assert status.state == pb.RoundStatus.FAILED and "deadline passed with 0" in status.message
+    assert list(status.contributions) == []
