@@ -38,6 +38,15 @@ def _aggregator_process(raw_config: dict, base_dir: str, port_queue, stop_event)
     server.stop(0)
 
 
+def _process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of process ``pid`` (Linux /proc; None elsewhere)."""
+    try:
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def _release(d: int, n: int, rng) -> "Statistics":
     from dpfed.statistics import Statistics
     a = rng.normal(size=(d, d))
@@ -94,6 +103,7 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, workers: int = 16,
         stubs = [pb_grpc.AggregatorStub(c) for c in chans]
         for c in chans:
             grpc.channel_ready_future(c).result(timeout=30)
+        server_cpu0, client_cpu0 = _process_cpu_s(proc.pid), time.process_time()
         t0 = time.perf_counter()
         stubs[0].StartRound(spec_envelope, timeout=60)
         futures = [stubs[i % channels].Contribute.future(env, timeout=120)
@@ -106,6 +116,7 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, workers: int = 16,
                 break
             time.sleep(0.002)
         round_s = time.perf_counter() - t0
+        server_cpu1, client_cpu = _process_cpu_s(proc.pid), time.process_time() - client_cpu0
         assert all(r.accepted for r in replies)
         assert status.state == pb.RoundStatus.DONE, status.message
         summary = json.loads(stubs[0].GetResult(pb.RoundQuery(round_id="bench-1")).summary_json)
@@ -118,6 +129,11 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, workers: int = 16,
                 "server_quorum_s": status.round_seconds,
                 "server_sum_s": round(summary["timings"]["fit_s"], 4),
                 "site_signing_s_serial": round(sign_s, 4),
+                # CPU time in the timed window: the aggregator process (all its threads) and
+                # this client process; they share the machine's cores.
+                "server_cpu_s": (round(server_cpu1 - server_cpu0, 3)
+                                 if server_cpu0 is not None and server_cpu1 is not None else None),
+                "client_cpu_s": round(client_cpu, 3),
                 "contribution_bytes": len(contributions[0].SerializeToString())}
     finally:
         stop_event.set()

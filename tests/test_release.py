@@ -289,7 +289,11 @@ def test_unconvertible_objects_raise_value_error(sampler_calls):
 def test_fused_clipped_statistics_match_exact(n, d, block_bytes, monkeypatch):
     """The blocked clip+accumulate pass equals exact_statistics of the clipped data."""
     monkeypatch.setattr(release_mod, "_BLOCK_BYTES", block_bytes)
-    x, y = fixed_data(n, d, seed=n)
+    _assert_fused_pass_matches_exact(n, d, seed=n)
+
+
+def _assert_fused_pass_matches_exact(n, d, seed):
+    x, y = fixed_data(n, d, seed=seed)
     x = x * 3
     xtx, xty, yty = release_mod.clipped_statistics(x, y, 0.7, 1.2)
     e = exact_clipped(x, y, 0.7, 1.2)
@@ -330,14 +334,7 @@ def _blas_threads():
 def test_row_parallel_pass_matches_exact_and_restores_blas_threads(row_parallel):
     before = _blas_threads()
     assert release_mod._row_parallelism(1000, 7) == 3
-    x, y = fixed_data(1000, 7, seed=5)
-    x = x * 3
-    xtx, xty, yty = release_mod.clipped_statistics(x, y, 0.7, 1.2)
-    e = exact_clipped(x, y, 0.7, 1.2)
-    np.testing.assert_allclose(xtx, e.xtx, rtol=1e-12, atol=1e-9)
-    np.testing.assert_allclose(xty, e.xty, rtol=1e-12, atol=1e-9)
-    assert yty == pytest.approx(e.yty, rel=1e-12)
-    assert np.array_equal(xtx, xtx.T)
+    _assert_fused_pass_matches_exact(1000, 7, seed=5)
     assert _blas_threads() == before
 
 
