@@ -31,7 +31,7 @@ _SCALE_BITS = 1074                 # value = integer / 2**1074 (the subnormal sp
 _LIMBS = 68                        # 2045 + 53 bits in 66 limbs, plus two for carries and sign
 _NORMALISE_EVERY = 1 << 29         # additions between carry propagations (|limb| < 2**62)
 _FRACTION_MASK = (1 << 52) - 1
-_ROWS_PER_BLOCK = 64               # add_rows works in cache-sized blocks
+_ROWS_PER_BLOCK = 16               # add_rows works in cache-sized blocks (fastest here)
 
 
 class ExactSumError(ArithmeticError):
@@ -40,20 +40,22 @@ class ExactSumError(ArithmeticError):
 
 def _limb_terms(values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """For finite float64 ``values`` (any shape): the index of the lowest limb each value
-    touches and its three signed limb contributions (lowest first), each below 2**33."""
+    touches and its three limb contributions (lowest first), each below 2**33 in magnitude,
+    which sum to the value's integer ``M * 2**p`` at limb weights 1, 2**32, 2**64."""
     bits = np.ascontiguousarray(values, dtype=np.float64).view(np.int64)
     biased_exponent = (bits >> 52) & 0x7FF
     # Normal numbers have an implicit leading 1 and exponent e - 1075; subnormals (e = 0)
     # have none and exponent -1074, i.e. the same as e = 1.
     mantissa = (bits & _FRACTION_MASK) | ((biased_exponent > 0).astype(np.int64) << 52)
+    signed = np.where(bits < 0, -mantissa, mantissa)
     position = np.maximum(biased_exponent, 1) - 1
-    limb = position >> 5
     shift = position & (_LIMB_BITS - 1)
-    t0 = (mantissa & _LIMB_MASK) << shift                 # < 2**63
-    t1 = (mantissa >> _LIMB_BITS) << shift                # < 2**52
-    sign = (bits >> 63) | 1                               # -1 for negative values, else +1
-    return (limb, (t0 & _LIMB_MASK) * sign, ((t0 >> _LIMB_BITS) + (t1 & _LIMB_MASK)) * sign,
-            (t1 >> _LIMB_BITS) * sign)
+    # signed = high * 2**32 + low with 0 <= low < 2**32 (arithmetic shift floors), so
+    # signed << shift = (low << shift) + (high << shift) * 2**32, both parts within int64.
+    low = (signed & _LIMB_MASK) << shift                  # in [0, 2**63)
+    high = (signed >> _LIMB_BITS) << shift                # |high| < 2**52
+    return (position >> 5, low & _LIMB_MASK, (low >> _LIMB_BITS) + (high & _LIMB_MASK),
+            high >> _LIMB_BITS)
 
 
 class ExactSum:
