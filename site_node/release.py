@@ -169,15 +169,11 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
 
     # Large upper triangles are sampled in two concurrent pieces: the same mechanism with the
     # same certificate (site_node.laplace docstring), only faster on an idle multi-core host.
-    # Sxy and Syy are sampled meanwhile: three independent OpenDP mechanisms on final values
-    # (OpenDP runs through ctypes, which releases the GIL).
-    xty_future = _pool().submit(add_laplace_noise, sxy, cal.xty_sensitivity, cal.xty_epsilon)
-    yty_future = _pool().submit(add_laplace_noise, np.array([syy]), cal.yty_sensitivity,
-                                cal.yty_epsilon)
+    # Sxy and Syy (d + 1 values, under 1 ms) are sampled after it, in a fixed order.
     xtx_upper, eps_xx = add_laplace_noise(sxx[iu], cal.xtx_sensitivity, cal.xtx_epsilon,
                                           chunks=2 if iu[0].size >= _CHUNKED_NOISE_MIN else 1)
-    xty, eps_xy = xty_future.result()
-    yty, eps_yy = yty_future.result()
+    xty, eps_xy = add_laplace_noise(sxy, cal.xty_sensitivity, cal.xty_epsilon)
+    yty, eps_yy = add_laplace_noise(np.array([syy]), cal.yty_sensitivity, cal.yty_epsilon)
 
     xtx = np.zeros((d, d))
     xtx[iu] = xtx_upper
