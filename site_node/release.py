@@ -175,10 +175,8 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
     xty, eps_xy = add_laplace_noise(sxy, cal.xty_sensitivity, cal.xty_epsilon)
     yty, eps_yy = add_laplace_noise(np.array([syy]), cal.yty_sensitivity, cal.yty_epsilon)
 
-    xtx = np.zeros((d, d))
-    xtx[iu] = xtx_upper
-    xtx = np.triu(xtx) + np.triu(xtx, 1).T
-    stats = Statistics(xtx, xty, float(yty[0]), x.shape[0])
+    # The noisy upper triangle is mirrored, so Sxx is exactly symmetric (method.md step 5).
+    stats = Statistics.from_upper(d, x.shape[0], np.concatenate([xtx_upper, xty, yty]))
     if not return_info:
         return stats
     info = ReleaseInfo(epsilon=float(epsilon), epsilon_xtx=eps_xx, epsilon_xty=eps_xy,
