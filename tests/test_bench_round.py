@@ -12,3 +12,12 @@ def test_bench_round_small(capsys):
     assert main(["bench", "round", "--sites", "5", "--dim", "4", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["sites"] == 5 and result["dim"] == 4 and result["round_s"] > 0
+
+
+def test_bench_round_reports_cpu_and_load_and_refuses_bad_sizes(capsys):
+    assert main(["bench", "round", "--sites", "2", "--dim", "3", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["repeat"] == 1 and result["round_s_min"] == result["round_s"]
+    assert len(result["loadavg_1min"]) == 1 and result["client_cpu_s"] >= 0
+    assert main(["bench", "round", "--sites", "0"]) == 2
+    assert "at least 1" in capsys.readouterr().err
