@@ -19,6 +19,11 @@ example:
 
 
 def serve(args) -> int:
+    from dpfed.cli import require
+
+    # Fail fast on a site-only installation, naming the extra, instead of a traceback.
+    for module in ("scipy", "pymc"):
+        require(module, "aggregator")
     from aggregator.config import ConfigError, load_config
     from aggregator.server import serve as run_server
     from dpfed.transport import warn_plaintext

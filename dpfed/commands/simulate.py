@@ -90,6 +90,11 @@ class _Interrupts:
 
 def run(args) -> int:
     from dpfed import simulation
+    from dpfed.cli import require
+
+    # The simulation runs every role: it needs the site and the aggregator extras.
+    for module, extra in (("opendp", "all"), ("scipy", "all"), ("pymc", "all")):
+        require(module, extra)
 
     if args.sites < 1 or args.epsilon <= 0 or args.public < 1 or args.test < 2:
         print("dpfed simulate: need --sites >= 1, --epsilon > 0, --public >= 1, --test >= 2",
