@@ -26,3 +26,22 @@ def test_help_lists_every_command(capsys):
     for command in ("simulate", "keygen", "provision", "site", "aggregator", "round", "sites",
                     "evaluate", "bench"):
         assert command in out
+
+
+def test_choose_bounds_command_json(capsys):
+    import json
+
+    from dpfed.bounds import choose_bounds
+
+    assert cli.main(["choose-bounds", "--n", "300", "--d", "5", "--epsilon", "2",
+                     "--sigma-y", "2.0", "--datasets", "3", "--noise-draws", "3", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    direct = choose_bounds(300, 5, 2.0, n_datasets=3, n_noise=3)
+    assert (out["omega_x"], out["omega_y"]) == (direct.omega_x, direct.omega_y)
+    assert out["y_bound"] == direct.omega_y * 2.0
+    assert out["x_bound"] == direct.omega_x * 5 ** -0.5
+
+
+def test_choose_bounds_command_rejects_bad_epsilon(capsys):
+    assert cli.main(["choose-bounds", "--n", "300", "--d", "5", "--epsilon", "0"]) == exitcodes.USAGE
+    assert "epsilon" in capsys.readouterr().err
