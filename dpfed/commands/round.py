@@ -158,18 +158,26 @@ def start(args) -> int:
     return _exit_for_state(status)
 
 
-def status_cmd(args) -> int:
+def query(args, command: str, call):
+    """Connect read-only, run ``call(coordinator)`` and return ``(answer, None)``, or
+    ``(None, exit code)`` after saying on stderr what went wrong (bad options, or the RPC)."""
     import grpc
     try:
         coordinator = connect(args, signing=False)
     except UsageError as exc:
-        print(f"dpfed round status: {exc}", file=sys.stderr)
-        return exitcodes.USAGE
+        print(f"dpfed {command}: {exc}", file=sys.stderr)
+        return None, exitcodes.USAGE
     with coordinator:
         try:
-            status = coordinator.status(args.round_id)
+            return call(coordinator), None
         except grpc.RpcError as exc:
-            return rpc_exit_code(exc)
+            return None, rpc_exit_code(exc)
+
+
+def status_cmd(args) -> int:
+    status, code = query(args, "round status", lambda c: c.status(args.round_id))
+    if code is not None:
+        return code
     if args.json:
         print(json.dumps(_status_dict(status), indent=2))
     else:
@@ -193,17 +201,9 @@ def format_result_table(summary: dict) -> str:
 
 
 def result_cmd(args) -> int:
-    import grpc
-    try:
-        coordinator = connect(args, signing=False)
-    except UsageError as exc:
-        print(f"dpfed round result: {exc}", file=sys.stderr)
-        return exitcodes.USAGE
-    with coordinator:
-        try:
-            result = coordinator.result(args.round_id)
-        except grpc.RpcError as exc:
-            return rpc_exit_code(exc)
+    result, code = query(args, "round result", lambda c: c.result(args.round_id))
+    if code is not None:
+        return code
     summary = json.loads(result.summary_json)
     if args.json:
         print(json.dumps(summary, indent=2))

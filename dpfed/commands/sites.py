@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 
 from dpfed import exitcodes
-from dpfed.commands.round import UsageError, add_connection_args, connect, rpc_exit_code
+from dpfed.commands.round import add_connection_args, query
 
 EPILOG = """\
 example:
@@ -18,17 +17,9 @@ example:
 
 
 def list_cmd(args) -> int:
-    import grpc
-    try:
-        coordinator = connect(args, signing=False)
-    except UsageError as exc:
-        print(f"dpfed sites list: {exc}", file=sys.stderr)
-        return exitcodes.USAGE
-    with coordinator:
-        try:
-            sites = coordinator.list_sites()
-        except grpc.RpcError as exc:
-            return rpc_exit_code(exc)
+    sites, code = query(args, "sites list", lambda c: c.list_sites())
+    if code is not None:
+        return code
     rows = [{"site_id": s.site_id, "key_id": s.key_id, "connected": s.connected,
              "last_seen_unix_ms": s.last_seen_unix_ms} for s in sites]
     if args.json:
