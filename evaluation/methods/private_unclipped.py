@@ -26,7 +26,7 @@ import numpy as np
 from dpfed.statistics import Statistics, exact_statistics
 from evaluation.methods.base import PrivacySetting, TrainingData, split_rows, validate_posterior
 from evaluation.methods.posterior_fit import posterior_beta
-from site_node.release import release_statistics
+from site_node.release import release_many
 
 
 def rescale_factors(setting: PrivacySetting, method: str = "private_unclipped") -> tuple[float, float]:
@@ -50,11 +50,12 @@ class PrivateUnclipped:
         total = Statistics.zeros(data.dim)
         if data.n_public:
             total = exact_statistics(data.x_public * sx, data.y_public * sy)
-        for rows in split_rows(data.n_private, setting.n_sites):
-            total = total + release_statistics(
-                data.x_private[rows] * sx, data.y_private[rows] * sy, epsilon=setting.epsilon,
-                x_bound=setting.x_bound, y_bound=setting.y_bound,
-                budget_split=setting.budget_split)
+        blocks = [(data.x_private[rows] * sx, data.y_private[rows] * sy)
+                  for rows in split_rows(data.n_private, setting.n_sites)]
+        if blocks:  # K site releases, noise in 3 OpenDP calls (site_node.release.release_many)
+            for site in release_many(blocks, epsilon=setting.epsilon, x_bound=setting.x_bound,
+                                     y_bound=setting.y_bound, budget_split=setting.budget_split):
+                total = total + site
         return total
 
     def fit(self, data: TrainingData, setting: PrivacySetting, *, seed: int) -> np.ndarray:

@@ -35,11 +35,13 @@ def test_statistics_are_site_releases_plus_exact_public(problem, monkeypatch, n_
     setting = problem.setting(epsilon=2.0, n_sites=n_sites, budget_split=(0.3, 0.65, 0.05))
     stats = FIXED.statistics(data, setting)
     d, bx, by = 5, setting.x_bound, setting.y_bound
+    # One OpenDP call per part for all K sites (site_node.release.release_many), each with a
+    # SINGLE site's sensitivity and epsilon share, on the K sites' values concatenated.
     expected = [(d * (d + 1) * bx ** 2, 0.3 * 2.0), (2 * d * bx * by, 0.65 * 2.0),
-                (by ** 2, 0.05 * 2.0)] * n_sites
+                (by ** 2, 0.05 * 2.0)]
     assert [c["sensitivity"] for c in rec.calls] == pytest.approx([e[0] for e in expected])
     assert [c["epsilon"] for c in rec.calls] == pytest.approx([e[1] for e in expected])
-    assert [c["size"] for c in rec.calls] == [d * (d + 1) // 2, d, 1] * n_sites
+    assert [c["size"] for c in rec.calls] == [n_sites * d * (d + 1) // 2, n_sites * d, n_sites]
     # With the noise removed: clipped private + exact, unclipped public statistics.
     sxx, sxy, syy = clipped_statistics(data.x_private, data.y_private, bx, by)
     pub = exact_statistics(data.x_public, data.y_public)
