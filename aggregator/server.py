@@ -4,8 +4,10 @@ over a RoundManager, and graceful shutdown."""
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
+import time
 from concurrent import futures
 from pathlib import Path
 
@@ -27,8 +29,9 @@ SERVICE_NAME = "dpfed.v1.Aggregator"
 
 
 class AggregatorServer:
-    def __init__(self, config: AggregatorConfig):
+    def __init__(self, config: AggregatorConfig, *, interceptors=()):
         self.config = config
+        self.interceptors = tuple(interceptors)  # grpc.ServerInterceptor (tests/test_shutdown.py)
         self.registry = Registry.from_config(config)
         self.store: RoundStore | None = None
         self.manager: RoundManager | None = None
@@ -46,7 +49,7 @@ class AggregatorServer:
         self.manager.recover()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
                                                              thread_name_prefix="grpc"),
-                                  options=SERVER_OPTIONS,
+                                  options=SERVER_OPTIONS, interceptors=self.interceptors,
                                   # Past this many running + queued calls gRPC answers
                                   # RESOURCE_EXHAUSTED itself (aggregator/config.py).
                                   maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
@@ -66,13 +69,21 @@ class AggregatorServer:
 
     def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let running ones finish for ``grace`` seconds, close the
-        store. Rounds stay in the store and resume on the next start."""
+        store. Rounds stay in the store and resume on the next start.
+
+        New calls are refused (UNAVAILABLE) from the first step on; a Contribute already
+        running is stored and answered if it finishes within ``grace``, else it is cancelled
+        and the site resends it after the restart (tests/test_shutdown.py)."""
         if self.server is None:
             return
         if self.health:
             self.health.enter_graceful_shutdown()
-        self.manager.close()  # ends Subscribe streams and timers
-        self.server.stop(self.config.grace_s if grace is None else grace).wait()
+        # server.stop first: it refuses new calls at once and returns immediately, so nothing
+        # arrives between here and the end; then the Subscribe streams (which would otherwise
+        # run to the end of the grace period) and timers are ended.
+        stopped = self.server.stop(self.config.grace_s if grace is None else grace)
+        self.manager.close()
+        stopped.wait()
         self.store.close()
         self.server = None
         log.info("aggregator stopped")
@@ -81,10 +92,57 @@ class AggregatorServer:
         self.server.wait_for_termination()
 
 
+# TEST HOOK (tests/test_shutdown.py): DPFED_TEST_HOLD_CONTRIBUTE=<directory> makes the first
+# Contribute call wait, before the servicer sees it, until <directory>/release exists, after
+# creating <directory>/arrived. It puts a call deterministically "in flight" when SIGTERM
+# arrives. Never set it in production.
+HOLD_ENV = "DPFED_TEST_HOLD_CONTRIBUTE"
+
+
+class HoldFirstContribute(grpc.ServerInterceptor):
+    """Holds the first Contribute call until ``release()`` (or the release file) says go."""
+
+    METHOD = f"/{SERVICE_NAME}/Contribute"
+
+    def __init__(self, directory: str | Path | None = None):
+        self.directory = Path(directory) if directory else None
+        self.arrived, self._release = threading.Event(), threading.Event()
+        self._taken = threading.Lock()
+
+    def release(self) -> None:
+        self._release.set()
+
+    def _wait(self) -> None:
+        self.arrived.set()
+        if self.directory:
+            (self.directory / "arrived").touch()
+        end = time.monotonic() + 60  # never hold a call forever, even if the test died
+        while not self._release.wait(0.01) and time.monotonic() < end:
+            if self.directory and (self.directory / "release").exists():
+                return
+
+    def intercept_service(self, continuation, handler_call_details):
+        handler = continuation(handler_call_details)
+        if handler_call_details.method != self.METHOD or handler is None:
+            return handler
+        inner = handler.unary_unary
+
+        def held(request, context):
+            if self._taken.acquire(blocking=False):  # the first call only
+                log.critical("%s: holding the first Contribute (test hook)", HOLD_ENV)
+                self._wait()
+            return inner(request, context)
+        return grpc.unary_unary_rpc_method_handler(
+            held, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+
 def serve(config_path: str | Path, *, insecure: bool = False) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully. ``insecure``: plaintext gRPC
     (the command line's --insecure)."""
-    server = AggregatorServer(load_config(config_path, insecure=insecure))
+    hold = os.environ.get(HOLD_ENV)
+    server = AggregatorServer(load_config(config_path, insecure=insecure),
+                              interceptors=[HoldFirstContribute(hold)] if hold else ())
     server.start()
     stopping = threading.Event()
 

@@ -102,6 +102,12 @@ class SiteClient:
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
+        """End ``run``: the round stream is cancelled at once; a Contribute/Refuse already in
+        flight gets its answer (or its deadline) and the acknowledgement is recorded, so the
+        ledger is consistent on exit (tests/test_shutdown.py). No retry starts after this."""
+        if not self._stop.is_set():
+            log.info("site %s stopping: round stream closed, a call in flight is finished",
+                     self.node.config.site_id)
         self._stop.set()
         with self._call_lock:
             if self._call is not None:
@@ -231,7 +237,8 @@ class SiteClient:
                 delay = backoff.next_delay()
                 log.warning("%s failed (%s), attempt %d/%d; retrying in %.1f s", what,
                             exc.code().name, attempt, self.max_attempts, delay)
-                self._stop.wait(delay)
+                if self._stop.wait(delay):
+                    raise  # stopping: no new attempt; the release stays unacknowledged
         raise AssertionError("unreachable")
 
 
