@@ -28,6 +28,17 @@ log = logging.getLogger(__name__)
 SERVICE_NAME = "dpfed.v1.Aggregator"
 
 
+def pending_call_options(cfg: AggregatorConfig) -> list[tuple[str, int]]:
+    """gRPC core's queue of calls that arrived but that the Python server has not yet taken
+    (it takes them one at a time on one thread). Past 1000 such calls (gRPC's default soft
+    limit, hard limit 3000) the core drops new ones at random and their clients see CANCELLED
+    with no message: the "GOAWAY / CANCELLED at 5000 sites" of docs/benchmarks.md "Load".
+    Sized to ``max_concurrent_rpcs`` instead, so overload is shed by one documented rule,
+    RESOURCE_EXHAUSTED past max_concurrent_rpcs (tests/test_load.py)."""
+    return [("grpc.server.max_pending_requests", cfg.max_concurrent_rpcs),
+            ("grpc.server.max_pending_requests_hard_limit", 2 * cfg.max_concurrent_rpcs)]
+
+
 class AggregatorServer:
     def __init__(self, config: AggregatorConfig, *, interceptors=()):
         self.config = config
@@ -49,7 +60,8 @@ class AggregatorServer:
         self.manager.recover()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
                                                              thread_name_prefix="grpc"),
-                                  options=SERVER_OPTIONS, interceptors=self.interceptors,
+                                  options=SERVER_OPTIONS + pending_call_options(cfg),
+                                  interceptors=self.interceptors,
                                   # Past this many running + queued calls gRPC answers
                                   # RESOURCE_EXHAUSTED itself (aggregator/config.py).
                                   maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
