@@ -30,10 +30,10 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
-from dpfed.metrics import spearman
 from dpfed.statistics import Statistics, exact_statistics
 from evaluation.protocol import (ProtocolConfig, RepeatData, load_problem, prepare_repeat,
                                  site_size)
+from evaluation.scoring import TestRanks
 
 __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_grid",
            "DEFAULT_METHODS"]
@@ -112,7 +112,7 @@ def run_task(task: Task) -> TaskResult:
     problem = load_problem(task.drug, cfg)
     methods = {name: get_method(name) for name in task.methods}
     rows: list[dict] = []
-    pending: list[tuple[dict, Statistics, RepeatData]] = []
+    pending: list[tuple[dict, Statistics, tuple[RepeatData, TestRanks]]] = []
     timings: dict[str, float] = {}
 
     def timed(name, fn, *args, **kw):
@@ -124,11 +124,13 @@ def run_task(task: Task) -> TaskResult:
 
     for rep in task.repeats:
         data = prepare_repeat(problem, cfg, task.drug, rep)
+        scorer = TestRanks(data.y_test)  # y_test ranked once per repeat
         # n = 0: public only, the same Gamma-prior posterior of the public lines for every
         # method (no private data: nothing to protect), fitted once, reported for each.
         if 0 in cfg.sizes:
             public_row = _row(data, "_public_only", None, 0, 1)
-            pending.append((public_row, exact_statistics(data.x_public, data.y_public), data))
+            pending.append((public_row, exact_statistics(data.x_public, data.y_public),
+                            (data, scorer)))
         seed_seq = np.random.SeedSequence([cfg.seed, task.drug, rep, 1])
         fit_seeds = iter(seed_seq.generate_state(10_000))
         for n in cfg.sizes:
@@ -154,12 +156,11 @@ def run_task(task: Task) -> TaskResult:
                             stats = timed(name, _batched_statistics, method, name, training,
                                           setting)
                             if stats is not None:
-                                pending.append((row, stats, data))
+                                pending.append((row, stats, (data, scorer)))
                                 continue
                             beta = timed(name, method.fit, training, setting,
                                          seed=int(next(fit_seeds)))
-                            row["spearman"] = spearman(data.x_test @ np.asarray(beta),
-                                                       data.y_test)
+                            row["spearman"] = scorer.spearman(data.x_test @ np.asarray(beta))
                         except Exception as exc:  # one failing cell must not end the run
                             row["error"] = f"{type(exc).__name__}: {exc}"
                         rows.append(row)
@@ -171,12 +172,13 @@ def run_task(task: Task) -> TaskResult:
         result = fit_batch([s for _, s, _ in pending], seed=int(seed.generate_state(1)[0]))
         fit_s = time.perf_counter() - t_fit
         fits = len(pending)
-        for (row, _, data), beta, ok in zip(pending, result.beta_mean, result.converged):
+        for (row, _, (data, scorer)), beta, ok in zip(pending, result.beta_mean,
+                                                      result.converged):
             # private_unclipped fits rescaled data; its beta differs from the fitted one by a
             # positive factor (Bx/Rx)/(By/Ry), which leaves the Spearman correlation unchanged.
             row["converged"] = bool(ok)
             if np.all(np.isfinite(beta)):
-                row["spearman"] = spearman(data.x_test @ beta, data.y_test)
+                row["spearman"] = scorer.spearman(data.x_test @ beta)
             else:
                 row["error"] = "ADVI diverged (non-finite parameters)"
             if row["method"] == "_public_only":

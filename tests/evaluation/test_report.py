@@ -67,3 +67,11 @@ def test_report_files(tmp_path):
 def test_markdown_table_has_one_column_per_size():
     table = markdown_table(summarise(_rows()))
     assert table.splitlines()[0] == "| method | eps | 0 | 100 |"
+
+
+def test_ratio_at_every_size_is_paired_per_size():
+    rows = _rows()
+    every = ratio_table(rows, all_sizes=True)
+    (largest,) = ratio_table(rows)
+    assert every[0] == largest
+    assert [r["n_private"] for r in every] == sorted({r["n_private"] for r in every}, reverse=True)
