@@ -74,3 +74,20 @@ def coordinator_mismatch(peer: PeerIdentity | None, coordinator_id: str) -> str 
     if peer is None or (peer.kind == COORDINATOR and peer.party_id == coordinator_id):
         return None
     return f"round spec of coordinator {coordinator_id!r} sent over the TLS connection of {peer}"
+
+
+# Who may call the read-only RPCs. A round's status and result and the site list name the
+# federation's members, their n, who refused and why (docs/security.md: visible to the
+# aggregator and the coordinators, not to other sites). The site node never calls them (it
+# learns rounds from its Subscribe stream and the outcome from its coordinator), so sites get
+# none; the aggregator's own certificate is not a client. Coordinators read everything.
+READERS = {"GetRound": {COORDINATOR}, "GetResult": {COORDINATOR}, "ListSites": {COORDINATOR}}
+
+
+def read_denied(peer: PeerIdentity | None, rpc: str) -> str | None:
+    """Why ``peer`` may not call the read-only ``rpc``, or None. ``peer`` None means a
+    plaintext server (``insecure``): no certificate, nothing to check."""
+    if peer is None or peer.kind in READERS[rpc]:
+        return None
+    return (f"{rpc} is for coordinators: {peer} may not read round status, results or the "
+            f"site list (they name the other sites)")

@@ -69,13 +69,23 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return self._call("StartRound", context, self.manager.start_round, request,
                           self._identity("StartRound", context))
 
+    def _reader(self, what: str, context) -> None:
+        """Aborts with PERMISSION_DENIED unless the peer may call read-only ``what``."""
+        problem = identity.read_denied(self._identity(what, context), what)
+        if problem:
+            log.warning("%s from %s rejected: PERMISSION_DENIED: %s", what, _peer(context), problem)
+            context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+
     def GetRound(self, request, context):
+        self._reader("GetRound", context)
         return self._call("GetRound", context, self.manager.status, request.round_id)
 
     def GetResult(self, request, context):
+        self._reader("GetResult", context)
         return self._call("GetResult", context, self.manager.result, request.round_id)
 
     def ListSites(self, request, context):
+        self._reader("ListSites", context)
         return self.manager.list_sites()
 
     def Contribute(self, request, context):

@@ -179,10 +179,12 @@ def test_certificate_from_another_ca_is_rejected(pki, aggregator):
         code = rpc_code(lambda: pb_grpc.AggregatorStub(ch).ListSites(pb.ListSitesRequest(),
                                                                       timeout=5))
     assert code == grpc.StatusCode.UNAVAILABLE
-    # Control: the same call with our site-a certificate goes through.
+    # Control: with our site-a certificate the handshake succeeds and the aggregator judges
+    # the call itself (sites may not list the federation: PERMISSION_DENIED, an answer).
     with client_channel(address, tls_of(ours, "site", "site-a")) as ch:
-        sites = pb_grpc.AggregatorStub(ch).ListSites(pb.ListSitesRequest(), timeout=5).sites
-    assert {s.site_id for s in sites} == set(SITES)
+        code = rpc_code(lambda: pb_grpc.AggregatorStub(ch).ListSites(pb.ListSitesRequest(),
+                                                                      timeout=5))
+    assert code == grpc.StatusCode.PERMISSION_DENIED
 
 
 # ---- identity binding -------------------------------------------------------------------------
@@ -239,6 +241,61 @@ def test_coordinator_identity_mismatch_is_denied(pki, aggregator):
         server.manager.status("r-coord")   # no round was created
     with coordinator_over(ours, address, "coord") as c:
         assert c.start_round(spec).state == pb.RoundStatus.OPEN
+
+
+# ---- who may read ------------------------------------------------------------------------------
+
+
+def _reads(stub, round_id):
+    """The three read-only RPCs, as (name, call)."""
+    query = pb.RoundQuery(round_id=round_id)
+    return [("GetRound", lambda: stub.GetRound(query, timeout=5)),
+            ("GetResult", lambda: stub.GetResult(query, timeout=5)),
+            ("ListSites", lambda: stub.ListSites(pb.ListSitesRequest(), timeout=5))]
+
+
+def test_read_only_rpcs_are_for_coordinators_only(pki, aggregator):
+    """aggregator/identity.py READERS: coordinators read everything; a site (even one invited
+    to the round, even of a finished round) reads nothing."""
+    ours, _ = pki
+    server, address = aggregator
+    digest = start_round(pki, address, "r-read", quorum=1).spec_digest
+    with client_channel(address, tls_of(ours, "site", "site-a")) as ch:
+        assert pb_grpc.AggregatorStub(ch).Contribute(
+            site_contribution(signing_key(ours, "site", "site-a"), "site-a", "r-read", digest),
+            timeout=5).accepted
+    end = time.monotonic() + 30
+    while server.manager.status("r-read").state != pb.RoundStatus.DONE:
+        assert time.monotonic() < end, server.manager.status("r-read").message
+        time.sleep(0.05)
+    for name in SITES:                 # site-a took part, site-b was invited
+        with client_channel(address, tls_of(ours, "site", name)) as ch:
+            for rpc, call in _reads(pb_grpc.AggregatorStub(ch), "r-read"):
+                with pytest.raises(grpc.RpcError) as info:
+                    call()
+                assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED, (name, rpc)
+                assert rpc in info.value.details() and "r-read" not in info.value.details()
+    # The aggregator's certificate is for serving only (no client-auth purpose): the
+    # handshake already refuses it.
+    with client_channel(address, tls_of(ours, "aggregator", "aggregator")) as ch:
+        for rpc, call in _reads(pb_grpc.AggregatorStub(ch), "r-read"):
+            assert rpc_code(call) == grpc.StatusCode.UNAVAILABLE, rpc
+    for name in COORDINATORS:          # any registered coordinator, not only the round's
+        with client_channel(address, tls_of(ours, "coordinator", name)) as ch:
+            stub = pb_grpc.AggregatorStub(ch)
+            answers = {rpc: call() for rpc, call in _reads(stub, "r-read")}
+        assert answers["GetRound"].state == pb.RoundStatus.DONE
+        assert answers["GetResult"].round_id == "r-read"
+        assert {s.site_id for s in answers["ListSites"].sites} == set(SITES)
+
+
+def test_read_denied_rules():
+    from dpfed.provision import AGGREGATOR
+    assert identity.read_denied(None, "GetRound") is None           # plaintext server
+    for rpc in identity.READERS:
+        assert identity.read_denied(identity.PeerIdentity("coordinator", "c"), rpc) is None
+        for kind in ("site", AGGREGATOR):
+            assert rpc in identity.read_denied(identity.PeerIdentity(kind, "x"), rpc)
 
 
 # ---- identity extraction (no network) ---------------------------------------------------------
