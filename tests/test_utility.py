@@ -16,8 +16,8 @@ from dpfed.preprocess import Preprocessing
 from dpfed.simulation import public_sigmas
 from site_node import exact_statistics, release_statistics
 
-D, N_PRIVATE, N_PUBLIC, N_TEST, EPSILON = 10, 800, 10, 200, 2.0
-REPEATS = 12
+D, N_PRIVATE, N_PUBLIC, N_TEST, EPSILON = 10, 800, 10, 500, 2.0
+REPEATS = 100
 
 
 def _problem(rng):
@@ -44,15 +44,18 @@ def test_private_model_beats_the_public_only_baseline_on_average():
         public = exact_statistics(*pre.apply(xq, yq))
         release = release_statistics(*pre.apply(xp, yp), epsilon=EPSILON, x_bound=x_bound,
                                      y_bound=y_bound)
-        private = fit_posterior(release + public, method="advi", draws=1000, seed=r)
-        baseline = fit_posterior(public, method="advi", draws=1000, seed=r)
+        private = fit_posterior(release + public, method="advi", draws=500, seed=r)
+        baseline = fit_posterior(public, method="advi", draws=500, seed=r)
         zt = pre.transform_x(xt)
         private_scores.append(spearman(private.predict(zt), yt))
         public_scores.append(spearman(baseline.predict(zt), yt))
     private_scores, public_scores = np.array(private_scores), np.array(public_scores)
     gain = private_scores - public_scores
-    # On average, and not by luck: the paired mean gain is more than 2 standard errors.
+    # On average, and not by luck: the paired mean gain exceeds 3 standard errors. (Measured:
+    # a gain of about 0.1 with a per-repeat sd of about 0.2, i.e. about 5 standard errors at
+    # 100 repeats; OpenDP's noise cannot be seeded, so the margin must absorb its randomness.)
+    z = gain.mean() / (gain.std(ddof=1) / np.sqrt(REPEATS))
     print(f"private {private_scores.mean():.3f} vs public-only {public_scores.mean():.3f} "
-          f"over {REPEATS} repeats")
+          f"over {REPEATS} repeats: paired gain {gain.mean():.3f} = {z:.1f} standard errors")
     assert private_scores.mean() > public_scores.mean()
-    assert gain.mean() > 2 * gain.std(ddof=1) / np.sqrt(REPEATS), (private_scores, public_scores)
+    assert z > 3, (private_scores, public_scores)
