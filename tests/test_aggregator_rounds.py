@@ -72,6 +72,39 @@ def test_fast_contribution_decoder_matches_reference(message):
     assert _fast_contribution(data) == parse_canonical(data, "dpfed.v1.Contribution")
 
 
+_TEXT = st.text(alphabet=st.sampled_from('ab"\\:,{}= \u00e9\x00static'), max_size=20)
+
+
+@settings(max_examples=300, deadline=None)
+@given(round_id=_TEXT, site_id=_TEXT, nonce=_TEXT, statistics=st.binary(max_size=40),
+       n=st.integers(0, 2**64 - 1))
+def test_fast_contribution_decoder_matches_reference_on_any_fields(round_id, site_id, nonce,
+                                                                   statistics, n):
+    """Text fields full of quotes, backslashes and pieces of '"statistics":"' cannot move
+    the cut the decoder makes around the base64 statistics."""
+    message = _contribution(round_id=round_id, site_id=site_id, nonce=nonce,
+                            statistics=statistics, n=n)
+    data = canonical_bytes(message)
+    assert _fast_contribution(data) == parse_canonical(data, "dpfed.v1.Contribution")
+
+
+@pytest.mark.parametrize("payload", [
+    b'{"round_id":"\\"statistics\\":\\"QQ==","statistics":"QQ=="}',
+    b'{"round_id":"r","statistics":"QQ==","statistics":"QQ=="}',
+    b'{"round_id":"r","statistics":""}',
+    b'{"round_id":"r","statistics":"QQ==}',
+    b'{"round_id":"r","statistics":"Q\\u0051=="}',
+    b'{"round_id":"r","statistics":"QQ==" }',
+])
+def test_fast_contribution_decoder_rejects_tricks_around_the_statistics(payload):
+    assert _fast_contribution(payload) is None or (
+        _fast_contribution(payload) == parse_canonical(payload, "dpfed.v1.Contribution"))
+    try:
+        parse_canonical(payload, "dpfed.v1.Contribution")
+    except CanonicalError:
+        assert _fast_contribution(payload) is None
+
+
 @pytest.mark.parametrize("mutate", [
     lambda b: b.replace(b'"n":"50"', b'"n":50'),
     lambda b: b.replace(b",", b", ", 1),
@@ -124,6 +157,15 @@ def test_store_round_trip(tmp_path):
     assert store.contributions("r1") == [c]  # the failed second insert left nothing
     assert store.nonces_since(0) == [("key", "nonce")]
 
+
+
+def test_store_fsyncs_every_commit(tmp_path):
+    """synchronous=FULL in WAL mode: an acknowledged contribution survives a power loss, not
+    only a process crash (the site never resends what was acknowledged)."""
+    store = RoundStore(tmp_path / "s.sqlite")
+    assert store._query("PRAGMA journal_mode") == [("wal",)]
+    assert store._query("PRAGMA synchronous") == [(2,)]   # 2 = FULL
+    store.close()
 
 
 _B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-_ \n"

@@ -79,3 +79,33 @@ def test_generated_code_is_not_stale(tmp_path):
         assert committed.exists(), f"{rel} is not committed"
         assert filecmp.cmp(path, committed, shallow=False), (
             f"{rel} is stale: run python protos/generate.py")
+
+
+@pytest.mark.parametrize("backend", ["libsodium", "cryptography"])
+def test_both_verifiers_accept_honest_and_refuse_forged_signatures(backend, monkeypatch):
+    """The aggregator verifies with PyNaCl (libsodium, releases the GIL) when installed and
+    falls back to cryptography (a site without the aggregator extra): same answers."""
+    from dpfed.wire import signing
+    if backend == "libsodium":
+        pytest.importorskip("nacl")
+    else:
+        monkeypatch.setattr(signing, "nacl", None)
+    key, other = SigningKey.generate(), SigningKey.generate()
+    env = key.sign(pb.Contribution(round_id="r", site_id="s", statistics=b"\x01" * 1000, n=3))
+    signing.verify_signature(env, key.public_key, "dpfed.v1.Contribution")
+    forged = [
+        pb.SignedEnvelope(payload=env.payload + b" ", signature=env.signature, key_id=env.key_id),
+        pb.SignedEnvelope(payload=env.payload, signature=env.signature[:-1] + bytes(
+            [env.signature[-1] ^ 1]), key_id=env.key_id),
+        pb.SignedEnvelope(payload=env.payload, signature=env.signature[:63], key_id=env.key_id),
+        pb.SignedEnvelope(payload=env.payload, signature=b"", key_id=env.key_id),
+        pb.SignedEnvelope(payload=env.payload, signature=env.signature + b"\x00",
+                          key_id=env.key_id),
+    ]
+    for bad in forged:
+        with pytest.raises(SignatureError):
+            signing.verify_signature(bad, key.public_key, "dpfed.v1.Contribution")
+    with pytest.raises(SignatureError):
+        signing.verify_signature(env, other.public_key, "dpfed.v1.Contribution")
+    with pytest.raises(SignatureError):  # the domain prefix binds the payload type
+        signing.verify_signature(env, key.public_key, "dpfed.v1.Refusal")

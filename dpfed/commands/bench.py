@@ -14,8 +14,12 @@ example:
       starts an aggregator process on loopback, N simulated sites with their own Ed25519
       keys and pre-computed releases, and times StartRound -> all N contributions verified,
       stored and summed (the posterior fit is skipped); medians over the repeats. JSON keys:
-      sites, dim, round_s (median), round_s_min, contributions_acked_s, server_sum_s,
-      loadavg_1min (per run), ... Figures for this machine: docs/benchmarks.md.
+      sites, dim, tls, round_s (median), round_s_min, contributions_acked_s, server_sum_s,
+      server_cpu_s, client_cpu_s, loadavg_1min (per run), ... Figures for this machine:
+      docs/benchmarks.md.
+  dpfed bench round --sites 1000 --dim 64 --tls
+      the same over mutual TLS: a CA and kits from dpfed provision in a temporary folder,
+      one connection and certificate per site, as in production.
 """
 
 
@@ -30,11 +34,12 @@ def bench_round(args) -> int:
         print("dpfed bench round: --sites, --dim and --repeat must be at least 1",
               file=sys.stderr)
         return exitcodes.USAGE
-    result = run_repeated(args.sites, args.dim, args.repeat)
+    result = run_repeated(args.sites, args.dim, args.repeat, tls=args.tls)
     if args.json:
         print(json.dumps(result))
     else:
-        print(f"{result['sites']} sites, d={result['dim']}: round {result['round_s']:.3f} s "
+        print(f"{result['sites']} sites, d={result['dim']}"
+              f"{' (mutual TLS)' if result['tls'] else ''}: round {result['round_s']:.3f} s "
               f"median of {result['repeat']} (min {result['round_s_min']:.3f} s; all "
               f"contributions acknowledged after {result['contributions_acked_s']:.3f} s, "
               f"exact sum {result['server_sum_s']:.4f} s; load average "
@@ -54,5 +59,7 @@ def register(subparsers) -> None:
     r.add_argument("--dim", type=int, default=64, help="number of features d")
     r.add_argument("--repeat", type=int, default=1,
                    help="runs to take the median of (default 1)")
+    r.add_argument("--tls", action="store_true",
+                   help="mutual TLS with kits from dpfed provision (default: plaintext loopback)")
     r.add_argument("--json", action="store_true", help="print one JSON object")
     r.set_defaults(func=bench_round)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import re
 
+from dpfed.statistics import encoded_length
 from dpfed.v1 import dpfed_pb2 as pb
 
 MAX_FEATURES = 512
@@ -47,12 +48,6 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 class LimitError(ValueError):
     """A message field is outside the wire limits; ``str(exc)`` says which and why."""
-
-
-def statistics_bytes(d: int) -> int:
-    """Length of a dpfed Statistics encoding of dimension d (dpfed.statistics: 18-byte header
-    and the upper triangle, Sxy and Syy as float64)."""
-    return 18 + 8 * (d * (d + 1) // 2 + d + 1)
 
 
 # ---- field checks: each returns a problem sentence or None --------------------------------
@@ -145,9 +140,9 @@ def spec_problems(spec: pb.RoundSpec) -> list[str]:
     elif not all(math.isfinite(v) for v in pre.x_mean) or not math.isfinite(pre.y_mean):
         problems.append("preprocessing means must be finite")
     problems.append(_text(spec.public_source, "public_source", MAX_TEXT_CHARS))
-    if spec.public_statistics and len(spec.public_statistics) != statistics_bytes(d):
+    if spec.public_statistics and len(spec.public_statistics) != encoded_length(d):
         problems.append(f"public_statistics have {len(spec.public_statistics)} bytes, "
-                        f"{statistics_bytes(d)} expected for {d} features")
+                        f"{encoded_length(d)} expected for {d} features")
     if spec.created_unix_ms and spec.deadline_unix_ms - spec.created_unix_ms > MAX_DEADLINE_MS:
         problems.append("deadline is more than a week after creation")
     return [p for p in problems if p]
@@ -164,9 +159,9 @@ def check_contribution(c: pb.Contribution) -> None:
                 _pattern(c.nonce, "nonce", NONCE_PATTERN, "32 lowercase hex digits"),
                 _pattern(c.spec_digest, "spec_digest", DIGEST_PATTERN, "64 lowercase hex digits"),
                 _finite(c.epsilon_spent, "epsilon_spent")]
-    if len(c.statistics) > statistics_bytes(MAX_FEATURES):
+    if len(c.statistics) > encoded_length(MAX_FEATURES):
         problems.append(f"statistics of {len(c.statistics)} bytes exceed the "
-                        f"{statistics_bytes(MAX_FEATURES)} of {MAX_FEATURES} features")
+                        f"{encoded_length(MAX_FEATURES)} of {MAX_FEATURES} features")
     if not 1 <= c.n <= MAX_N:
         problems.append(f"n = {c.n} is outside 1..{MAX_N}")
     _raise(problems, "contribution")
