@@ -19,6 +19,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import secrets
+import shutil
 import tempfile
 import time
 import tomllib
@@ -137,12 +138,16 @@ class Federation:
         return calls
 
     def stop(self) -> None:
+        """Close the connections, stop the aggregator and delete the temporary folder (its
+        store and, with TLS, the provisioned private keys)."""
         for channel in self._channels:
             channel.close()
         self.stop_event.set()
         self.proc.join(30)
         if self.proc.is_alive():
             self.proc.terminate()
+            self.proc.join(10)
+        shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def _plaintext_parties(site_ids: list[str], folder: Path, raw_extra: dict):
@@ -216,6 +221,7 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
     except BaseException:
         stop_event.set()
         proc.join(30)
+        shutil.rmtree(folder, ignore_errors=True)
         raise
     return Federation(proc, stop_event, f"127.0.0.1:{port}", round_id, site_ids, spec_envelope,
                       contributions, folder, folder / "federation" if tls else None)

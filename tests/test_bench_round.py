@@ -21,3 +21,11 @@ def test_bench_round_reports_cpu_and_load_and_refuses_bad_sizes(capsys):
     assert len(result["loadavg_1min"]) == 1 and result["client_cpu_s"] >= 0
     assert main(["bench", "round", "--sites", "0"]) == 2
     assert "at least 1" in capsys.readouterr().err
+
+
+def test_bench_round_over_mutual_tls_with_provisioned_kits(capsys):
+    """--tls: a CA and kits from dpfed.provision, one connection and certificate per site;
+    the aggregator's certificate-identity check accepts every contribution."""
+    assert main(["bench", "round", "--sites", "3", "--dim", "2", "--tls", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["tls"] is True and result["sites"] == 3 and result["round_s"] > 0
