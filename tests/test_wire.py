@@ -81,15 +81,8 @@ def test_generated_code_is_not_stale(tmp_path):
             f"{rel} is stale: run python protos/generate.py")
 
 
-@pytest.mark.parametrize("backend", ["libsodium", "cryptography"])
-def test_both_verifiers_accept_honest_and_refuse_forged_signatures(backend, monkeypatch):
-    """The aggregator verifies with PyNaCl (libsodium, releases the GIL) when installed and
-    falls back to cryptography (a site without the aggregator extra): same answers."""
+def test_signatures_of_the_wrong_length_or_key_or_type_are_refused():
     from dpfed.wire import signing
-    if backend == "libsodium":
-        pytest.importorskip("nacl")
-    else:
-        monkeypatch.setattr(signing, "nacl", None)
     key, other = SigningKey.generate(), SigningKey.generate()
     env = key.sign(pb.Contribution(round_id="r", site_id="s", statistics=b"\x01" * 1000, n=3))
     signing.verify_signature(env, key.public_key, "dpfed.v1.Contribution")

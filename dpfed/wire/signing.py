@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from functools import lru_cache
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -21,14 +20,7 @@ from google.protobuf.message import Message
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import canonical_bytes, parse_canonical, payload_type
 
-try:  # the aggregator's extra (pyproject.toml): verification that releases the GIL
-    import nacl.exceptions
-    import nacl.signing
-except ImportError:  # a site verifies one spec per round: cryptography is plenty
-    nacl = None
-
 _DOMAIN = b"dpfed.v1\x00"
-_SIGNATURE_BYTES = 64
 
 
 class SignatureError(ValueError):
@@ -123,36 +115,8 @@ def verify_signature(envelope: pb.SignedEnvelope, public_key: Ed25519PublicKey,
     """Check only that ``public_key`` signed ``envelope.payload`` as a ``type_name`` (domain
     prefix included); raises SignatureError otherwise. For callers that look the key up and
     parse the payload themselves (the aggregator's contribution hot path); ``verify`` is
-    this plus the key lookup, the type check and the canonical parse.
-
-    With PyNaCl installed (the aggregator extra) the check is libsodium's, which releases the
-    GIL: the aggregator's gRPC threads verify in parallel with each other and with the rest of
-    its work, where ``cryptography`` holds the GIL for the whole check (docs/benchmarks.md,
-    "Round latency"). Both implement RFC 8032 Ed25519; libsodium additionally refuses
-    small-order keys and non-canonical encodings, which no honest signer produces."""
-    signed = _signed_bytes(type_name, envelope.payload)
-    if nacl is not None:
-        # Exactly 64 bytes: libsodium would otherwise read the signature from the message.
-        ok = len(envelope.signature) == _SIGNATURE_BYTES
-        if ok:
-            try:
-                _sodium_key(_raw_public_key(public_key)).verify(signed, envelope.signature)
-            except nacl.exceptions.BadSignatureError:
-                ok = False
-    else:
-        try:
-            public_key.verify(envelope.signature, signed)
-            ok = True
-        except InvalidSignature:
-            ok = False
-    if not ok:
-        raise SignatureError(f"bad signature on {type_name} from key {envelope.key_id[:16]}")
-
-
-def _raw_public_key(public_key: Ed25519PublicKey) -> bytes:
-    return public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-
-
-@lru_cache(maxsize=16_384)   # one entry per registered key (limits.MAX_SITES plus coordinators)
-def _sodium_key(raw: bytes) -> "nacl.signing.VerifyKey":
-    return nacl.signing.VerifyKey(raw)
+    this plus the key lookup, the type check and the canonical parse."""
+    try:
+        public_key.verify(envelope.signature, _signed_bytes(type_name, envelope.payload))
+    except InvalidSignature:
+        raise SignatureError(f"bad signature on {type_name} from key {envelope.key_id[:16]}") from None
