@@ -501,6 +501,8 @@ class RoundManager:
             log.debug("round %s: accepted contribution of %s (n=%d), %d of quorum %d",
                       c.round_id, site, c.n, count, live.stored.quorum)
             self._close_if_due(live)
+        # The exact-sum arithmetic of a full block, outside the lock (RunningTotal.fold).
+        live.running.fold()
         return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=False,
                                   message=f"accepted ({count} of quorum {live.stored.quorum})")
 

@@ -151,6 +151,36 @@ def test_running_total_equals_the_sum_at_close():
     assert running.total() == total
 
 
+def test_running_total_folds_outside_callers_lock_and_loses_nothing():
+    """Threads queue releases and fold blocks concurrently (as the round manager's gRPC
+    threads do); a fold finding another in progress leaves its rows for later; ``copy`` and
+    ``total`` see everything queued before them."""
+    import threading
+    parts = [random_statistics(d=3, seed=i, n=1 + i) for i in range(200)]
+    running = RunningTotal(3)
+    running._folding.acquire()              # a fold in progress elsewhere
+    for p in parts[:40]:
+        running.add_encoded(p.to_bytes())   # never waits for it
+    running.fold()                          # does not wait either: skipped
+    assert running._values.count == 0 and len(running._pending) == 40
+    running._folding.release()
+    running.fold()
+    assert running._values.count == 40 and running._pending == []
+
+    def contribute(chunk):
+        for p in chunk:
+            running.add_encoded(p.to_bytes())
+            running.fold()
+
+    threads = [threading.Thread(target=contribute, args=(parts[40 + k::8],)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert running.copy().total() == running.total() == exact_sum(parts)
+    assert running.count == 200 and running.total().n == sum(p.n for p in parts)
+
+
 def test_statistics_upper_values_round_trip_keeps_every_bit():
     s = Statistics(np.array([[-0.0, 1.5], [1.5, 5e-324]]), np.array([-0.0, 2.0]), -0.0, 3)
     again = Statistics.from_upper(2, 3, s.upper_values())
