@@ -62,7 +62,7 @@ def test_each_block_gets_the_single_release_calibration(monkeypatch, sizes):
 @pytest.mark.parametrize("k", [1, 3, 10])
 def test_concatenated_scale_is_a_single_release_scale_and_certificate_covers_the_vector(k):
     """The scale OpenDP calibrates for the concatenated vector (rounding slack of all k m
-    coordinates charged) is the single-release scale up to ~1e-12 relative and never
+    coordinates charged) is the single-release scale up to (K-1) m 2^-40 relative and never
     smaller; OpenDP's own map of the whole-vector measurement certifies <= the share."""
     d, eps, bx, by = 10, 1.0, 0.3, 1.7
     cal = noise_calibration(d, eps, bx, by, SPLIT)
