@@ -46,7 +46,7 @@ from typing import Sequence
 import numpy as np
 from scipy import special
 
-from aggregator.model import PRIOR_RATE, PRIOR_SHAPE
+from aggregator.model import PRIOR_RATE, PRIOR_SHAPE, ChunkSummary
 from aggregator.posterior import stationarity
 from aggregator.repair import repair_statistics
 from dpfed.statistics import Statistics
@@ -284,7 +284,7 @@ def fit_batch(stats: Sequence[Statistics], *, seed: int = 0, learning_rate: floa
         it += k
         windows += 1
         iterations[active] = it
-        chunk = _Chunk(k, *(avg[:, c, :] for c in range(6)))
+        chunk = ChunkSummary(k, *(avg[:, c, :] for c in range(6)))
         finite = np.all(np.isfinite(avg[:, :2, :]), axis=(1, 2))
         with np.errstate(invalid="ignore", over="ignore"):
             check = stationarity(chunk)
@@ -303,16 +303,3 @@ def fit_batch(stats: Sequence[Statistics], *, seed: int = 0, learning_rate: floa
                                              (mu, rho, m_mu, v_mu, m_rho, v_rho))
     return BatchResult(beta_mean, converged, iterations, changed, time.perf_counter() - t0,
                        {"batch": B, "dim": d, "windows": windows})
-
-
-@dataclass(frozen=True)
-class _Chunk:
-    """The fields of ``aggregator.model.ChunkSummary`` that ``stationarity`` reads."""
-
-    steps: int
-    mu: np.ndarray
-    rho: np.ndarray
-    grad_mu: np.ndarray
-    grad_rho: np.ndarray
-    grad_mu_sq: np.ndarray
-    grad_rho_sq: np.ndarray
