@@ -34,14 +34,14 @@ class AggregatorConfig:
     max_clock_skew_s: float = 300.0
     sites: tuple[KeyEntry, ...] = ()
     coordinators: tuple[KeyEntry, ...] = ()
-    # gRPC worker threads. Every subscribed site holds one for its stream, so this must exceed
-    # the number of sites expected to be connected at once.
+    # Threads for the round manager's blocking work (signature checks, disk commits), shared
+    # by all calls. Open round streams do not hold one: they wait on the event loop.
     max_workers: int = 64
-    # Load shedding (RESOURCE_EXHAUSTED instead of falling over, tests/test_load.py):
-    # open Subscribe streams are capped below max_workers so some threads always remain for
-    # Contribute, GetRound and health checks (0: max_workers - 8, at least 1); every RPC
-    # running or queued for a thread is capped by gRPC's maximum_concurrent_rpcs, which bounds
-    # the memory held by queued requests (4096 x a 17 kB d = 64 contribution = 70 MB).
+    # Load shedding (RESOURCE_EXHAUSTED instead of falling over, tests/test_load.py): every
+    # RPC in progress, open Subscribe streams included, counts against gRPC's
+    # maximum_concurrent_rpcs, which bounds the memory held by requests (4096 x a 17 kB
+    # d = 64 contribution = 70 MB); open streams are capped below it so slots always remain
+    # for Contribute, GetRound and health checks (0: three quarters of max_concurrent_rpcs).
     max_streams: int = 0
     max_concurrent_rpcs: int = 4096
     # Benchmarks only: close rounds at quorum without fitting, to time the federation alone.
@@ -141,5 +141,5 @@ def load_config(path: str | Path, *, insecure: bool = False) -> AggregatorConfig
 def stream_limit(config: AggregatorConfig) -> int:
     """Open Subscribe streams allowed at once (see AggregatorConfig.max_streams)."""
     if config.max_streams > 0:
-        return min(config.max_streams, config.max_workers - 1)
-    return max(1, config.max_workers - 8)
+        return min(config.max_streams, config.max_concurrent_rpcs)
+    return max(1, config.max_concurrent_rpcs * 3 // 4)

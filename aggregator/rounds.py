@@ -405,11 +405,14 @@ class RoundManager:
                 self.store.insert_nonce(kid, nonce, timestamp_ms)
                 self._nonces.add((kid, nonce))
 
-    def subscribe(self, site_id: str) -> tuple[int, queue.Queue]:
+    def subscribe(self, site_id: str, updates=None) -> tuple[int, queue.Queue]:
+        """Register a round stream of ``site_id``: the id of every round it is invited to is
+        put on ``updates`` (anything with a thread-safe ``put``; default a new queue.Queue)
+        as the round starts, and None when the aggregator shuts down."""
         with self._lock:
             token = self._next_subscriber
             self._next_subscriber += 1
-            q: queue.Queue = queue.Queue()
+            q = queue.Queue() if updates is None else updates
             if self._closed:
                 q.put(None)
             self._subscribers[token] = (site_id, q)

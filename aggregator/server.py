@@ -3,6 +3,7 @@ over a RoundManager, and graceful shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import signal
@@ -15,12 +16,11 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dpfed.transport import SERVER_OPTIONS, add_server_port
-from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 
 from aggregator.config import AggregatorConfig, load_config, stream_limit
 from aggregator.registry import Registry
 from aggregator.rounds import RoundManager
-from aggregator.service import AggregatorServicer
+from aggregator.service import AggregatorServicer, add_to_server
 from aggregator.store import RoundStore
 
 log = logging.getLogger(__name__)
@@ -40,15 +40,28 @@ def pending_call_options(cfg: AggregatorConfig) -> list[tuple[str, int]]:
 
 
 class AggregatorServer:
+    """The aggregator's gRPC server on grpc.aio, driven from ordinary threads: ``start``,
+    ``stop`` and ``wait`` block like the thread-pool server's, while the asyncio event loop
+    runs on its own thread ("aggregator-loop"). Calls that wait on the round manager (disk
+    commits, signature checks) run on a pool of ``max_workers`` threads
+    (aggregator.service)."""
+
     def __init__(self, config: AggregatorConfig, *, interceptors=()):
         self.config = config
-        self.interceptors = tuple(interceptors)  # grpc.ServerInterceptor (tests/test_shutdown.py)
+        self.interceptors = tuple(interceptors)  # grpc.aio.ServerInterceptor (tests/test_shutdown.py)
         self.registry = Registry.from_config(config)
         self.store: RoundStore | None = None
         self.manager: RoundManager | None = None
-        self.server: grpc.Server | None = None
-        self.health: health.HealthServicer | None = None
+        self.server: grpc.aio.Server | None = None
+        self.health: health.aio.HealthServicer | None = None
         self.port: int | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._executor: futures.ThreadPoolExecutor | None = None
+
+    def _run(self, coro, timeout: float | None = None):
+        """Run ``coro`` on the server's event loop and wait for its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     def start(self) -> int:
         """Open the store, reload rounds, bind and start; returns the bound port."""
@@ -58,26 +71,40 @@ class AggregatorServer:
         self.manager = RoundManager(self.store, self.registry, max_clock_skew_s=cfg.max_clock_skew_s,
                                     skip_fit=cfg.skip_fit)
         self.manager.recover()
-        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
-                                                             thread_name_prefix="grpc"),
-                                  options=SERVER_OPTIONS + pending_call_options(cfg),
-                                  interceptors=self.interceptors,
-                                  # Past this many running + queued calls gRPC answers
-                                  # RESOURCE_EXHAUSTED itself (aggregator/config.py).
-                                  maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
-        pb_grpc.add_AggregatorServicer_to_server(
-            AggregatorServicer(self.manager, max_streams=stream_limit(cfg),
-                               require_identity=not cfg.insecure), self.server)
-        self.health = health.HealthServicer()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = add_server_port(self.server, cfg.listen, None if cfg.insecure else cfg.tls)
-        self.server.start()
-        for name in ("", SERVICE_NAME):
-            self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._executor = futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
+                                                    thread_name_prefix="grpc")
+        self._loop = asyncio.new_event_loop()
+        self._loop_thread = threading.Thread(target=self._loop.run_forever,
+                                             name="aggregator-loop", daemon=True)
+        self._loop_thread.start()
+        try:
+            self.port = self._run(self._start())
+        except BaseException:
+            self._close_loop()
+            self.store.close()
+            raise
         log.info("aggregator listening on port %d with %d site(s) and %d coordinator(s) "
                  "registered; state in %s", self.port, len(self.registry.sites),
                  len(self.registry.coordinator_keys), cfg.state_db)
         return self.port
+
+    async def _start(self) -> int:
+        cfg = self.config
+        self.server = grpc.aio.server(options=SERVER_OPTIONS + pending_call_options(cfg),
+                                      interceptors=self.interceptors,
+                                      # Past this many running + queued calls gRPC answers
+                                      # RESOURCE_EXHAUSTED itself (aggregator/config.py).
+                                      maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
+        add_to_server(AggregatorServicer(self.manager, self._executor,
+                                         max_streams=stream_limit(cfg),
+                                         require_identity=not cfg.insecure), self.server)
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        port = add_server_port(self.server, cfg.listen, None if cfg.insecure else cfg.tls)
+        await self.server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        return port
 
     def stop(self, grace: float | None = None) -> None:
         """Stop accepting calls, let running ones finish for ``grace`` seconds, close the
@@ -88,20 +115,35 @@ class AggregatorServer:
         and the site resends it after the restart (tests/test_shutdown.py)."""
         if self.server is None:
             return
-        if self.health:
-            self.health.enter_graceful_shutdown()
-        # server.stop first: it refuses new calls at once and returns immediately, so nothing
-        # arrives between here and the end; then the Subscribe streams (which would otherwise
-        # run to the end of the grace period) and timers are ended.
-        stopped = self.server.stop(self.config.grace_s if grace is None else grace)
-        self.manager.close()
-        stopped.wait()
+        self._run(self._stop(self.config.grace_s if grace is None else grace))
+        self._close_loop()
         self.store.close()
         self.server = None
         log.info("aggregator stopped")
 
+    async def _stop(self, grace: float) -> None:
+        await self.health.enter_graceful_shutdown()
+        # server.stop refuses new calls at once; the Subscribe streams (which would otherwise
+        # run to the end of the grace period) and the deadline timers are ended next, while
+        # calls already running get ``grace`` seconds to finish.
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        await asyncio.sleep(0)
+        self.manager.close()
+        await stopping
+
+    def _close_loop(self) -> None:
+        if self._executor is not None:
+            # A call the server gave up on may still be committing: let it finish, so the
+            # store is closed under no one.
+            self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(30)
+            self._loop.close()
+            self._loop = None
+
     def wait(self) -> None:
-        self.server.wait_for_termination()
+        self._run(self.server.wait_for_termination())
 
 
 # TEST HOOK (tests/test_shutdown.py): DPFED_TEST_HOLD_CONTRIBUTE=<directory> makes the first
@@ -111,7 +153,7 @@ class AggregatorServer:
 HOLD_ENV = "DPFED_TEST_HOLD_CONTRIBUTE"
 
 
-class HoldFirstContribute(grpc.ServerInterceptor):
+class HoldFirstContribute(grpc.aio.ServerInterceptor):
     """Holds the first Contribute call until ``release()`` (or the release file) says go."""
 
     METHOD = f"/{SERVICE_NAME}/Contribute"
@@ -124,26 +166,27 @@ class HoldFirstContribute(grpc.ServerInterceptor):
     def release(self) -> None:
         self._release.set()
 
-    def _wait(self) -> None:
+    async def _wait(self) -> None:
         self.arrived.set()
         if self.directory:
             (self.directory / "arrived").touch()
         end = time.monotonic() + 60  # never hold a call forever, even if the test died
-        while not self._release.wait(0.01) and time.monotonic() < end:
+        while not self._release.is_set() and time.monotonic() < end:
             if self.directory and (self.directory / "release").exists():
                 return
+            await asyncio.sleep(0.01)
 
-    def intercept_service(self, continuation, handler_call_details):
-        handler = continuation(handler_call_details)
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
         if handler_call_details.method != self.METHOD or handler is None:
             return handler
         inner = handler.unary_unary
 
-        def held(request, context):
+        async def held(request, context):
             if self._taken.acquire(blocking=False):  # the first call only
                 log.critical("%s: holding the first Contribute (test hook)", HOLD_ENV)
-                self._wait()
-            return inner(request, context)
+                await self._wait()
+            return await inner(request, context)
         return grpc.unary_unary_rpc_method_handler(
             held, request_deserializer=handler.request_deserializer,
             response_serializer=handler.response_serializer)

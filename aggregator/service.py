@@ -1,15 +1,22 @@
 """The gRPC servicer: a thin adapter from dpfed.v1.Aggregator calls to RoundManager methods.
 
 Every refusal becomes a gRPC status with a clear message and a log line; no logic lives here.
+
+It runs on grpc.aio's asyncio server (aggregator.server): an open Subscribe stream is a
+coroutine waiting on a queue, not a thread, so thousands of connected sites cost memory, not
+threads. The RoundManager stays plain synchronous code; its methods that wait (a disk commit,
+a signature check) run on a thread pool so the event loop keeps serving other calls.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import queue
-import threading
+from concurrent.futures import Executor
 
 import grpc
+from google.protobuf.message import DecodeError
+from google.protobuf.message_factory import GetMessageClass
 
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
@@ -20,9 +27,6 @@ from aggregator.rounds import Rejected, RoundManager
 
 log = logging.getLogger(__name__)
 
-# How often an idle Subscribe stream looks at whether the client or the server went away.
-_STREAM_POLL_S = 1.0
-
 
 def _peer(context) -> str:
     try:
@@ -31,29 +35,49 @@ def _peer(context) -> str:
         return "?"
 
 
+class LoopQueue:
+    """What RoundManager.subscribe needs of a subscriber's queue (``put``), for a coroutine
+    on ``loop``: ``put`` may be called from any thread and wakes the waiting ``get``."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop):
+        self._loop = loop
+        self._queue: asyncio.Queue = asyncio.Queue()
+
+    def put(self, item) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._queue.put_nowait, item)
+        except RuntimeError:   # the loop is closed: the server is gone, nobody is waiting
+            pass
+
+    async def get(self):
+        return await self._queue.get()
+
+
 class AggregatorServicer(pb_grpc.AggregatorServicer):
-    def __init__(self, manager: RoundManager, *, max_streams: int | None = None,
-                 require_identity: bool = False):
+    def __init__(self, manager: RoundManager, executor: Executor, *,
+                 max_streams: int | None = None, require_identity: bool = False):
         self.manager = manager
+        self.executor = executor
         # Mutual TLS: every signed request is bound to the certificate's identity.
         self.require_identity = require_identity
-        # Each open Subscribe stream holds a server thread for its lifetime; past this many,
-        # new streams get RESOURCE_EXHAUSTED (the site reconnects with backoff) so the
-        # remaining threads stay free for unary calls and health checks.
-        self._streams = threading.BoundedSemaphore(max_streams) if max_streams else None
+        # Past this many open Subscribe streams new ones get RESOURCE_EXHAUSTED (the site
+        # reconnects with backoff): a stream is cheap, but gRPC counts it against
+        # maximum_concurrent_rpcs, so uncapped streams could starve Contribute of slots.
         self.max_streams = max_streams
+        self._open_streams = 0
 
-    def _call(self, what: str, context, fn, *args):
+    async def _call(self, what: str, context, fn, *args):
+        """``fn(*args)`` on the executor; a Rejected becomes the call's gRPC status."""
         try:
-            return fn(*args)
+            return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         except Rejected as exc:
             # Messages may quote the request; gRPC drops a status whose message exceeds its
             # metadata limit (8 kB soft), so the caller would get a bare transport error.
             message = clip_text(exc.message)
             log.warning("%s from %s rejected: %s: %s", what, _peer(context), exc.code, message)
-            context.abort(getattr(grpc.StatusCode, exc.code), message)
+            await context.abort(getattr(grpc.StatusCode, exc.code), message)
 
-    def _identity(self, what: str, context) -> identity.PeerIdentity | None:
+    async def _identity(self, what: str, context) -> identity.PeerIdentity | None:
         try:
             peer = identity.peer_identity(context)
         except identity.NoPeerIdentity as exc:
@@ -62,72 +86,69 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             problem = "no client certificate" if peer is None and self.require_identity else ""
         if problem:
             log.warning("%s from %s rejected: UNAUTHENTICATED: %s", what, _peer(context), problem)
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, problem)
         return peer
 
-    def StartRound(self, request, context):
-        return self._call("StartRound", context, self.manager.start_round, request,
-                          self._identity("StartRound", context))
+    async def StartRound(self, request, context):
+        peer = await self._identity("StartRound", context)
+        return await self._call("StartRound", context, self.manager.start_round, request, peer)
 
-    def _reader(self, what: str, context) -> None:
+    async def _reader(self, what: str, context) -> None:
         """Aborts with PERMISSION_DENIED unless the peer may call read-only ``what``."""
-        problem = identity.read_denied(self._identity(what, context), what)
+        problem = identity.read_denied(await self._identity(what, context), what)
         if problem:
             log.warning("%s from %s rejected: PERMISSION_DENIED: %s", what, _peer(context), problem)
-            context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
 
-    def GetRound(self, request, context):
-        self._reader("GetRound", context)
-        return self._call("GetRound", context, self.manager.status, request.round_id)
+    async def GetRound(self, request, context):
+        await self._reader("GetRound", context)
+        return await self._call("GetRound", context, self.manager.status, request.round_id)
 
-    def GetResult(self, request, context):
-        self._reader("GetResult", context)
-        return self._call("GetResult", context, self.manager.result, request.round_id)
+    async def GetResult(self, request, context):
+        await self._reader("GetResult", context)
+        return await self._call("GetResult", context, self.manager.result, request.round_id)
 
-    def ListSites(self, request, context):
-        self._reader("ListSites", context)
-        return self.manager.list_sites()
+    async def ListSites(self, request, context):
+        await self._reader("ListSites", context)
+        return await self._call("ListSites", context, self.manager.list_sites)
 
-    def Contribute(self, request, context):
-        return self._call("Contribute", context, self.manager.contribute, request,
-                          self._identity("Contribute", context))
+    async def Contribute(self, request, context):
+        peer = await self._identity("Contribute", context)
+        return await self._call("Contribute", context, self.manager.contribute, request, peer)
 
-    def Refuse(self, request, context):
-        return self._call("Refuse", context, self.manager.refuse, request,
-                          self._identity("Refuse", context))
+    async def Refuse(self, request, context):
+        peer = await self._identity("Refuse", context)
+        return await self._call("Refuse", context, self.manager.refuse, request, peer)
 
-    def Subscribe(self, request, context):
-        if self._streams is not None and not self._streams.acquire(blocking=False):
+    async def Subscribe(self, request, context):
+        if self.max_streams is not None and self._open_streams >= self.max_streams:
             log.warning("Subscribe from %s shed: %d streams already open", _peer(context),
                         self.max_streams)
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the aggregator has {self.max_streams} round streams open, its "
-                          f"limit; retry later")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"the aggregator has {self.max_streams} round streams open, its "
+                                f"limit; retry later")
+        self._open_streams += 1   # only the event loop's thread touches it
         try:
-            yield from self._subscribe(request, context)
+            async for envelope in self._subscribe(request, context):
+                yield envelope
         finally:
-            if self._streams is not None:
-                self._streams.release()
+            self._open_streams -= 1
 
-    def _subscribe(self, request, context):
-        site_id = self._call("Subscribe", context, self.manager.hello, request,
-                             self._identity("Subscribe", context))
-        token, updates = self.manager.subscribe(site_id)
+    async def _subscribe(self, request, context):
+        peer = await self._identity("Subscribe", context)
+        site_id = await self._call("Subscribe", context, self.manager.hello, request, peer)
+        updates = LoopQueue(asyncio.get_running_loop())
+        token, _ = self.manager.subscribe(site_id, updates)
         try:
             sent: set[str] = set()
             # Subscribed before listing, so a round started in between is not missed; `sent`
-            # drops the second notice of it.
+            # drops the second notice of it. A client that goes away cancels this coroutine
+            # where it waits, and the finally below unsubscribes.
             backlog = self.manager.pending_rounds(site_id)
-            while context.is_active():
-                if backlog:
-                    round_id = backlog.pop(0)
-                else:
-                    try:
-                        round_id = updates.get(timeout=_STREAM_POLL_S)
-                    except queue.Empty:
-                        continue
-                    if round_id is None:  # server shutting down
-                        return
+            while True:
+                round_id = backlog.pop(0) if backlog else await updates.get()
+                if round_id is None:  # server shutting down
+                    return
                 if round_id in sent:
                     continue
                 envelope = self.manager.spec_for_site(round_id, site_id)
@@ -137,3 +158,44 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                     yield envelope
         finally:
             self.manager.unsubscribe(token)
+
+
+SERVICE = pb.DESCRIPTOR.services_by_name["Aggregator"]
+
+
+def _parsing(what: str, method, request_class, server_streaming: bool):
+    """``method`` taking the raw request bytes: bytes that are not a ``request_class`` get
+    INVALID_ARGUMENT with a message saying so (grpc.aio would answer UNKNOWN and log a
+    traceback if its own deserializer failed)."""
+    async def parse(data: bytes, context):
+        try:
+            return request_class.FromString(data)
+        except DecodeError:
+            message = f"the request is not a valid {request_class.DESCRIPTOR.full_name} message"
+            log.warning("%s from %s rejected: INVALID_ARGUMENT: %s", what, _peer(context), message)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+
+    if server_streaming:
+        async def stream(data: bytes, context):
+            async for reply in method(await parse(data, context), context):
+                yield reply
+        return stream
+
+    async def unary(data: bytes, context):
+        return await method(await parse(data, context), context)
+    return unary
+
+
+def add_to_server(servicer: AggregatorServicer, server: grpc.aio.Server) -> None:
+    """Register ``servicer`` for every RPC of dpfed.v1.Aggregator, requests parsed by
+    ``_parsing`` (the generated ``add_AggregatorServicer_to_server`` would let gRPC parse)."""
+    handlers = {}
+    for m in SERVICE.methods:
+        request_class = GetMessageClass(m.input_type)
+        fn = _parsing(m.name, getattr(servicer, m.name), request_class, m.server_streaming)
+        serialize = GetMessageClass(m.output_type).SerializeToString
+        make = (grpc.unary_stream_rpc_method_handler if m.server_streaming
+                else grpc.unary_unary_rpc_method_handler)
+        handlers[m.name] = make(fn, request_deserializer=None, response_serializer=serialize)
+    server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(SERVICE.full_name,
+                                                                          handlers)])

@@ -34,9 +34,9 @@ from dpfed.v1 import dpfed_pb2 as pb
 # Codes that are answers to a judged request. UNKNOWN means an exception escaped a servicer.
 ANSWERS = {"OK", "INVALID_ARGUMENT", "UNAUTHENTICATED", "PERMISSION_DENIED",
            "FAILED_PRECONDITION", "ALREADY_EXISTS", "NOT_FOUND"}
-# Raw bytes that are not a protobuf message: gRPC itself answers INTERNAL ("Exception
-# deserializing request") before any dpfed code runs.
-RAW_ANSWERS = ANSWERS | {"INTERNAL"}
+# Raw bytes that are not a protobuf message: the servicer answers INVALID_ARGUMENT ("the
+# request is not a valid ... message", aggregator.service._parsing), like any other bad input.
+RAW_ANSWERS = ANSWERS
 # A valid SiteHello opens a stream that stays open: the fuzzer's short deadline ends it.
 STREAM_ANSWERS = ANSWERS | {"DEADLINE_EXCEEDED"}
 

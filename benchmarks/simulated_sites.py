@@ -69,6 +69,21 @@ def release(d: int, n: int, rng):
                       float(abs(rng.normal()) + n), n)
 
 
+def sign_contributions(site_keys: dict, round_id: str, spec_digest: str, dim: int,
+                       rng) -> list[bytes]:
+    """One serialised SignedEnvelope per site (in ``site_keys`` order): a release-shaped
+    Contribution of n = 100 and epsilon 1 to ``round_id``, signed with the site's own key."""
+    from dpfed.v1 import dpfed_pb2 as pb
+    out = []
+    for site, key in site_keys.items():
+        stats = release(dim, 100, rng)
+        out.append(key.sign(pb.Contribution(
+            round_id=round_id, site_id=site, statistics=stats.to_bytes(), n=stats.n,
+            epsilon_spent=1.0, spec_digest=spec_digest, timestamp_unix_ms=int(time.time() * 1000),
+            nonce=secrets.token_hex(16))).SerializeToString())
+    return out
+
+
 @dataclass
 class Federation:
     """A running aggregator, its round spec and the sites' pre-serialised contributions."""
@@ -210,14 +225,7 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
                             fit_method="fixed")
         spec_envelope = coordinator.sign(spec)
         spec_digest = digest(spec_envelope.payload)
-        contributions = []
-        for s in site_ids:
-            stats = release(dim, 100, rng)
-            contributions.append(site_keys[s].sign(pb.Contribution(
-                round_id=round_id, site_id=s, statistics=stats.to_bytes(), n=stats.n,
-                epsilon_spent=1.0, spec_digest=spec_digest,
-                timestamp_unix_ms=int(time.time() * 1000),
-                nonce=secrets.token_hex(16))).SerializeToString())
+        contributions = sign_contributions(site_keys, round_id, spec_digest, dim, rng)
     except BaseException:
         stop_event.set()
         proc.join(30)

@@ -238,3 +238,22 @@ def test_health_service_serves(federation):
     stub = health_pb2_grpc.HealthStub(federation.channel)
     reply = stub.Check(health_pb2.HealthCheckRequest(service="dpfed.v1.Aggregator"))
     assert reply.status == health_pb2.HealthCheckResponse.SERVING
+
+
+@pytest.mark.parametrize("method", ["StartRound", "Contribute", "Refuse", "GetRound",
+                                    "Subscribe"])
+def test_bytes_that_are_no_message_get_invalid_argument(federation, method):
+    """Not a protobuf message at all: a clear INVALID_ARGUMENT naming the expected type, not
+    UNKNOWN (grpc.aio's answer when its own deserializer fails); the round is untouched."""
+    federation.start_round(federation.spec("r1"))
+    before = federation.manager.aggregated_statistics("r1")
+    path = f"/dpfed.v1.Aggregator/{method}"
+    call = (federation.channel.unary_stream if method == "Subscribe"
+            else federation.channel.unary_unary)(path)
+    with pytest.raises(grpc.RpcError) as err:
+        reply = call(b"\xff\xff\xff", timeout=5)
+        if method == "Subscribe":
+            next(reply)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "is not a valid dpfed.v1." in err.value.details()
+    assert federation.manager.aggregated_statistics("r1") == before

@@ -5,6 +5,7 @@ and retries in place only on UNAVAILABLE; a 1000-site round completes with bound
 
 from __future__ import annotations
 
+import threading
 import time
 
 import grpc
@@ -83,6 +84,33 @@ def test_excess_subscribe_streams_get_resource_exhausted(tmp_path):
                 assert time.monotonic() < end
         call.cancel()
         streams[1].cancel()
+    finally:
+        fed.stop()
+
+
+def test_hundreds_of_round_streams_hold_no_thread_each(tmp_path):
+    """300 sites subscribed at once to an aggregator with 2 worker threads: every stream gets
+    the round's spec. A stream waits on the event loop, not on a thread (the thread-pool
+    server needed max_workers > N + 8 for N connected sites, and shed the rest)."""
+    from dpfed.wire.canonical import parse_canonical
+
+    class ManySites(Federation):
+        SITES = tuple(f"site-{i:03d}" for i in range(300))
+
+    fed = ManySites(tmp_path, max_workers=2)
+    try:
+        threads = threading.active_count()
+        streams = [fed.stub.Subscribe(_hello(fed, s), timeout=60) for s in fed.SITES]
+        _wait_connected(fed, fed.SITES, timeout=30)
+        assert threading.active_count() - threads <= 4      # loop-side: no thread per stream
+        fed.start_round(fed.spec("r1", quorum=len(fed.SITES)))
+        for stream in streams:
+            envelope = next(stream)
+            assert parse_canonical(envelope.payload, "dpfed.v1.RoundSpec").round_id == "r1"
+        assert _serving(fed.address)
+        for stream in streams:
+            stream.cancel()
+        _wait_disconnected(fed, fed.SITES, timeout=30)
     finally:
         fed.stop()
 
