@@ -18,7 +18,7 @@ import math
 import queue
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -83,6 +83,24 @@ class LiveRound:
 
     def missing(self) -> list[str]:
         return sorted(self.invited - set(self.contributions) - set(self.refusals))
+
+
+@dataclass
+class Admission:
+    """A contribution that passed every check and holds its slot in the round
+    (RoundManager.admit_contribution), to be stored, then completed or abandoned."""
+    live: LiveRound
+    contribution: pb.Contribution
+    envelope: pb.SignedEnvelope
+    accepted: AcceptedContribution
+    reply: pb.ContributeReply | None = None   # an identical retry: answered, nothing to store
+
+    def row(self) -> tuple[StoredContribution, str, str, int]:
+        """The arguments of RoundStore.insert_contribution for this contribution."""
+        c, a = self.contribution, self.accepted
+        return (StoredContribution(c.round_id, c.site_id, self.envelope.SerializeToString(),
+                                   c.statistics, c.n, c.epsilon_spent, a.received_ms),
+                self.envelope.key_id, c.nonce, c.timestamp_unix_ms)
 
 
 _CONTRIBUTION_FIELDS = {"round_id": str, "site_id": str, "statistics": str, "n": str,
@@ -444,15 +462,57 @@ class RoundManager:
 
     def contribute(self, envelope: pb.SignedEnvelope,
                    peer: identity.PeerIdentity | None = None) -> pb.ContributeReply:
+        """``contribute_later`` and wait for the reply."""
+        return self.contribute_later(envelope, peer).result()
+
+    def contribute_later(self, envelope: pb.SignedEnvelope,
+                         peer: identity.PeerIdentity | None = None) -> Future:
+        """Check one signed contribution now (``admit_contribution``; a refusal raises
+        Rejected here), queue it for the store's group commit, and return a future of the
+        reply: once it is durable it is counted (``complete_contribution``, run by the
+        store's writer), or, if the commit failed, its slot is freed and the future holds the
+        error. What happens to the round does not depend on anyone waiting for the future."""
+        admission = self.admit_contribution(envelope, peer)
+        reply: Future = Future()
+        if admission.reply is not None:
+            reply.set_result(admission.reply)
+            return reply
+        try:
+            stored = self.store.insert_contribution_later(*admission.row())
+        except BaseException:
+            self.abandon_contribution(admission)
+            raise
+
+        def settle(done: Future) -> None:
+            try:
+                if done.exception() is not None:
+                    self.abandon_contribution(admission)
+                    reply.set_exception(done.exception())
+                else:
+                    reply.set_result(self.complete_contribution(admission))
+            except BaseException as exc:  # noqa: BLE001 - the waiter must hear of it
+                log.exception("round %s: contribution of %s could not be counted",
+                              admission.contribution.round_id, admission.contribution.site_id)
+                if not reply.done():
+                    reply.set_exception(exc)
+        stored.add_done_callback(settle)
+        return reply
+
+    def admit_contribution(self, envelope: pb.SignedEnvelope,
+                           peer: identity.PeerIdentity | None = None) -> Admission:
+        """Every check of a contribution; then its site's slot in the round and its nonce are
+        reserved (it counts towards the quorum, a retry is told to wait) until it is stored
+        and completed, or abandoned. An identical retry of a stored contribution comes back
+        with its ``reply`` set and nothing reserved: idempotent, it adds nothing."""
         c = self._verify_site(envelope, "dpfed.v1.Contribution", peer)
         live = self._round(c.round_id)
         site = c.site_id
         with self._lock:
             previous = live.contributions.get(site)
         if previous is not None and previous.payload == envelope.payload:
-            # A retry of the stored contribution: idempotent, adds nothing.
-            return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=True,
-                                      message="identical contribution already accepted")
+            return Admission(live, c, envelope, previous, reply=pb.ContributeReply(
+                round_id=c.round_id, accepted=True, duplicate=True,
+                message="identical contribution already accepted"))
         self._check_contribution(c, live, envelope)
         try:
             stats_n = aggregate.encoded_n(c.statistics, live.stored.dim)
@@ -466,10 +526,8 @@ class RoundManager:
         if not (math.isfinite(c.epsilon_spent) and c.epsilon_spent == live.spec.epsilon):
             raise Rejected("INVALID_ARGUMENT", f"epsilon_spent {c.epsilon_spent} differs from the "
                                                f"round's epsilon {live.spec.epsilon}")
-        now = self.now_ms()
         accepted = AcceptedContribution(envelope.payload, envelope.signature, c.statistics, c.n,
-                                        c.epsilon_spent, now)
-        nonce = (envelope.key_id, c.nonce)
+                                        c.epsilon_spent, self.now_ms())
         with self._lock:
             # Re-check under the lock: the round may have closed, or this site answered, while
             # the statistics were decoded. Then reserve the site's slot and the nonce.
@@ -480,29 +538,32 @@ class RoundManager:
             self._take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
                              persist=False)
             live.storing[site] = accepted
-            self._nonces.add(nonce)
+            self._nonces.add((envelope.key_id, c.nonce))
         # Durable before anything in memory changes or the site is answered; committed
-        # together with the contributions arriving at the same time (RoundStore._group_tx),
-        # without holding the manager lock so they can join the same transaction.
-        try:
-            self.store.insert_contribution(
-                StoredContribution(c.round_id, site, envelope.SerializeToString(), c.statistics,
-                                   c.n, c.epsilon_spent, now),
-                envelope.key_id, c.nonce, c.timestamp_unix_ms)
-        except BaseException:
-            with self._lock:
-                del live.storing[site]
-                self._nonces.discard(nonce)
-                self._close_if_due(live)
-            raise
+        # together with the contributions arriving at the same time (RoundStore group
+        # commit), without holding the manager lock so they can join the same transaction.
+        return Admission(live, c, envelope, accepted)
+
+    def abandon_contribution(self, admission: Admission) -> None:
+        """The admitted contribution was not stored: free its slot and nonce."""
+        live, c = admission.live, admission.contribution
         with self._lock:
-            del live.storing[site]
-            live.contributions[site] = accepted
+            del live.storing[c.site_id]
+            self._nonces.discard((admission.envelope.key_id, c.nonce))
+            self._close_if_due(live)
+
+    def complete_contribution(self, admission: Admission) -> pb.ContributeReply:
+        """The admitted contribution is durable: count it, add it to the running sum, and
+        close the round if that reached the quorum (or a deadline passed meanwhile)."""
+        live, c, accepted = admission.live, admission.contribution, admission.accepted
+        with self._lock:
+            del live.storing[c.site_id]
+            live.contributions[c.site_id] = accepted
             live.running.add_encoded(c.statistics)
-            self.registry.touch(site, now)
+            self.registry.touch(c.site_id, accepted.received_ms)
             count = len(live.contributions)
             log.debug("round %s: accepted contribution of %s (n=%d), %d of quorum %d",
-                      c.round_id, site, c.n, count, live.stored.quorum)
+                      c.round_id, c.site_id, c.n, count, live.stored.quorum)
             self._close_if_due(live)
         # The exact-sum arithmetic of a full block, outside the lock (RunningTotal.fold).
         live.running.fold()

@@ -71,11 +71,14 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         try:
             return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
         except Rejected as exc:
-            # Messages may quote the request; gRPC drops a status whose message exceeds its
-            # metadata limit (8 kB soft), so the caller would get a bare transport error.
-            message = clip_text(exc.message)
-            log.warning("%s from %s rejected: %s: %s", what, _peer(context), exc.code, message)
-            await context.abort(getattr(grpc.StatusCode, exc.code), message)
+            await self._reject(what, context, exc)
+
+    async def _reject(self, what: str, context, exc: Rejected) -> None:
+        # Messages may quote the request; gRPC drops a status whose message exceeds its
+        # metadata limit (8 kB soft), so the caller would get a bare transport error.
+        message = clip_text(exc.message)
+        log.warning("%s from %s rejected: %s: %s", what, _peer(context), exc.code, message)
+        await context.abort(getattr(grpc.StatusCode, exc.code), message)
 
     async def _identity(self, what: str, context) -> identity.PeerIdentity | None:
         try:
@@ -113,8 +116,25 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return await self._call("ListSites", context, self.manager.list_sites)
 
     async def Contribute(self, request, context):
+        # The hot path of a round, kept on the event loop: the checks (the signature check
+        # releases the GIL) run here, the disk commit on the store's writer thread, which
+        # also counts the contribution once durable; a thread hop per call would cost more
+        # than the checks (docs/benchmarks.md, "Round latency").
         peer = await self._identity("Contribute", context)
-        return await self._call("Contribute", context, self.manager.contribute, request, peer)
+        try:
+            reply = self.manager.contribute_later(request, peer)
+        except Rejected as exc:
+            return await self._reject("Contribute", context, exc)
+        try:
+            # shield: a client that gives up must not cancel the commit's future; the
+            # contribution is stored and counted either way, and a resend is a duplicate.
+            return await asyncio.shield(asyncio.wrap_future(reply))
+        except Exception as exc:  # noqa: BLE001 - the store failed: say so, keep serving
+            log.error("Contribute from %s: not stored: %s: %s", _peer(context),
+                      type(exc).__name__, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                clip_text(f"the aggregator could not store the contribution "
+                                          f"({type(exc).__name__}: {exc}); retry"))
 
     async def Refuse(self, request, context):
         peer = await self._identity("Refuse", context)

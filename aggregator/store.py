@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 import sqlite3
 import threading
-from dataclasses import dataclass
+from concurrent.futures import Future
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SCHEMA = """
@@ -94,9 +95,10 @@ class StoredContribution:
 
 @dataclass(eq=False)
 class _Pending:
-    """One caller's statements waiting for a group commit."""
+    """One caller's statements waiting for a group commit, and the future that says how it
+    went (None once committed, or the caller's own error)."""
     statements: list[tuple[str, tuple]]
-    done: bool = False
+    future: Future = field(default_factory=Future)
     error: BaseException | None = None
 
 
@@ -116,9 +118,10 @@ class RoundStore:
     def __init__(self, path: str | Path):
         self.path = str(path)
         self._lock = threading.Lock()
-        self._group = threading.Condition()      # guards _queue and _committing
+        self._group = threading.Condition()      # guards _queue and _stopping
         self._queue: list[_Pending] = []
-        self._committing = False
+        self._stopping = False
+        self._writer: threading.Thread | None = None
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         # FULL: the WAL is fsynced at every commit, so an acknowledged contribution survives
@@ -130,6 +133,12 @@ class RoundStore:
         self._db.executescript(SCHEMA)
 
     def close(self) -> None:
+        """Commit what is queued, stop the group-commit writer and close the database."""
+        with self._group:
+            self._stopping = True
+            self._group.notify_all()
+        if self._writer is not None:
+            self._writer.join()
         with self._lock:
             self._db.close()
 
@@ -144,36 +153,50 @@ class RoundStore:
                 raise
             self._db.execute("COMMIT")
 
-    def _group_tx(self, statements: list[tuple[str, tuple]]) -> None:
-        """Run ``statements`` all-or-nothing and return once they are committed, sharing the
-        transaction with whoever else is waiting (group commit). The first waiter commits
-        everything queued so far in one transaction, each caller's statements inside their own
-        SAVEPOINT, so one caller's failure (say a duplicate nonce) rolls back only its own
-        statements and is raised to that caller alone; the others wait and are woken when
-        their batch is durable. Same guarantee as ``_tx`` for every caller, but one commit
-        (WAL append) for the whole batch instead of one each."""
-        mine = _Pending(statements)
+    def submit_group(self, statements: list[tuple[str, tuple]]) -> Future:
+        """Queue ``statements`` for the next group commit; the returned future is done (None,
+        or this caller's error) once they are committed all-or-nothing.
+
+        Group commit: a writer thread commits everything queued so far in one transaction,
+        each caller's statements inside their own SAVEPOINT, so one caller's failure (say a
+        duplicate nonce) rolls back only its own statements and is handed to that caller
+        alone. Same guarantee as ``_tx`` for every caller, but one commit (one fsync of the
+        WAL) for the whole batch instead of one each. Callers may wait on the future from a
+        thread (``_group_tx``) or from an event loop (aggregator.service)."""
+        item = _Pending(statements)
         with self._group:
-            self._queue.append(mine)
-            while not mine.done:
-                if self._committing:
+            if self._stopping:
+                raise RuntimeError("the round store is closed")
+            self._queue.append(item)
+            if self._writer is None:
+                self._writer = threading.Thread(target=self._write_loop, name="store-writer",
+                                                daemon=True)
+                self._writer.start()
+            self._group.notify_all()
+        return item.future
+
+    def _group_tx(self, statements: list[tuple[str, tuple]]) -> None:
+        """``submit_group`` and wait: returns once committed, or raises this caller's error."""
+        self.submit_group(statements).result()
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._group:
+                while not self._queue and not self._stopping:
                     self._group.wait()
-                    continue
+                if not self._queue:
+                    return                       # stopping, and nothing left to commit
                 batch, self._queue = self._queue, []
-                self._committing = True
-                self._group.release()
-                try:
-                    self._commit_batch(batch)
-                finally:
-                    for item in batch:  # interrupted midway: nobody is left waiting forever
-                        if not item.done:
-                            item.error = item.error or RuntimeError("group commit interrupted")
-                            item.done = True
-                    self._group.acquire()
-                    self._committing = False
-                    self._group.notify_all()
-        if mine.error is not None:
-            raise mine.error
+            try:
+                self._commit_batch(batch)
+            except BaseException as exc:  # noqa: BLE001 - every waiter must hear of it
+                for item in batch:
+                    item.error = item.error or exc
+            for item in batch:
+                if item.error is None:
+                    item.future.set_result(None)
+                else:
+                    item.future.set_exception(item.error)
 
     def _commit_batch(self, batch: list[_Pending]) -> None:
         with self._lock:
@@ -181,7 +204,7 @@ class RoundStore:
                 self._db.execute("BEGIN IMMEDIATE")
             except BaseException as exc:
                 for item in batch:
-                    item.error, item.done = exc, True
+                    item.error = exc
                 return
             for item in batch:
                 self._db.execute("SAVEPOINT contribution")
@@ -198,8 +221,6 @@ class RoundStore:
                 self._db.execute("ROLLBACK")
                 for item in batch:
                     item.error = item.error or exc
-            for item in batch:
-                item.done = True
 
     def _query(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
@@ -241,11 +262,21 @@ class RoundStore:
                             timestamp_ms: int) -> None:
         """The contribution and its nonce: both or neither, committed when this returns
         (with other contributions arriving at the same time: ``_group_tx``)."""
-        self._group_tx([
+        self._group_tx(self._contribution_statements(c, key_id, nonce, timestamp_ms))
+
+    def insert_contribution_later(self, c: StoredContribution, key_id: str, nonce: str,
+                                  timestamp_ms: int) -> Future:
+        """``insert_contribution`` without waiting: the future is done once committed."""
+        return self.submit_group(self._contribution_statements(c, key_id, nonce, timestamp_ms))
+
+    @staticmethod
+    def _contribution_statements(c: StoredContribution, key_id: str, nonce: str,
+                                 timestamp_ms: int) -> list[tuple[str, tuple]]:
+        return [
             ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
             ("INSERT INTO contributions VALUES (?,?,?,?,?,?,?)",
              (c.round_id, c.site_id, c.envelope, c.statistics, c.n, c.epsilon, c.received_ms)),
-        ])
+        ]
 
     def contributions(self, round_id: str) -> list[StoredContribution]:
         return [StoredContribution(*row) for row in self._query(

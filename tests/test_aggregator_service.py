@@ -257,3 +257,61 @@ def test_bytes_that_are_no_message_get_invalid_argument(federation, method):
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "is not a valid dpfed.v1." in err.value.details()
     assert federation.manager.aggregated_statistics("r1") == before
+
+
+def test_a_failed_commit_answers_unavailable_and_the_resend_is_accepted(federation,
+                                                                       monkeypatch):
+    """The disk refuses one group commit: the site hears UNAVAILABLE ("retry"), nothing is
+    counted or remembered (nonce included), the server keeps serving, and the same bytes
+    resent are accepted once."""
+    import sqlite3
+    federation.start_round(federation.spec("r1", quorum=2))
+    store = federation.manager.store
+    real, failed = store._commit_batch, []
+
+    def fail_once(batch):
+        if not failed:
+            failed.append(len(batch))
+            raise sqlite3.OperationalError("disk I/O error")
+        return real(batch)
+
+    monkeypatch.setattr(store, "_commit_batch", fail_once)
+    envelope = federation.contribution("site-a", "r1", random_statistics(seed=5))
+    with pytest.raises(grpc.RpcError) as err:
+        federation.stub.Contribute(envelope, timeout=10)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "could not store" in err.value.details() and "disk I/O error" in err.value.details()
+    assert list(federation.manager.status("r1").contributions) == []
+    reply = federation.stub.Contribute(envelope, timeout=10)
+    assert reply.accepted and not reply.duplicate
+    assert [c.site_id for c in federation.manager.status("r1").contributions] == ["site-a"]
+
+
+def test_a_contribution_whose_caller_gave_up_is_still_stored_and_counted(federation,
+                                                                          monkeypatch):
+    """The site's deadline passes while its contribution is being committed: the commit is
+    not cancelled with the call; the contribution is durable and counted, and the site's
+    resend is answered as a duplicate."""
+    federation.start_round(federation.spec("r1", quorum=2))
+    store = federation.manager.store
+    real, entered, release = store._commit_batch, threading.Event(), threading.Event()
+
+    def held(batch):
+        entered.set()
+        assert release.wait(20)
+        return real(batch)
+
+    monkeypatch.setattr(store, "_commit_batch", held)
+    envelope = federation.contribution("site-a", "r1", random_statistics(seed=6))
+    call = federation.stub.Contribute.future(envelope, timeout=0.5)
+    assert entered.wait(10)
+    with pytest.raises(grpc.RpcError) as err:
+        call.result()
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    release.set()
+    end = time.monotonic() + 10
+    while not federation.manager.status("r1").contributions:
+        assert time.monotonic() < end, "the contribution was never counted"
+        time.sleep(0.02)
+    assert federation.stub.Contribute(envelope, timeout=10).duplicate
+    assert [c.site_id for c in store.contributions("r1")] == ["site-a"]

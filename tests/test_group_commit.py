@@ -57,7 +57,9 @@ def test_concurrent_inserts_are_all_durable_and_a_failure_stays_with_its_caller(
     for t in threads:
         t.join()
     assert list(errors) == [7] and isinstance(errors[7], sqlite3.IntegrityError)
-    assert sum(batches) == 40 and len(batches) == 2   # the first caller, then all the others
+    # The writer took whatever was queued (possibly all 40 at once); anything queued while
+    # its first commit was held went into the second: at most two commits for 40 callers.
+    assert sum(batches) == 40 and len(batches) <= 2
     store.close()
     again = RoundStore(tmp_path / "g.sqlite")   # what a restart sees
     assert [c.site_id for c in again.contributions("r1")] == [f"s{i:02d}" for i in range(40) if i != 7]
@@ -73,14 +75,14 @@ def test_round_waits_for_contributions_being_stored(federation, monkeypatch):
     stats = random_statistics(seed=1)
     assert federation.stub.Contribute(federation.contribution("site-a", "r1", stats)).accepted
     entered, release = threading.Event(), threading.Event()
-    real = manager.store.insert_contribution
+    real = manager.store.insert_contribution_later
 
     def slow_insert(*args, **kwargs):
         entered.set()
         assert release.wait(10)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(manager.store, "insert_contribution", slow_insert)
+    monkeypatch.setattr(manager.store, "insert_contribution_later", slow_insert)
     envelope = federation.contribution("site-b", "r1", stats)
     outcome = {}
     worker = threading.Thread(target=lambda: outcome.setdefault(
@@ -115,7 +117,7 @@ def test_a_failed_commit_frees_the_slot_and_the_deadline_then_applies(federation
         assert release.wait(10)
         raise sqlite3.OperationalError("disk I/O error")
 
-    monkeypatch.setattr(manager.store, "insert_contribution", failing_insert)
+    monkeypatch.setattr(manager.store, "insert_contribution_later", failing_insert)
     envelope = federation.contribution("site-a", "r1", stats)
     outcome = {}
 
