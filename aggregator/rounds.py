@@ -85,16 +85,6 @@ class LiveRound:
         return sorted(self.invited - set(self.contributions) - set(self.refusals))
 
 
-@dataclass(frozen=True, eq=False)
-class CheckedContribution:
-    """A Contribution envelope whose signature was checked against its registered site key
-    and whose payload was decoded (RoundManager.check_contribution_signature), so that
-    admitting it need not do either again. It vouches for this very envelope object only
-    (compared with ``is``), never for an equal one."""
-    envelope: pb.SignedEnvelope
-    message: pb.Contribution
-
-
 @dataclass
 class Admission:
     """A contribution that passed every check and holds its slot in the round
@@ -298,39 +288,19 @@ class RoundManager:
                            f"clock (allowed {self.max_clock_skew_ms / 1000:.0f} s): stale or "
                            f"clock out of sync")
 
-    def check_contribution_signature(self, envelope: pb.SignedEnvelope) -> CheckedContribution | None:
-        """The expensive part of admitting a contribution, which a caller may run on another
-        thread (the Ed25519 check releases the GIL): the wire limits, the signature against
-        the key registered under ``key_id``, and the decoding. Raises Rejected for an
-        oversized envelope or a bad signature; returns None when this path does not apply
-        (another payload type, an unknown key, a payload not in the fast form), and
-        ``admit_contribution`` then does the full check itself."""
-        type_name = "dpfed.v1.Contribution"
-        _check_envelope_size(envelope)
-        if envelope.payload_type != type_name:
-            return None
-        public_key = self.registry.site_keys.get(envelope.key_id)
-        if public_key is None:
-            return None
-        # Same order as signing.verify: bytes verified first, parsed only after.
-        try:
-            verify_signature(envelope, public_key, type_name)
-        except SignatureError as exc:
-            raise Rejected("UNAUTHENTICATED", str(exc)) from None
-        message = _fast_contribution(envelope.payload)
-        return None if message is None else CheckedContribution(envelope, message)
-
     def _verify_site(self, envelope: pb.SignedEnvelope, type_name: str,
-                     peer: identity.PeerIdentity | None = None,
-                     checked: CheckedContribution | None = None):
+                     peer: identity.PeerIdentity | None = None):
+        _check_envelope_size(envelope)
         msg = None
-        if checked is not None and checked.envelope is envelope:
-            msg = checked.message
-        elif type_name == "dpfed.v1.Contribution":
-            checked = self.check_contribution_signature(envelope)
-            msg = checked.message if checked is not None else None
-        else:
-            _check_envelope_size(envelope)
+        if type_name == "dpfed.v1.Contribution" and envelope.payload_type == type_name:
+            public_key = self.registry.site_keys.get(envelope.key_id)
+            if public_key is not None:
+                # Same order as signing.verify: bytes verified first, parsed only after.
+                try:
+                    verify_signature(envelope, public_key, type_name)
+                except SignatureError as exc:
+                    raise Rejected("UNAUTHENTICATED", str(exc)) from None
+                msg = _fast_contribution(envelope.payload)
         try:
             if msg is None:
                 msg = verify(envelope, self.registry.site_keys, type_name)
@@ -496,14 +466,13 @@ class RoundManager:
         return self.contribute_later(envelope, peer).result()
 
     def contribute_later(self, envelope: pb.SignedEnvelope,
-                         peer: identity.PeerIdentity | None = None,
-                         checked: CheckedContribution | None = None) -> Future:
+                         peer: identity.PeerIdentity | None = None) -> Future:
         """Check one signed contribution now (``admit_contribution``; a refusal raises
         Rejected here), queue it for the store's group commit, and return a future of the
         reply: once it is durable it is counted (``complete_contribution``, run by the
         store's writer), or, if the commit failed, its slot is freed and the future holds the
         error. What happens to the round does not depend on anyone waiting for the future."""
-        admission = self.admit_contribution(envelope, peer, checked)
+        admission = self.admit_contribution(envelope, peer)
         reply: Future = Future()
         if admission.reply is not None:
             reply.set_result(admission.reply)
@@ -530,14 +499,12 @@ class RoundManager:
         return reply
 
     def admit_contribution(self, envelope: pb.SignedEnvelope,
-                           peer: identity.PeerIdentity | None = None,
-                           checked: CheckedContribution | None = None) -> Admission:
+                           peer: identity.PeerIdentity | None = None) -> Admission:
         """Every check of a contribution; then its site's slot in the round and its nonce are
         reserved (it counts towards the quorum, a retry is told to wait) until it is stored
         and completed, or abandoned. An identical retry of a stored contribution comes back
-        with its ``reply`` set and nothing reserved: idempotent, it adds nothing. ``checked``:
-        the result of ``check_contribution_signature`` for this envelope, if already run."""
-        c = self._verify_site(envelope, "dpfed.v1.Contribution", peer, checked)
+        with its ``reply`` set and nothing reserved: idempotent, it adds nothing."""
+        c = self._verify_site(envelope, "dpfed.v1.Contribution", peer)
         live = self._round(c.round_id)
         site = c.site_id
         with self._lock:

@@ -58,7 +58,6 @@ class AggregatorServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._executor: futures.ThreadPoolExecutor | None = None
-        self._servicer: AggregatorServicer | None = None
 
     def _run(self, coro, timeout: float | None = None):
         """Run ``coro`` on the server's event loop and wait for its result."""
@@ -96,10 +95,9 @@ class AggregatorServer:
                                       # Past this many running + queued calls gRPC answers
                                       # RESOURCE_EXHAUSTED itself (aggregator/config.py).
                                       maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
-        self._servicer = AggregatorServicer(self.manager, self._executor,
-                                            max_streams=stream_limit(cfg),
-                                            require_identity=not cfg.insecure)
-        add_to_server(self._servicer, self.server)
+        add_to_server(AggregatorServicer(self.manager, self._executor,
+                                         max_streams=stream_limit(cfg),
+                                         require_identity=not cfg.insecure), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         port = add_server_port(self.server, cfg.listen, None if cfg.insecure else cfg.tls)
@@ -134,8 +132,6 @@ class AggregatorServer:
         await stopping
 
     def _close_loop(self) -> None:
-        if self._servicer is not None:
-            self._servicer.signatures.close()
         if self._executor is not None:
             # A call the server gave up on may still be committing: let it finish, so the
             # store is closed under no one.

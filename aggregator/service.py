@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -53,59 +53,6 @@ class LoopQueue:
         return await self._queue.get()
 
 
-class SignatureChecks:
-    """Runs RoundManager.check_contribution_signature for Contribute calls on one thread of
-    its own, in batches: while it checks one batch, the calls arriving meanwhile queue up
-    and go as the next, so a burst costs one thread hand-off per batch rather than per call.
-    The Ed25519 check releases the GIL, so it runs beside the event loop's gRPC work (the
-    two cores of a small aggregator both work during a round)."""
-
-    def __init__(self, manager: RoundManager):
-        self.manager = manager
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="signatures")
-        self._queue: list[tuple[object, asyncio.Future]] = []
-        self._busy = False
-
-    async def check(self, envelope):
-        """``check_contribution_signature(envelope)``'s result, or its Rejected raised."""
-        future = asyncio.get_running_loop().create_future()
-        self._queue.append((envelope, future))
-        if not self._busy:
-            self._next_batch()
-        return await future
-
-    def _next_batch(self) -> None:
-        batch, self._queue = self._queue, []
-        self._busy = bool(batch)
-        if batch:
-            self._thread.submit(self._run, batch, asyncio.get_running_loop())
-
-    def _run(self, batch, loop) -> None:
-        outcomes = []
-        for envelope, _ in batch:
-            try:
-                outcomes.append((self.manager.check_contribution_signature(envelope), None))
-            except Exception as exc:  # noqa: BLE001 - Rejected, or a bug: the caller hears it
-                outcomes.append((None, exc))
-        try:
-            loop.call_soon_threadsafe(self._settle, batch, outcomes)
-        except RuntimeError:   # the loop is closed: the server is gone, nobody is waiting
-            pass
-
-    def _settle(self, batch, outcomes) -> None:
-        for (_, future), (result, error) in zip(batch, outcomes):
-            if future.done():          # the call was cancelled meanwhile
-                continue
-            if error is None:
-                future.set_result(result)
-            else:
-                future.set_exception(error)
-        self._next_batch()
-
-    def close(self) -> None:
-        self._thread.shutdown(wait=True, cancel_futures=True)
-
-
 class AggregatorServicer(pb_grpc.AggregatorServicer):
     def __init__(self, manager: RoundManager, executor: Executor, *,
                  max_streams: int | None = None, require_identity: bool = False):
@@ -118,7 +65,6 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         # maximum_concurrent_rpcs, so uncapped streams could starve Contribute of slots.
         self.max_streams = max_streams
         self._open_streams = 0
-        self.signatures = SignatureChecks(manager)
 
     async def _call(self, what: str, context, fn, *args):
         """``fn(*args)`` on the executor; a Rejected becomes the call's gRPC status."""
@@ -170,15 +116,13 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return await self._call("ListSites", context, self.manager.list_sites)
 
     async def Contribute(self, request, context):
-        # The hot path of a round: the signature check and decoding on the SignatureChecks
-        # thread (batched), the remaining checks here on the event loop, the disk commit on
-        # the store's writer thread, which also counts the contribution once durable. A
-        # thread hop per call would cost more than the checks (docs/benchmarks.md, "Round
-        # latency").
+        # The hot path of a round, kept on the event loop: the checks (the signature check
+        # releases the GIL) run here, the disk commit on the store's writer thread, which
+        # also counts the contribution once durable; a thread hop per call would cost more
+        # than the checks (docs/benchmarks.md, "Round latency").
         peer = await self._identity("Contribute", context)
         try:
-            checked = await self.signatures.check(request)
-            reply = self.manager.contribute_later(request, peer, checked)
+            reply = self.manager.contribute_later(request, peer)
         except Rejected as exc:
             return await self._reject("Contribute", context, exc)
         try:
