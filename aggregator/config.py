@@ -34,8 +34,10 @@ class AggregatorConfig:
     max_clock_skew_s: float = 300.0
     sites: tuple[KeyEntry, ...] = ()
     coordinators: tuple[KeyEntry, ...] = ()
-    # Threads for the round manager's blocking work (signature checks, disk commits), shared
-    # by all calls. Open round streams do not hold one: they wait on the event loop.
+    # Threads for the round manager's work behind StartRound, Refuse, Subscribe's hello and
+    # the read-only calls (which may wait on a disk commit). Contribute is checked on the
+    # event loop and committed by the store's writer thread; open round streams wait on the
+    # event loop and hold no thread.
     max_workers: int = 64
     # Load shedding (RESOURCE_EXHAUSTED instead of falling over, tests/test_load.py): every
     # RPC in progress, open Subscribe streams included, counts against gRPC's

@@ -423,7 +423,7 @@ class RoundManager:
                 self.store.insert_nonce(kid, nonce, timestamp_ms)
                 self._nonces.add((kid, nonce))
 
-    def subscribe(self, site_id: str, updates=None) -> tuple[int, queue.Queue]:
+    def subscribe(self, site_id: str, updates=None) -> tuple[int, object]:
         """Register a round stream of ``site_id``: the id of every round it is invited to is
         put on ``updates`` (anything with a thread-safe ``put``; default a new queue.Queue)
         as the round starts, and None when the aggregator shuts down."""

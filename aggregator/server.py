@@ -42,13 +42,14 @@ def pending_call_options(cfg: AggregatorConfig) -> list[tuple[str, int]]:
 class AggregatorServer:
     """The aggregator's gRPC server on grpc.aio, driven from ordinary threads: ``start``,
     ``stop`` and ``wait`` block like the thread-pool server's, while the asyncio event loop
-    runs on its own thread ("aggregator-loop"). Calls that wait on the round manager (disk
-    commits, signature checks) run on a pool of ``max_workers`` threads
-    (aggregator.service)."""
+    runs on its own thread ("aggregator-loop"). The round manager's methods behind every RPC
+    but Contribute run on a pool of ``max_workers`` threads; Contribute is checked on the loop
+    and committed by the store's writer thread (aggregator.service)."""
 
     def __init__(self, config: AggregatorConfig, *, interceptors=()):
         self.config = config
-        self.interceptors = tuple(interceptors)  # grpc.aio.ServerInterceptor (tests/test_shutdown.py)
+        # grpc.aio.ServerInterceptor (tests/test_shutdown.py)
+        self.interceptors = tuple(interceptors)
         self.registry = Registry.from_config(config)
         self.store: RoundStore | None = None
         self.manager: RoundManager | None = None

@@ -4,8 +4,10 @@ Every refusal becomes a gRPC status with a clear message and a log line; no logi
 
 It runs on grpc.aio's asyncio server (aggregator.server): an open Subscribe stream is a
 coroutine waiting on a queue, not a thread, so thousands of connected sites cost memory, not
-threads. The RoundManager stays plain synchronous code; its methods that wait (a disk commit,
-a signature check) run on a thread pool so the event loop keeps serving other calls.
+threads. The RoundManager stays plain synchronous code. Contribute, the hot path of a round,
+is checked on the event loop and committed by the store's writer thread (``Contribute``
+below); every other call's manager method (which may wait on a disk commit or the manager's
+lock) runs on a thread pool so the event loop keeps serving.
 """
 
 from __future__ import annotations
