@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpfed.noise import EXACT, NoiseDescription
+
 _MAGIC = b"DPST"
 _VERSION = 1
 # magic, version, d, n, then (d(d+1)/2 + d + 1) float64 little-endian.
@@ -44,12 +46,20 @@ class Statistics:
     ``xtx`` must be symmetric bit for bit (the release mirrors its upper triangle), every
     value finite and ``n`` a non-negative integer. Adding two values sums every field, which
     is how the aggregator combines sites and public data (method.md section 3).
+
+    ``noise`` is the public description of the privacy noise in the values
+    (``dpfed.noise``): ``EXACT`` for exact statistics, a description with terms for a
+    release, ``None`` when unknown (the default, so that nothing is taken for exact by
+    accident). ``+`` adds descriptions; unknown plus anything is unknown. Equality and the
+    hash compare the values and n only; the encoding (``to_bytes``) carries no description
+    (it travels beside the signed statistics, in the Contribution).
     """
 
     xtx: np.ndarray
     xty: np.ndarray
     yty: float
     n: int
+    noise: NoiseDescription | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -80,6 +90,17 @@ class Statistics:
         object.__setattr__(self, "xty", xty)
         object.__setattr__(self, "yty", yty)
         object.__setattr__(self, "n", int(self.n))
+        if self.noise is not None and not isinstance(self.noise, NoiseDescription):
+            raise StatisticsError("noise must be a dpfed.noise.NoiseDescription or None")
+
+    def with_noise(self, noise: NoiseDescription | None) -> "Statistics":
+        """The same values with another noise description."""
+        return Statistics(self.xtx, self.xty, self.yty, self.n, noise)
+
+    @property
+    def is_exact(self) -> bool:
+        """True only when the statistics are *known* to be exact (``noise`` is ``EXACT``)."""
+        return self.noise is not None and self.noise.is_exact
 
     @property
     def dim(self) -> int:
@@ -87,15 +108,18 @@ class Statistics:
 
     @classmethod
     def zeros(cls, d: int) -> "Statistics":
-        return cls(np.zeros((d, d)), np.zeros(d), 0.0, 0)
+        """Exact statistics of no rows."""
+        return cls(np.zeros((d, d)), np.zeros(d), 0.0, 0, EXACT)
 
     def __add__(self, other: "Statistics") -> "Statistics":
         if not isinstance(other, Statistics):
             return NotImplemented
         if other.dim != self.dim:
             raise StatisticsError(f"cannot add statistics of dimension {self.dim} and {other.dim}")
+        noise = (None if self.noise is None or other.noise is None
+                 else self.noise + other.noise)
         return Statistics(self.xtx + other.xtx, self.xty + other.xty, self.yty + other.yty,
-                          self.n + other.n)
+                          self.n + other.n, noise)
 
     def __radd__(self, other):
         # Lets sum() start from 0.
@@ -117,7 +141,8 @@ class Statistics:
                      self.yty + 0.0))
 
     def __repr__(self) -> str:
-        return f"Statistics(dim={self.dim}, n={self.n}, yty={self.yty:.6g})"
+        noise = "unknown" if self.noise is None else self.noise.summary()
+        return f"Statistics(dim={self.dim}, n={self.n}, yty={self.yty:.6g}, noise={noise})"
 
     # Wire encoding: the upper triangle of xtx (row-major), xty, yty as little-endian
     # float64. Lossless because xtx is exactly symmetric; about half the bytes of the full
@@ -133,7 +158,8 @@ class Statistics:
         return np.concatenate([self.xtx[np.triu_indices(self.dim)], self.xty, [self.yty]])
 
     @classmethod
-    def from_upper(cls, d: int, n: int, values) -> "Statistics":
+    def from_upper(cls, d: int, n: int, values, noise: NoiseDescription | None = None
+                   ) -> "Statistics":
         """Inverse of ``upper_values``: xtx is rebuilt by mirroring the upper triangle
         (assigned, not added, so every value including a signed zero is kept bit for bit)."""
         values = np.asarray(values, dtype=np.float64)
@@ -145,12 +171,13 @@ class Statistics:
         iu = np.triu_indices(d)
         xtx[iu] = values[:m]
         xtx.T[iu] = values[:m]
-        return cls(xtx, values[m:m + d], float(values[-1]), n)
+        return cls(xtx, values[m:m + d], float(values[-1]), n, noise)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> "Statistics":
+    def from_bytes(cls, data: bytes, noise: NoiseDescription | None = None) -> "Statistics":
+        """Decode; the encoding carries no noise description, so pass it (default unknown)."""
         d, n = decode_header(data)
-        return cls.from_upper(d, n, encoded_values(data))
+        return cls.from_upper(d, n, encoded_values(data), noise)
 
 
 def decode_header(data: bytes) -> tuple[int, int]:
@@ -229,4 +256,4 @@ def symmetric_gram(x: np.ndarray) -> np.ndarray:
 def exact_statistics(x, y) -> Statistics:
     """Exact (noise-free) statistics of *public* data. Never use on private data."""
     x, y = validate_data(x, y)
-    return Statistics(symmetric_gram(x), x.T @ y, float(y @ y), x.shape[0])
+    return Statistics(symmetric_gram(x), x.T @ y, float(y @ y), x.shape[0], EXACT)

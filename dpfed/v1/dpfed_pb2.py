@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64pfed/v1/dpfed.proto\x12\x08\x64pfed.v1\"G\n\rPreprocessing\x12\x0e\n\x06x_mean\x18\x01 \x03(\x01\x12\x0e\n\x06y_mean\x18\x02 \x01(\x01\x12\x16\n\x0enormalize_rows\x18\x03 \x01(\x08\"\x92\x03\n\tRoundSpec\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63oordinator_id\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x15\n\rfeature_names\x18\x04 \x03(\t\x12\x0f\n\x07\x65psilon\x18\x05 \x01(\x01\x12\x0f\n\x07x_bound\x18\x06 \x01(\x01\x12\x0f\n\x07y_bound\x18\x07 \x01(\x01\x12\x14\n\x0c\x62udget_split\x18\x08 \x03(\x01\x12.\n\rpreprocessing\x18\t \x01(\x0b\x32\x17.dpfed.v1.Preprocessing\x12\x15\n\rpublic_source\x18\n \x01(\t\x12\x19\n\x11public_statistics\x18\x0b \x01(\x0c\x12\x0e\n\x06quorum\x18\x0c \x01(\r\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\r \x01(\x03\x12\r\n\x05sites\x18\x0e \x03(\t\x12\x17\n\x0f\x63reated_unix_ms\x18\x0f \x01(\x03\x12\x12\n\nfit_method\x18\x10 \x01(\t\x12\x11\n\tfit_draws\x18\x11 \x01(\r\x12\x10\n\x08\x66it_seed\x18\x12 \x01(\x04\"\xa6\x01\n\x0c\x43ontribution\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x12\n\nstatistics\x18\x03 \x01(\x0c\x12\t\n\x01n\x18\x04 \x01(\x04\x12\x15\n\repsilon_spent\x18\x05 \x01(\x01\x12\x13\n\x0bspec_digest\x18\x06 \x01(\t\x12\x19\n\x11timestamp_unix_ms\x18\x07 \x01(\x03\x12\r\n\x05nonce\x18\x08 \x01(\t\"{\n\x07Refusal\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x13\n\x0bspec_digest\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x19\n\x11timestamp_unix_ms\x18\x05 \x01(\x03\x12\r\n\x05nonce\x18\x06 \x01(\t\"`\n\tSiteHello\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x19\n\x11timestamp_unix_ms\x18\x02 \x01(\x03\x12\r\n\x05nonce\x18\x03 \x01(\t\x12\x18\n\x10software_version\x18\x04 \x01(\t\"Z\n\x0eSignedEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x14\n\x0cpayload_type\x18\x04 \x01(\t\"Y\n\x0f\x43ontributeReply\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x16\n\x03\x41\x63k\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x1e\n\nRoundQuery\x12\x10\n\x08round_id\x18\x01 \x01(\t\"_\n\x10SiteContribution\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x04\x12\x15\n\repsilon_spent\x18\x03 \x01(\x01\x12\x18\n\x10received_unix_ms\x18\x04 \x01(\x03\"2\n\x0fSiteRefusalInfo\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x8b\x03\n\x0bRoundStatus\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.dpfed.v1.RoundStatus.State\x12\x31\n\rcontributions\x18\x03 \x03(\x0b\x32\x1a.dpfed.v1.SiteContribution\x12+\n\x08refusals\x18\x04 \x03(\x0b\x32\x19.dpfed.v1.SiteRefusalInfo\x12\x15\n\rmissing_sites\x18\x05 \x03(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0e\n\x06quorum\x18\x07 \x01(\r\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x08 \x01(\x03\x12\x15\n\rround_seconds\x18\t \x01(\x01\x12\x13\n\x0b\x66it_seconds\x18\n \x01(\x01\x12\x13\n\x0bspec_digest\x18\x0b \x01(\t\"K\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0b\n\x07\x46ITTING\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\"e\n\x0bRoundResult\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x14\n\x0csummary_json\x18\x02 \x01(\t\x12\x12\n\nbeta_draws\x18\x03 \x01(\x0c\x12\r\n\x05\x64raws\x18\x04 \x01(\r\x12\x0b\n\x03\x64im\x18\x05 \x01(\r\"\x12\n\x10ListSitesRequest\"Y\n\x08SiteInfo\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\x12\x19\n\x11last_seen_unix_ms\x18\x04 \x01(\x03\"3\n\x0eListSitesReply\x12!\n\x05sites\x18\x01 \x03(\x0b\x32\x12.dpfed.v1.SiteInfo2\xba\x03\n\nAggregator\x12\x41\n\tSubscribe\x12\x18.dpfed.v1.SignedEnvelope\x1a\x18.dpfed.v1.SignedEnvelope0\x01\x12\x41\n\nContribute\x12\x18.dpfed.v1.SignedEnvelope\x1a\x19.dpfed.v1.ContributeReply\x12\x31\n\x06Refuse\x12\x18.dpfed.v1.SignedEnvelope\x1a\r.dpfed.v1.Ack\x12=\n\nStartRound\x12\x18.dpfed.v1.SignedEnvelope\x1a\x15.dpfed.v1.RoundStatus\x12\x37\n\x08GetRound\x12\x14.dpfed.v1.RoundQuery\x1a\x15.dpfed.v1.RoundStatus\x12\x38\n\tGetResult\x12\x14.dpfed.v1.RoundQuery\x1a\x15.dpfed.v1.RoundResult\x12\x41\n\tListSites\x12\x1a.dpfed.v1.ListSitesRequest\x1a\x18.dpfed.v1.ListSitesReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x14\x64pfed/v1/dpfed.proto\x12\x08\x64pfed.v1\"G\n\rPreprocessing\x12\x0e\n\x06x_mean\x18\x01 \x03(\x01\x12\x0e\n\x06y_mean\x18\x02 \x01(\x01\x12\x16\n\x0enormalize_rows\x18\x03 \x01(\x08\"D\n\tNoiseTerm\x12\x0b\n\x03law\x18\x01 \x01(\t\x12\r\n\x05scale\x18\x02 \x01(\x01\x12\r\n\x05\x64raws\x18\x03 \x01(\r\x12\x0c\n\x04grid\x18\x04 \x01(\x01\"\x98\x01\n\x10NoiseDescription\x12 \n\x03xtx\x18\x01 \x03(\x0b\x32\x13.dpfed.v1.NoiseTerm\x12 \n\x03xty\x18\x02 \x03(\x0b\x32\x13.dpfed.v1.NoiseTerm\x12 \n\x03yty\x18\x03 \x03(\x0b\x32\x13.dpfed.v1.NoiseTerm\x12\x1e\n\x01n\x18\x04 \x03(\x0b\x32\x13.dpfed.v1.NoiseTerm\"\xc1\x03\n\tRoundSpec\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x16\n\x0e\x63oordinator_id\x18\x02 \x01(\t\x12\x0e\n\x06target\x18\x03 \x01(\t\x12\x15\n\rfeature_names\x18\x04 \x03(\t\x12\x0f\n\x07\x65psilon\x18\x05 \x01(\x01\x12\x0f\n\x07x_bound\x18\x06 \x01(\x01\x12\x0f\n\x07y_bound\x18\x07 \x01(\x01\x12\x14\n\x0c\x62udget_split\x18\x08 \x03(\x01\x12.\n\rpreprocessing\x18\t \x01(\x0b\x32\x17.dpfed.v1.Preprocessing\x12\x15\n\rpublic_source\x18\n \x01(\t\x12\x19\n\x11public_statistics\x18\x0b \x01(\x0c\x12\x0e\n\x06quorum\x18\x0c \x01(\r\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\r \x01(\x03\x12\r\n\x05sites\x18\x0e \x03(\t\x12\x17\n\x0f\x63reated_unix_ms\x18\x0f \x01(\x03\x12\x12\n\nfit_method\x18\x10 \x01(\t\x12\x11\n\tfit_draws\x18\x11 \x01(\r\x12\x10\n\x08\x66it_seed\x18\x12 \x01(\x04\x12\x14\n\x0cneighbouring\x18\x13 \x01(\t\x12\x17\n\x0fxtx_sensitivity\x18\x14 \x01(\t\"\xd1\x01\n\x0c\x43ontribution\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x12\n\nstatistics\x18\x03 \x01(\x0c\x12\t\n\x01n\x18\x04 \x01(\x04\x12\x15\n\repsilon_spent\x18\x05 \x01(\x01\x12\x13\n\x0bspec_digest\x18\x06 \x01(\t\x12\x19\n\x11timestamp_unix_ms\x18\x07 \x01(\x03\x12\r\n\x05nonce\x18\x08 \x01(\t\x12)\n\x05noise\x18\t \x01(\x0b\x32\x1a.dpfed.v1.NoiseDescription\"{\n\x07Refusal\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x0f\n\x07site_id\x18\x02 \x01(\t\x12\x13\n\x0bspec_digest\x18\x03 \x01(\t\x12\x0e\n\x06reason\x18\x04 \x01(\t\x12\x19\n\x11timestamp_unix_ms\x18\x05 \x01(\x03\x12\r\n\x05nonce\x18\x06 \x01(\t\"`\n\tSiteHello\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x19\n\x11timestamp_unix_ms\x18\x02 \x01(\x03\x12\r\n\x05nonce\x18\x03 \x01(\t\x12\x18\n\x10software_version\x18\x04 \x01(\t\"Z\n\x0eSignedEnvelope\x12\x0f\n\x07payload\x18\x01 \x01(\x0c\x12\x11\n\tsignature\x18\x02 \x01(\x0c\x12\x0e\n\x06key_id\x18\x03 \x01(\t\x12\x14\n\x0cpayload_type\x18\x04 \x01(\t\"Y\n\x0f\x43ontributeReply\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\x0f\n\x07message\x18\x04 \x01(\t\"\x16\n\x03\x41\x63k\x12\x0f\n\x07message\x18\x01 \x01(\t\"\x1e\n\nRoundQuery\x12\x10\n\x08round_id\x18\x01 \x01(\t\"_\n\x10SiteContribution\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\t\n\x01n\x18\x02 \x01(\x04\x12\x15\n\repsilon_spent\x18\x03 \x01(\x01\x12\x18\n\x10received_unix_ms\x18\x04 \x01(\x03\"2\n\x0fSiteRefusalInfo\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"\x8b\x03\n\x0bRoundStatus\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12*\n\x05state\x18\x02 \x01(\x0e\x32\x1b.dpfed.v1.RoundStatus.State\x12\x31\n\rcontributions\x18\x03 \x03(\x0b\x32\x1a.dpfed.v1.SiteContribution\x12+\n\x08refusals\x18\x04 \x03(\x0b\x32\x19.dpfed.v1.SiteRefusalInfo\x12\x15\n\rmissing_sites\x18\x05 \x03(\t\x12\x0f\n\x07message\x18\x06 \x01(\t\x12\x0e\n\x06quorum\x18\x07 \x01(\r\x12\x18\n\x10\x64\x65\x61\x64line_unix_ms\x18\x08 \x01(\x03\x12\x15\n\rround_seconds\x18\t \x01(\x01\x12\x13\n\x0b\x66it_seconds\x18\n \x01(\x01\x12\x13\n\x0bspec_digest\x18\x0b \x01(\t\"K\n\x05State\x12\x15\n\x11STATE_UNSPECIFIED\x10\x00\x12\x08\n\x04OPEN\x10\x01\x12\x0b\n\x07\x46ITTING\x10\x02\x12\x08\n\x04\x44ONE\x10\x03\x12\n\n\x06\x46\x41ILED\x10\x04\"e\n\x0bRoundResult\x12\x10\n\x08round_id\x18\x01 \x01(\t\x12\x14\n\x0csummary_json\x18\x02 \x01(\t\x12\x12\n\nbeta_draws\x18\x03 \x01(\x0c\x12\r\n\x05\x64raws\x18\x04 \x01(\r\x12\x0b\n\x03\x64im\x18\x05 \x01(\r\"\x12\n\x10ListSitesRequest\"Y\n\x08SiteInfo\x12\x0f\n\x07site_id\x18\x01 \x01(\t\x12\x0e\n\x06key_id\x18\x02 \x01(\t\x12\x11\n\tconnected\x18\x03 \x01(\x08\x12\x19\n\x11last_seen_unix_ms\x18\x04 \x01(\x03\"3\n\x0eListSitesReply\x12!\n\x05sites\x18\x01 \x03(\x0b\x32\x12.dpfed.v1.SiteInfo2\xba\x03\n\nAggregator\x12\x41\n\tSubscribe\x12\x18.dpfed.v1.SignedEnvelope\x1a\x18.dpfed.v1.SignedEnvelope0\x01\x12\x41\n\nContribute\x12\x18.dpfed.v1.SignedEnvelope\x1a\x19.dpfed.v1.ContributeReply\x12\x31\n\x06Refuse\x12\x18.dpfed.v1.SignedEnvelope\x1a\r.dpfed.v1.Ack\x12=\n\nStartRound\x12\x18.dpfed.v1.SignedEnvelope\x1a\x15.dpfed.v1.RoundStatus\x12\x37\n\x08GetRound\x12\x14.dpfed.v1.RoundQuery\x1a\x15.dpfed.v1.RoundStatus\x12\x38\n\tGetResult\x12\x14.dpfed.v1.RoundQuery\x1a\x15.dpfed.v1.RoundResult\x12\x41\n\tListSites\x12\x1a.dpfed.v1.ListSitesRequest\x1a\x18.dpfed.v1.ListSitesReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,38 +33,42 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREPROCESSING']._serialized_start=34
   _globals['_PREPROCESSING']._serialized_end=105
-  _globals['_ROUNDSPEC']._serialized_start=108
-  _globals['_ROUNDSPEC']._serialized_end=510
-  _globals['_CONTRIBUTION']._serialized_start=513
-  _globals['_CONTRIBUTION']._serialized_end=679
-  _globals['_REFUSAL']._serialized_start=681
-  _globals['_REFUSAL']._serialized_end=804
-  _globals['_SITEHELLO']._serialized_start=806
-  _globals['_SITEHELLO']._serialized_end=902
-  _globals['_SIGNEDENVELOPE']._serialized_start=904
-  _globals['_SIGNEDENVELOPE']._serialized_end=994
-  _globals['_CONTRIBUTEREPLY']._serialized_start=996
-  _globals['_CONTRIBUTEREPLY']._serialized_end=1085
-  _globals['_ACK']._serialized_start=1087
-  _globals['_ACK']._serialized_end=1109
-  _globals['_ROUNDQUERY']._serialized_start=1111
-  _globals['_ROUNDQUERY']._serialized_end=1141
-  _globals['_SITECONTRIBUTION']._serialized_start=1143
-  _globals['_SITECONTRIBUTION']._serialized_end=1238
-  _globals['_SITEREFUSALINFO']._serialized_start=1240
-  _globals['_SITEREFUSALINFO']._serialized_end=1290
-  _globals['_ROUNDSTATUS']._serialized_start=1293
-  _globals['_ROUNDSTATUS']._serialized_end=1688
-  _globals['_ROUNDSTATUS_STATE']._serialized_start=1613
-  _globals['_ROUNDSTATUS_STATE']._serialized_end=1688
-  _globals['_ROUNDRESULT']._serialized_start=1690
-  _globals['_ROUNDRESULT']._serialized_end=1791
-  _globals['_LISTSITESREQUEST']._serialized_start=1793
-  _globals['_LISTSITESREQUEST']._serialized_end=1811
-  _globals['_SITEINFO']._serialized_start=1813
-  _globals['_SITEINFO']._serialized_end=1902
-  _globals['_LISTSITESREPLY']._serialized_start=1904
-  _globals['_LISTSITESREPLY']._serialized_end=1955
-  _globals['_AGGREGATOR']._serialized_start=1958
-  _globals['_AGGREGATOR']._serialized_end=2400
+  _globals['_NOISETERM']._serialized_start=107
+  _globals['_NOISETERM']._serialized_end=175
+  _globals['_NOISEDESCRIPTION']._serialized_start=178
+  _globals['_NOISEDESCRIPTION']._serialized_end=330
+  _globals['_ROUNDSPEC']._serialized_start=333
+  _globals['_ROUNDSPEC']._serialized_end=782
+  _globals['_CONTRIBUTION']._serialized_start=785
+  _globals['_CONTRIBUTION']._serialized_end=994
+  _globals['_REFUSAL']._serialized_start=996
+  _globals['_REFUSAL']._serialized_end=1119
+  _globals['_SITEHELLO']._serialized_start=1121
+  _globals['_SITEHELLO']._serialized_end=1217
+  _globals['_SIGNEDENVELOPE']._serialized_start=1219
+  _globals['_SIGNEDENVELOPE']._serialized_end=1309
+  _globals['_CONTRIBUTEREPLY']._serialized_start=1311
+  _globals['_CONTRIBUTEREPLY']._serialized_end=1400
+  _globals['_ACK']._serialized_start=1402
+  _globals['_ACK']._serialized_end=1424
+  _globals['_ROUNDQUERY']._serialized_start=1426
+  _globals['_ROUNDQUERY']._serialized_end=1456
+  _globals['_SITECONTRIBUTION']._serialized_start=1458
+  _globals['_SITECONTRIBUTION']._serialized_end=1553
+  _globals['_SITEREFUSALINFO']._serialized_start=1555
+  _globals['_SITEREFUSALINFO']._serialized_end=1605
+  _globals['_ROUNDSTATUS']._serialized_start=1608
+  _globals['_ROUNDSTATUS']._serialized_end=2003
+  _globals['_ROUNDSTATUS_STATE']._serialized_start=1928
+  _globals['_ROUNDSTATUS_STATE']._serialized_end=2003
+  _globals['_ROUNDRESULT']._serialized_start=2005
+  _globals['_ROUNDRESULT']._serialized_end=2106
+  _globals['_LISTSITESREQUEST']._serialized_start=2108
+  _globals['_LISTSITESREQUEST']._serialized_end=2126
+  _globals['_SITEINFO']._serialized_start=2128
+  _globals['_SITEINFO']._serialized_end=2217
+  _globals['_LISTSITESREPLY']._serialized_start=2219
+  _globals['_LISTSITESREPLY']._serialized_end=2270
+  _globals['_AGGREGATOR']._serialized_start=2273
+  _globals['_AGGREGATOR']._serialized_end=2715
 # @@protoc_insertion_point(module_scope)

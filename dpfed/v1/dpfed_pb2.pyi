@@ -17,8 +17,32 @@ class Preprocessing(_message.Message):
     normalize_rows: bool
     def __init__(self, x_mean: _Optional[_Iterable[float]] = ..., y_mean: _Optional[float] = ..., normalize_rows: _Optional[bool] = ...) -> None: ...
 
+class NoiseTerm(_message.Message):
+    __slots__ = ("law", "scale", "draws", "grid")
+    LAW_FIELD_NUMBER: _ClassVar[int]
+    SCALE_FIELD_NUMBER: _ClassVar[int]
+    DRAWS_FIELD_NUMBER: _ClassVar[int]
+    GRID_FIELD_NUMBER: _ClassVar[int]
+    law: str
+    scale: float
+    draws: int
+    grid: float
+    def __init__(self, law: _Optional[str] = ..., scale: _Optional[float] = ..., draws: _Optional[int] = ..., grid: _Optional[float] = ...) -> None: ...
+
+class NoiseDescription(_message.Message):
+    __slots__ = ("xtx", "xty", "yty", "n")
+    XTX_FIELD_NUMBER: _ClassVar[int]
+    XTY_FIELD_NUMBER: _ClassVar[int]
+    YTY_FIELD_NUMBER: _ClassVar[int]
+    N_FIELD_NUMBER: _ClassVar[int]
+    xtx: _containers.RepeatedCompositeFieldContainer[NoiseTerm]
+    xty: _containers.RepeatedCompositeFieldContainer[NoiseTerm]
+    yty: _containers.RepeatedCompositeFieldContainer[NoiseTerm]
+    n: _containers.RepeatedCompositeFieldContainer[NoiseTerm]
+    def __init__(self, xtx: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., xty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., yty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., n: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ...) -> None: ...
+
 class RoundSpec(_message.Message):
-    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed")
+    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -37,6 +61,8 @@ class RoundSpec(_message.Message):
     FIT_METHOD_FIELD_NUMBER: _ClassVar[int]
     FIT_DRAWS_FIELD_NUMBER: _ClassVar[int]
     FIT_SEED_FIELD_NUMBER: _ClassVar[int]
+    NEIGHBOURING_FIELD_NUMBER: _ClassVar[int]
+    XTX_SENSITIVITY_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     coordinator_id: str
     target: str
@@ -55,10 +81,12 @@ class RoundSpec(_message.Message):
     fit_method: str
     fit_draws: int
     fit_seed: int
-    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ...) -> None: ...
+    neighbouring: str
+    xtx_sensitivity: str
+    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ...) -> None: ...
 
 class Contribution(_message.Message):
-    __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce")
+    __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce", "noise")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_FIELD_NUMBER: _ClassVar[int]
@@ -67,6 +95,7 @@ class Contribution(_message.Message):
     SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
+    NOISE_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     site_id: str
     statistics: bytes
@@ -75,7 +104,8 @@ class Contribution(_message.Message):
     spec_digest: str
     timestamp_unix_ms: int
     nonce: str
-    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., statistics: _Optional[bytes] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., spec_digest: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
+    noise: NoiseDescription
+    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., statistics: _Optional[bytes] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., spec_digest: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., noise: _Optional[_Union[NoiseDescription, _Mapping]] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("round_id", "site_id", "spec_digest", "reason", "timestamp_unix_ms", "nonce")

@@ -1,0 +1,69 @@
+"""The public noise description (dpfed.noise) and its travel with Statistics."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dpfed.noise import EXACT, NoiseDescription, NoiseError, NoiseTerm, from_proto, to_proto
+from dpfed.statistics import Statistics, exact_statistics
+
+
+def _release(b=1.0):
+    return NoiseDescription.single("laplace", xtx=2 * b, xty=b, yty=3 * b, n=0.5)
+
+
+def test_sum_of_k_releases_holds_k_draws_and_k_times_the_variance():
+    one = _release()
+    total = sum([one] * 9, one)
+    assert total.draws("xty") == 10 and total.draws("n") == 10
+    assert total.variance("xty") == pytest.approx(10 * 2 * 1.0 ** 2)
+    assert total.variance("xtx") == pytest.approx(10 * 2 * 2.0 ** 2)
+
+
+def test_exact_adds_nothing_and_different_scales_stay_separate():
+    one = _release()
+    assert one + EXACT == one
+    mixed = one + _release(2.0)
+    assert len(mixed.xty) == 2
+    assert mixed.variance("xty") == pytest.approx(2 * 1 + 2 * 4)
+
+
+def test_statistics_sum_tracks_noise_and_unknown_is_contagious():
+    rng = np.random.default_rng(0)
+    pub = exact_statistics(rng.normal(size=(5, 3)), rng.normal(size=5))
+    assert pub.is_exact
+    noisy = pub.with_noise(_release())
+    assert (pub + noisy).noise == _release()
+    unknown = Statistics(pub.xtx, pub.xty, pub.yty, pub.n)  # default: unknown
+    assert unknown.noise is None and not unknown.is_exact
+    assert (unknown + pub).noise is None
+    # The encoding carries values only: decoding gives unknown unless told.
+    assert Statistics.from_bytes(pub.to_bytes()).noise is None
+    assert Statistics.from_bytes(pub.to_bytes(), EXACT).is_exact
+
+
+def test_discrete_laplace_variance_tends_to_the_continuous_one():
+    fine = NoiseTerm("discrete_laplace", 2.0, 1, grid=1e-4)
+    assert fine.variance() == pytest.approx(8.0, rel=1e-6)
+    coarse = NoiseTerm("discrete_laplace", 1.0, 1, grid=1.0)  # geometric, p = e^-1
+    q = math.exp(-1)
+    assert coarse.variance() == pytest.approx(2 * q / (1 - q) ** 2)
+
+
+@pytest.mark.parametrize("bad", [dict(law="cauchy", scale=1.0), dict(law="laplace", scale=0.0),
+                                 dict(law="laplace", scale=float("nan")),
+                                 dict(law="laplace", scale=1.0, draws=0),
+                                 dict(law="laplace", scale=1.0, grid=0.5),
+                                 dict(law="discrete_laplace", scale=1.0)])
+def test_malformed_terms_are_rejected(bad):
+    with pytest.raises(NoiseError):
+        NoiseTerm(**bad)
+
+
+def test_proto_and_dict_round_trips():
+    d = _release() + _release(3.0)
+    assert from_proto(to_proto(d)) == d
+    assert NoiseDescription.from_dict(d.to_dict()) == d
+    with pytest.raises(NoiseError):
+        NoiseDescription.from_dict({"xtx": [], "xyt": []})
