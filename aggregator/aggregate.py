@@ -19,7 +19,11 @@ from dpfed.v1 import dpfed_pb2 as pb
 
 from aggregator.exact_sum import ExactSum, ExactSumError
 
-FIT_METHODS = ("advi", "nuts", "fixed")
+# Round specs name the fit: the noise-aware fits "auto" (default) = "laplace" and "nuts";
+# "plug-in-<method>" fits the releases as if exact (the paper's fit; intervals ignore the
+# privacy noise), for comparison only.
+FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
+               "plug-in-fixed")
 
 
 class RunningTotal:
@@ -214,42 +218,53 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
     return problems
 
 
-def fit(stats: Statistics, method: str, draws: int, seed: int | None):
-    """(beta_mean, beta_draws (draws x d), diagnostics) of the posterior given ``stats``."""
-    method = method or "advi"
+def fit(stats: Statistics, method: str, draws: int, seed: int | None,
+        public: Statistics | None = None):
+    """(beta_mean, beta_draws (draws x d), diagnostics) of the posterior given ``stats``.
+
+    ``method`` is a round spec's fit_method (FIT_METHODS; empty means "auto"). With
+    ``public`` (the exact public statistics included in ``stats``) the diagnostics carry the
+    comparison with the public-only posterior (``aggregator.quality``) under
+    ``"information"``."""
+    from aggregator.posterior import fit_posterior
+
+    method = method or "auto"
     draws = int(draws or 5000)
-    try:
-        from aggregator.posterior import fit_posterior
-    except ImportError:
-        if method != "fixed":
-            raise
-        return _fixed_precision_fallback(stats, draws, seed)
-    post = fit_posterior(stats, method=method, draws=draws, seed=seed)
+    plug_in = method.startswith("plug-in-")
+    post = fit_posterior(stats, method=method.removeprefix("plug-in-"), draws=draws,
+                         seed=seed, public=public, plug_in=plug_in)
+    diagnostics = dict(post.diagnostics)
+    diagnostics["model"] = post.model
+    diagnostics["information"] = information(post.beta_draws, public, stats.dim, seed)
     return (np.asarray(post.beta_mean, dtype=np.float64),
-            np.asarray(post.beta_draws, dtype=np.float64), dict(post.diagnostics))
+            np.asarray(post.beta_draws, dtype=np.float64), diagnostics)
 
 
-def _fixed_precision_fallback(stats: Statistics, draws: int, seed: int | None):
-    """Closed form with lambda = lambda0 = 1 (method.md section 1) while the PyMC model is
-    not installed; the noisy Sxx is projected to PSD first so the precision is invertible."""
-    from aggregator.closed_form import posterior_precision
-    w, v = np.linalg.eigh(stats.xtx)
-    xtx_psd = (v * np.clip(w, 0, None)) @ v.T
-    prec = posterior_precision(xtx_psd)
-    cov = np.linalg.inv(prec)
-    cov = (cov + cov.T) / 2
-    mean = cov @ stats.xty
-    rng = np.random.default_rng(seed)
-    beta_draws = rng.multivariate_normal(mean, cov, size=draws)
-    return mean, beta_draws, {"method": "fixed", "fallback": "aggregator.closed_form"}
+def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
+                seed: int | None) -> dict:
+    """``aggregator.quality.information_statement`` of a round's draws against the
+    posterior of the public rows alone (exact model), or against the prior without them."""
+    from aggregator.noise_aware import draw_lam0
+    from aggregator.posterior import fit_posterior
+    from aggregator.quality import information_statement
+
+    if public is not None and public.n >= 1:
+        base = fit_posterior(public, draws=max(len(beta_draws), 1000), seed=seed).beta_draws
+        reference = f"the {public.n} public rows alone"
+    else:
+        rng = np.random.default_rng(seed)
+        lam0 = rng.gamma(2.0, 0.5, size=4000)
+        base = rng.standard_normal((4000, dim)) / np.sqrt(lam0)[:, None]
+        reference = "the prior alone"
+    return information_statement(beta_draws, base, reference=reference)
 
 
 def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, float]],
               total: Statistics, public: Statistics | None, beta_mean: np.ndarray,
               beta_draws: np.ndarray, diagnostics: dict, round_s: float, fit_s: float) -> dict:
-    """The round summary of docs/interfaces.md, plus per-coefficient posterior sd and 95%
-    credible intervals from the draws."""
-    ci = np.percentile(beta_draws, [2.5, 97.5], axis=0) if len(beta_draws) else np.zeros((2, 0))
+    """The round summary of docs/interfaces.md, plus per-coefficient posterior sd and 90%
+    credible intervals from the draws (the level used everywhere in dpfed)."""
+    ci = np.percentile(beta_draws, [5, 95], axis=0) if len(beta_draws) else np.zeros((2, 0))
     pre = spec.preprocessing
     return {
         "round_id": spec.round_id,
@@ -259,7 +274,10 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "sites": [{"site_id": s, "n": int(n), "epsilon": float(e)} for s, n, e in contributions],
         "beta_mean": [float(b) for b in beta_mean],
         "beta_sd": [float(s) for s in beta_draws.std(axis=0)] if len(beta_draws) else [],
-        "beta_ci95": [[float(lo), float(hi)] for lo, hi in zip(ci[0], ci[1])],
+        "beta_ci90": [[float(lo), float(hi)] for lo, hi in zip(ci[0], ci[1])],
+        "model": diagnostics.get("model", ""),
+        "noise": total.noise.summary() if total.noise is not None else "unknown",
+        "information": _jsonable(diagnostics.get("information", {})),
         "feature_names": list(spec.feature_names),
         "target": spec.target,
         "diagnostics": _jsonable(diagnostics),
@@ -269,7 +287,7 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "public_source": spec.public_source,
         "x_bound": spec.x_bound,
         "y_bound": spec.y_bound,
-        "fit_method": spec.fit_method or "advi",
+        "fit_method": spec.fit_method or "auto",
     }
 
 

@@ -38,6 +38,7 @@ __all__ = [
     "PRIOR_SHAPE",
     "PRIOR_RATE",
     "build_model",
+    "build_noise_aware_model",
     "AdviState",
     "AdviEngine",
     "ChunkSummary",
@@ -266,3 +267,37 @@ def clear_cache() -> None:
     """Forget every compiled engine (the next fit of each d compiles again)."""
     with _CACHE_LOCK:
         _CACHE.clear()
+
+
+def build_noise_aware_model(inp):
+    """The noise-aware model of ``aggregator.noise_aware`` in PyMC (the definition NUTS
+    samples; the fast path's density equals its marginal over lambda0 up to a constant).
+
+    ``inp`` is a ``NoiseAwareInputs``; its values enter as constants (one model per fit, for
+    the reference sampler only). Value variables: ``lam_log__``, ``lam0_log__``, ``beta``.
+    """
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    d = inp.dim
+    with pm.Model() as model:
+        lam = pm.Gamma("lam", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
+        lam0 = pm.Gamma("lam0", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
+        beta = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0), shape=(d,))
+        rho = 1.0 / lam
+        rxx, abar = pt.as_tensor(inp.rxx), pt.as_tensor(inp.abar)
+        s = pt.sum(beta ** 2)
+        b2 = beta ** 2
+        ab = pt.dot(abar, beta)
+        rb = pt.dot(rxx, beta)
+        r = pt.concatenate([inp.rxy - rb, pt.stack([inp.ryy - pt.dot(beta, rb) - inp.n * rho])])
+        c11 = (rho * abar + inp.v_xx * (pt.outer(beta, beta) - pt.diag(b2))
+               + pt.eye(d) * (inp.v_xy + inp.v_xx * s))
+        c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
+        c22 = (4 * rho * pt.dot(beta, ab) + (2 * inp.n + inp.v_n) * rho ** 2 + inp.v_yy
+               + inp.v_xx * (2 * s ** 2 - pt.sum(b2 ** 2)))
+        cov = pt.concatenate([pt.concatenate([c11, c12[:, None]], axis=1),
+                              pt.concatenate([c12[None, :], pt.reshape(c22, (1, 1))], axis=1)],
+                             axis=0)
+        pm.Potential("loglik", pm.logp(pm.MvNormal.dist(mu=pt.zeros(d + 1), cov=cov), r))
+    return model

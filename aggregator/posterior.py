@@ -1,7 +1,29 @@
-"""Fitting the posterior of method.md section 1 to (aggregated, noisy) sufficient statistics.
+"""Fitting the posterior of method.md sections 1 and 8 to (aggregated, noisy) statistics.
 
-``fit_posterior(stats, method=...)`` repairs the statistics (``aggregator.repair``; free
-post-processing of the DP release, method.md section 6) and then fits
+Which *model* is fitted follows from what the statistics say about their noise
+(``Statistics.noise``, a public ``dpfed.noise.NoiseDescription``):
+
+- noisy statistics: the **noise-aware** model (``aggregator.noise_aware``, method.md
+  section 8), which knows the released values are the clipped data's statistics plus
+  privacy noise of the stated law and scale, so its intervals include that noise;
+- exact statistics (public data, or a non-private baseline): the **exact** model of
+  method.md section 1;
+- statistics of unknown noise: refused, unless the caller states ``plug_in=True``: the
+  **plug-in** fit treats them as exact after ``aggregator.repair`` (what the paper did; its
+  intervals ignore the privacy noise and are far too narrow on releases).
+
+Methods (``method=``):
+
+- ``"auto"`` (default) = ``"laplace"``: Laplace approximation with importance sampling
+  (``aggregator.laplace.laplace_importance``) of the posterior of (beta, log lambda) with
+  lambda0 integrated out; numpy only, milliseconds. Works for every model.
+- ``"nuts"``: PyMC's NUTS on the PyMC definition of the model (the reference).
+- ``"advi"``, ``"fixed"``: the paper's mean-field ADVI and the fixed-precision closed form,
+  for the exact and plug-in models only (they have no noise-aware form here).
+
+For the plug-in model (and the historical ADVI path) the statistics are repaired first
+(``aggregator.repair``; free post-processing of the DP release, method.md section 6); the
+old methods are:
 
 - ``"advi"`` (default): mean-field ADVI over (log lambda, log lambda0, beta), as in Honkela et
   al. (2018) section 4.5, with a convergence check; a fit that has not converged is refused
@@ -31,9 +53,16 @@ from aggregator.repair import Repair, repair_statistics
 from dpfed.statistics import Statistics
 
 __all__ = ["Posterior", "PosteriorError", "ConvergenceError", "fit_posterior", "METHODS",
-           "variational_init"]
+           "MODELS", "variational_init", "UnknownNoiseError"]
 
-METHODS = ("advi", "nuts", "fixed")
+METHODS = ("auto", "laplace", "nuts", "advi", "fixed")
+MODELS = ("noise-aware", "exact", "plug-in")
+# Importance sampling with fewer effective draws than this is refused (use NUTS).
+_MIN_ESS = 50
+
+
+class UnknownNoiseError(ValueError):
+    """Statistics whose noise is unknown were given without ``plug_in=True``."""
 
 
 class PosteriorError(RuntimeError):
@@ -83,7 +112,8 @@ class Posterior:
     lam0: dict
     diagnostics: dict
     repair: Repair
-    stats: Statistics = field(repr=False)  # the repaired statistics that were fitted
+    stats: Statistics = field(repr=False)  # the (repaired, for plug-in) statistics fitted
+    model: str = "plug-in"                 # "noise-aware", "exact" or "plug-in" (MODELS)
 
     def __post_init__(self):
         object.__setattr__(self, "beta_mean", _readonly(self.beta_mean))
@@ -121,6 +151,7 @@ class Posterior:
         ci = self.credible_interval(0.9)
         out = {
             "method": self.method,
+            "model": self.model,
             "dim": self.dim,
             "n_draws": int(self.beta_draws.shape[0]),
             "beta_mean": self.beta_mean.tolist(),
@@ -230,7 +261,8 @@ def _seed_sequence(seed) -> tuple[np.random.SeedSequence, int]:
     return np.random.SeedSequence(int(seed)), int(seed)
 
 
-def fit_posterior(stats: Statistics, *, method: str = "advi", draws: int = 5000, seed=None,
+def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics | None = None,
+                  plug_in: bool = False, draws: int = 5000, seed=None,
                   lam: float = 1.0, lam0: float = 1.0,
                   max_iterations: int = 40_000, learning_rate: float = 0.01,
                   window: int = 1000, grad_tol: float = 0.1, min_windows: int = 2,
@@ -239,57 +271,177 @@ def fit_posterior(stats: Statistics, *, method: str = "advi", draws: int = 5000,
                   rhat_max: float = 1.05,
                   eigen_floor: float | None = None, rss_floor: float | None = None,
                   project_xty: bool = True) -> Posterior:
-    """Fit the posterior of beta to ``stats`` (method.md section 1) and return a ``Posterior``.
+    """Fit the posterior of beta to ``stats`` and return a ``Posterior`` (module docstring).
 
-    Common: ``method`` in ``"advi"``, ``"nuts"``, ``"fixed"``; ``draws`` posterior draws of
-    beta (the paper uses 5000); ``seed`` makes everything deterministic (None: fresh entropy,
-    recorded in ``diagnostics["seed"]``); ``eigen_floor``/``rss_floor``/``project_xty`` tune the repair
-    (``aggregator.repair.repair_statistics``), which is applied before every method and
-    reported in ``diagnostics["repair"]``.
+    ``public``: the exact public statistics that ``stats`` includes (their second moments set
+    the noise-aware model's prior on the private design; optional). ``plug_in=True`` fits
+    noisy or unknown-noise statistics as if exact (the paper's fit; intervals ignore the
+    noise). ``draws``: posterior draws of beta; ``seed`` makes the computation
+    deterministic (None: fresh entropy, recorded in ``diagnostics["seed"]``).
 
-    ``"fixed"``: ``lam``, ``lam0`` are the fixed precisions (default 1, 1 as in the paper's
-    parameter search).
-
-    ``"advi"``: Adam with ``learning_rate`` for at most ``max_iterations`` steps, in windows of
-    ``window`` steps. Convergence is a stationarity test of the ELBO (``stationarity``): after
-    at least ``min_windows`` windows, the gradients averaged over the last window must put
-    every variational mean within ``grad_tol`` posterior standard deviations of the
-    stationary point and every log standard deviation within ``grad_tol`` of it. Unlike "the loss stopped changing", this is not fooled by a
-    learning rate too small to make progress. The returned approximation is the average of
-    the iterates over the last window (Polyak-Ruppert). Not converged within
-    ``max_iterations``: ``ConvergenceError``. ``init="vb"`` starts from the coordinate-ascent
-    VB solution (``variational_init``), ``"prior"`` from mean 0, sd 1. ``mode`` is the
-    PyTensor backend of the compiled step.
-
-    ``"nuts"``: ``chains`` chains of ``ceil(draws / chains)`` draws after ``tune`` tuning
-    steps; max r-hat above ``rhat_max`` raises ``ConvergenceError``; divergences are reported.
+    ``"fixed"``: ``lam``, ``lam0`` are the fixed precisions. ``"advi"``: Adam with
+    ``learning_rate`` for at most ``max_iterations`` steps in windows of ``window``;
+    converged when the window-averaged gradients put every variational mean within
+    ``grad_tol`` posterior sds of the stationary point (``stationarity``), else
+    ``ConvergenceError``. ``"nuts"``: ``chains`` chains after ``tune`` steps; r-hat above
+    ``rhat_max`` raises ``ConvergenceError``. ``eigen_floor``/``rss_floor``/``project_xty``
+    tune the plug-in repair.
     """
     t_start = time.perf_counter()
     if not isinstance(stats, Statistics):
         raise TypeError(f"stats must be a dpfed Statistics, got {type(stats).__name__}")
     if method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
+    if public is not None and not (isinstance(public, Statistics) and public.is_exact):
+        raise ValueError("public must be exact Statistics (noise=EXACT)")
     draws = int(draws)
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}")
+    if plug_in:
+        model = "plug-in"
+    elif stats.noise is None:
+        raise UnknownNoiseError(
+            "the noise of these statistics is unknown: attach its public description "
+            "(Statistics.with_noise, dpfed.sensitivity.expected_noise) for the noise-aware "
+            "fit, or pass plug_in=True to fit them as if exact (intervals then ignore the "
+            "privacy noise)")
+    else:
+        model = "exact" if stats.noise.is_exact else "noise-aware"
+    if method == "auto":
+        method = "laplace"
+    if model == "noise-aware" and method in ("advi", "fixed"):
+        raise ValueError(f"method {method!r} has no noise-aware form; use 'laplace' or "
+                         "'nuts', or plug_in=True for the paper's plug-in fit")
     ss, seed_int = _seed_sequence(seed)
-    repaired, rep = repair_statistics(stats, eigen_floor=eigen_floor, rss_floor=rss_floor,
-                                     project_xty=project_xty)
-    diag = {"method": method, "seed": seed_int, "repair": rep.to_dict(), "n": stats.n,
+    diag = {"method": method, "model": model, "seed": seed_int, "n": stats.n,
             "dim": stats.dim}
-    if method == "fixed":
-        post = _fit_fixed(repaired, rep, diag, ss, draws, lam, lam0)
+    if stats.noise is not None:
+        diag["noise"] = stats.noise.summary()
+    if model == "plug-in":
+        fitted, rep = repair_statistics(stats, eigen_floor=eigen_floor, rss_floor=rss_floor,
+                                        project_xty=project_xty)
+    else:
+        fitted, rep = stats, _no_repair(stats)
+    diag["repair"] = rep.to_dict()
+    if method == "laplace":
+        post = _fit_laplace(fitted, public, model, rep, diag, ss, draws)
+    elif method == "fixed":
+        post = _fit_fixed(fitted, rep, diag, ss, draws, lam, lam0)
     elif method == "advi":
-        post = _fit_advi(repaired, rep, diag, ss, draws, max_iterations=max_iterations,
+        post = _fit_advi(fitted, rep, diag, ss, draws, max_iterations=max_iterations,
                          learning_rate=learning_rate, window=window, grad_tol=grad_tol,
                          min_windows=min_windows, init=init, mode=mode)
+    elif model == "noise-aware":
+        post = _fit_nuts_noise_aware(fitted, public, rep, diag, ss, draws, tune=tune,
+                                     chains=chains, target_accept=target_accept,
+                                     rhat_max=rhat_max)
     else:
-        post = _fit_nuts(repaired, rep, diag, ss, draws, tune=tune, chains=chains,
+        post = _fit_nuts(fitted, rep, diag, ss, draws, tune=tune, chains=chains,
                          target_accept=target_accept, rhat_max=rhat_max)
+    object.__setattr__(post, "model", model)
     if not (np.all(np.isfinite(post.beta_mean)) and np.all(np.isfinite(post.beta_draws))):
         raise PosteriorError(f"{method}: the fitted posterior is not finite")
     post.diagnostics["fit_seconds"] = time.perf_counter() - t_start
     return post
+
+
+def _no_repair(stats: Statistics) -> Repair:
+    """The record of a repair that changed nothing (the noise-aware and exact models fit the
+    statistics as released)."""
+    return Repair(False, 0, 0, float("nan"), 0.0, 0.0, 0.0, float("nan"), 0.0, 0.0)
+
+
+def _start(stats: Statistics, xtx: np.ndarray, ridge: float) -> np.ndarray:
+    """Starting point (beta, log lambda): a ridge solution and the implied residual scale."""
+    d = stats.dim
+    beta = np.linalg.solve(xtx + ridge * np.eye(d), stats.xty)
+    rss = stats.yty - float(beta @ stats.xty)
+    rss = max(rss, 0.1 * abs(stats.yty), 1e-6)
+    lam = min(max(max(stats.n, 1) / rss, 1e-4), 1e4)
+    return np.concatenate([beta, [np.log(lam)]])
+
+
+def _fit_laplace(stats, public, model, rep, diag, ss, draws) -> Posterior:
+    """Laplace approximation + importance sampling (aggregator.laplace) of the exact or the
+    noise-aware model, lambda0 integrated out and drawn given beta afterwards."""
+    from aggregator import noise_aware as na
+    from aggregator.laplace import laplace_importance
+
+    d = stats.dim
+    if model == "noise-aware":
+        inp = na.noise_aware_inputs(stats, public)
+        f = lambda u: na.log_posterior_noise_aware(u, inp)  # noqa: E731
+        fb = lambda u: na.log_posterior_noise_aware_batch(u, inp)  # noqa: E731
+        u0 = _start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
+    else:
+        f = lambda u: na.log_posterior_exact(u, stats)  # noqa: E731
+        fb = lambda u: na.log_posterior_exact_batch(u, stats)  # noqa: E731
+        u0 = _start(stats, stats.xtx, 1.0)
+    rng = np.random.default_rng(ss)
+    res = laplace_importance(f, fb, u0, draws=draws, rng=rng)
+    lap = res.laplace
+    diag.update(converged=bool(lap.converged and res.ess >= _MIN_ESS),
+                iterations=lap.iterations, gradient_norm=lap.gradient_norm,
+                importance_ess=res.ess, importance_proposals=res.proposals,
+                laplace_message=lap.message)
+    if not lap.converged:
+        raise ConvergenceError(f"Laplace approximation failed: {lap.message}", diag)
+    if res.ess < _MIN_ESS:
+        raise ConvergenceError(
+            f"importance sampling kept only {res.ess:.0f} effective draws of "
+            f"{res.proposals}: the posterior is far from normal; use method='nuts'", diag)
+    beta_draws = res.draws[:, :d]
+    lam_draws = np.exp(res.draws[:, d])
+    lam0_draws = na.draw_lam0(beta_draws, rng)
+    return Posterior("laplace", beta_draws.mean(axis=0), beta_draws, _summary(lam_draws),
+                     _summary(lam0_draws), diag, rep, stats, model)
+
+
+def _fit_nuts_noise_aware(stats, public, rep, diag, ss, draws, *, tune, chains,
+                          target_accept, rhat_max) -> Posterior:
+    """NUTS on ``aggregator.model.build_noise_aware_model`` (the reference sampler)."""
+    import arviz as az
+    import logging
+    import pymc as pm
+
+    from aggregator import noise_aware as na
+    from aggregator.model import build_noise_aware_model
+
+    inp = na.noise_aware_inputs(stats, public)
+    chains = int(chains)
+    per_chain = int(math.ceil(draws / chains))
+    seed_int = int(ss.generate_state(1, dtype=np.uint32)[0])
+    u0 = _start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
+    model = build_noise_aware_model(inp)
+    pm_logger = logging.getLogger("pymc")
+    level = pm_logger.level
+    pm_logger.setLevel(logging.ERROR)
+    try:
+        with model:
+            idata = pm.sample(draws=per_chain, tune=int(tune), chains=chains, cores=1,
+                              random_seed=seed_int, progressbar=False,
+                              initvals={"lam": float(np.exp(u0[-1])), "lam0": 1.0,
+                                        "beta": u0[:-1]},
+                              target_accept=target_accept, compute_convergence_checks=False,
+                              return_inferencedata=True)
+    finally:
+        pm_logger.setLevel(level)
+    post = idata.posterior
+    beta_draws = post["beta"].values.reshape(-1, stats.dim)[:draws]
+    rhat, ess = az.rhat(idata), az.ess(idata)
+    max_rhat = float(max(float(rhat[v].max()) for v in ("beta", "lam", "lam0")))
+    min_ess = float(min(float(ess[v].min()) for v in ("beta", "lam", "lam0")))
+    divergences = int(idata.sample_stats["diverging"].sum())
+    converged = bool(max_rhat <= rhat_max)
+    diag.update(converged=converged, iterations=per_chain * chains, chains=chains,
+                tune=int(tune), max_rhat=max_rhat, min_ess_bulk=min_ess,
+                divergences=divergences, rhat_max=rhat_max)
+    if not converged:
+        raise ConvergenceError(f"NUTS did not converge: max r-hat {max_rhat:.3f} > {rhat_max}",
+                               diag)
+    return Posterior("nuts", beta_draws.mean(axis=0), beta_draws,
+                     _summary(post["lam"].values.ravel()), _summary(post["lam0"].values.ravel()),
+                     diag, rep, stats, "noise-aware")
 
 
 def _fit_fixed(stats, rep, diag, ss, draws, lam, lam0) -> Posterior:

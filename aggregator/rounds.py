@@ -699,7 +699,7 @@ class RoundManager:
                 beta_mean, draws, diag = np.zeros(d), np.zeros((0, d)), {"skipped": True}
             else:
                 beta_mean, draws, diag = aggregate.fit(total, spec.fit_method, spec.fit_draws,
-                                                       spec.fit_seed or None)
+                                                       spec.fit_seed or None, public=public)
             fit_s = time.perf_counter() - t0
             summary = aggregate.summarize(
                 spec=spec, contributions=[(s, c.n, c.epsilon) for s, c in parts], total=total,
@@ -720,7 +720,7 @@ class RoundManager:
             self.store.finish_round(result, fit_s)
             live.stored.state, live.stored.fit_s, live.stored.message = DONE, fit_s, ""
         log.info("round %s: DONE, n_total=%d, fit %.2f s (%s)", round_id, total.n, fit_s,
-                 "skipped" if self.skip_fit else spec.fit_method or "advi")
+                 "skipped" if self.skip_fit else spec.fit_method or "auto")
 
     def aggregated_statistics(self, round_id: str) -> Statistics:
         """The sum the model is fitted on (for tests and audits): the running total of the

@@ -98,7 +98,7 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
         sites=[str(s) for s in config.get("sites", [])],
         created_unix_ms=now_ms)
     fit = config.get("fit", {})
-    spec.fit_method = str(fit.get("method", "advi"))
+    spec.fit_method = str(fit.get("method", "auto"))
     spec.fit_draws = int(fit.get("draws", 5000))
     spec.fit_seed = int(fit.get("seed", 0))
 

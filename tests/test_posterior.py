@@ -62,7 +62,7 @@ def noisy_release():
 def test_fixed_equals_closed_form_and_numpy_solve(large_exact):
     stats, _ = large_exact
     for lam, lam0 in [(1.0, 1.0), (0.3, 4.0)]:
-        post = fit_posterior(stats, method="fixed", lam=lam, lam0=lam0, seed=0)
+        post = fit_posterior(stats, plug_in=True, method="fixed", lam=lam, lam0=lam0, seed=0)
         explicit = np.linalg.solve(lam0 * np.eye(stats.dim) + lam * stats.xtx, lam * stats.xty)
         np.testing.assert_allclose(post.beta_mean, explicit, rtol=0, atol=1e-10)
         np.testing.assert_allclose(post.beta_mean, closed_form_mean(stats.xtx, stats.xty, lam, lam0),
@@ -75,14 +75,14 @@ def test_fixed_draws_have_the_posterior_covariance():
     rng = np.random.default_rng(1)
     x = rng.normal(size=(30, 3))
     stats = exact_statistics(x, x @ [1.0, -1.0, 0.5] + rng.normal(size=30))
-    post = fit_posterior(stats, method="fixed", draws=200_000, seed=3)
+    post = fit_posterior(stats, plug_in=True, method="fixed", draws=200_000, seed=3)
     cov = np.linalg.inv(posterior_precision(stats.xtx, 1.0, 1.0))
     np.testing.assert_allclose(np.cov(post.beta_draws.T), cov, atol=0.02 * np.abs(cov).max())
     np.testing.assert_allclose(post.beta_draws.mean(0), post.beta_mean, atol=0.01)
 
 
 def test_fixed_repairs_indefinite_statistics(noisy_release):
-    post = fit_posterior(noisy_release, method="fixed", seed=0)
+    post = fit_posterior(noisy_release, plug_in=True, method="fixed", seed=0)
     rep = post.diagnostics["repair"]
     assert rep["changed"] and rep["negative_eigenvalues"] > 0
     assert np.linalg.eigvalsh(post.stats.xtx)[0] > 0
@@ -95,7 +95,7 @@ def test_fixed_repairs_indefinite_statistics(noisy_release):
 def test_fixed_and_advi_recover_truth(large_exact, advi_engine):
     stats, beta = large_exact
     for method in ("fixed", "advi"):
-        post = fit_posterior(stats, method=method, seed=11, draws=2000)
+        post = fit_posterior(stats, plug_in=True, method=method, seed=11, draws=2000)
         np.testing.assert_allclose(post.beta_mean, beta, atol=0.03, err_msg=method)
         assert post.diagnostics["converged"]
     # The noise precision is 1 in the simulation.
@@ -105,7 +105,7 @@ def test_fixed_and_advi_recover_truth(large_exact, advi_engine):
 @pytest.mark.slow
 def test_nuts_recovers_truth(large_exact):
     stats, beta = large_exact
-    post = fit_posterior(stats, method="nuts", seed=5, draws=1000, tune=500)
+    post = fit_posterior(stats, plug_in=True, method="nuts", seed=5, draws=1000, tune=500)
     np.testing.assert_allclose(post.beta_mean, beta, atol=0.03)
     d = post.diagnostics
     assert d["converged"] and d["max_rhat"] < 1.05 and d["divergences"] == 0 and d["min_ess_bulk"] > 100
@@ -116,8 +116,8 @@ def test_nuts_recovers_truth(large_exact):
 
 @pytest.mark.slow
 def test_advi_agrees_with_nuts_on_repaired_noisy_statistics(noisy_release, advi_engine):
-    advi = fit_posterior(noisy_release, method="advi", seed=1)
-    nuts = fit_posterior(noisy_release, method="nuts", seed=1, draws=1000, tune=500)
+    advi = fit_posterior(noisy_release, plug_in=True, method="advi", seed=1)
+    nuts = fit_posterior(noisy_release, plug_in=True, method="nuts", seed=1, draws=1000, tune=500)
     sd = nuts.beta_draws.std(axis=0)
     z = np.abs(advi.beta_mean - nuts.beta_mean) / sd
     assert z.max() < 0.3, z
@@ -136,7 +136,7 @@ def test_posterior_proper_and_finite_on_many_noisy_releases(advi_engine):
         x, y = _synthetic(rng, 60, 10)
         s = release_statistics(x, y, epsilon=0.5, x_bound=0.3, y_bound=1.0)
         for method in ("advi", "fixed"):
-            post = fit_posterior(s, method=method, seed=i, draws=500)
+            post = fit_posterior(s, plug_in=True, method=method, seed=i, draws=500)
             assert np.all(np.isfinite(post.beta_mean)) and np.all(np.isfinite(post.beta_draws))
             assert np.all(np.isfinite(post.predict(x)))
             assert post.diagnostics["converged"]
@@ -160,18 +160,18 @@ def test_unrepaired_naive_model_is_unbounded(noisy_release):
 def test_nonconvergence_is_refused(advi_engine, large_exact):
     stats, _ = large_exact
     with pytest.raises(ConvergenceError) as err:
-        fit_posterior(stats, method="advi", max_iterations=50, seed=0)
+        fit_posterior(stats, plug_in=True, method="advi", max_iterations=50, seed=0)
     assert err.value.diagnostics["converged"] is False
     assert isinstance(err.value, PosteriorError)
     # From the prior with a tiny learning rate the fit cannot converge in 3 windows either.
     with pytest.raises(ConvergenceError):
-        fit_posterior(stats, method="advi", init="prior", learning_rate=1e-4,
+        fit_posterior(stats, plug_in=True, method="advi", init="prior", learning_rate=1e-4,
                       max_iterations=3000, window=1000, seed=0)
 
 
 def test_advi_from_prior_converges(advi_engine, large_exact):
     stats, beta = large_exact
-    post = fit_posterior(stats, method="advi", init="prior", seed=2, draws=1000)
+    post = fit_posterior(stats, plug_in=True, method="advi", init="prior", seed=2, draws=1000)
     np.testing.assert_allclose(post.beta_mean, beta, atol=0.03)
     assert post.diagnostics["iterations"] > 2000
 
@@ -180,19 +180,19 @@ def test_advi_from_prior_converges(advi_engine, large_exact):
 
 def test_deterministic_given_seed(advi_engine, noisy_release):
     for method in ("advi", "fixed"):
-        a = fit_posterior(noisy_release, method=method, seed=42, draws=300)
-        b = fit_posterior(noisy_release, method=method, seed=42, draws=300)
-        c = fit_posterior(noisy_release, method=method, seed=43, draws=300)
+        a = fit_posterior(noisy_release, plug_in=True, method=method, seed=42, draws=300)
+        b = fit_posterior(noisy_release, plug_in=True, method=method, seed=42, draws=300)
+        c = fit_posterior(noisy_release, plug_in=True, method=method, seed=43, draws=300)
         assert np.array_equal(a.beta_draws, b.beta_draws) and np.array_equal(a.beta_mean, b.beta_mean)
         assert not np.array_equal(a.beta_draws, c.beta_draws)
-    p = fit_posterior(noisy_release, method="fixed", draws=10)
+    p = fit_posterior(noisy_release, plug_in=True, method="fixed", draws=10)
     assert isinstance(p.diagnostics["seed"], int)
-    again = fit_posterior(noisy_release, method="fixed", draws=10, seed=p.diagnostics["seed"])
+    again = fit_posterior(noisy_release, plug_in=True, method="fixed", draws=10, seed=p.diagnostics["seed"])
     assert np.array_equal(p.beta_draws, again.beta_draws)
 
 
 def test_posterior_api(advi_engine, noisy_release):
-    post = fit_posterior(noisy_release, method="advi", seed=0, draws=400)
+    post = fit_posterior(noisy_release, plug_in=True, method="advi", seed=0, draws=400)
     assert isinstance(post, Posterior) and post.beta_draws.shape == (400, 10)
     x = np.random.default_rng(0).normal(size=(7, 10))
     pred = post.predict(x)
@@ -222,12 +222,12 @@ def test_posterior_api(advi_engine, noisy_release):
 def test_invalid_arguments(large_exact):
     stats, _ = large_exact
     with pytest.raises(ValueError):
-        fit_posterior(stats, method="gibbs")
+        fit_posterior(stats, plug_in=True, method="gibbs")
     with pytest.raises(ValueError):
-        fit_posterior(stats, method="fixed", lam=0.0)
+        fit_posterior(stats, plug_in=True, method="fixed", lam=0.0)
     with pytest.raises(ValueError):
-        fit_posterior(stats, method="fixed", draws=0)
+        fit_posterior(stats, plug_in=True, method="fixed", draws=0)
     with pytest.raises(ValueError):
-        fit_posterior(stats, method="fixed", seed=-1)
+        fit_posterior(stats, plug_in=True, method="fixed", seed=-1)
     with pytest.raises(TypeError):
-        fit_posterior((stats.xtx, stats.xty), method="fixed")
+        fit_posterior((stats.xtx, stats.xty), plug_in=True, method="fixed")

@@ -189,14 +189,18 @@ def format_result_table(summary: dict) -> str:
     names = summary.get("feature_names") or [f"beta{i}" for i in range(summary["dim"])]
     mean = summary["beta_mean"]
     sd = summary.get("beta_sd") or [float("nan")] * len(mean)
-    ci = summary.get("beta_ci95") or [[float("nan")] * 2] * len(mean)
+    ci = summary.get("beta_ci90") or [[float("nan")] * 2] * len(mean)
     width = max(9, *(len(n) for n in names))
     lines = [f"round {summary['round_id']}: target {summary.get('target', '?')}, "
              f"n = {summary['n_total']} ({summary.get('n_public', 0)} public) from "
              f"{len(summary['sites'])} site(s), fit {summary.get('fit_method', '?')}",
-             f"{'feature':<{width}}  {'mean':>10}  {'sd':>10}  {'2.5%':>10}  {'97.5%':>10}"]
+             f"model {summary.get('model') or '?'}, noise {summary.get('noise') or '?'}",
+             f"{'feature':<{width}}  {'mean':>10}  {'sd':>10}  {'5%':>10}  {'95%':>10}"]
     for name, m, s, (lo, hi) in zip(names, mean, sd, ci):
         lines.append(f"{name:<{width}}  {m:>10.4f}  {s:>10.4f}  {lo:>10.4f}  {hi:>10.4f}")
+    info = summary.get("information") or {}
+    if info.get("text"):
+        lines.append(("WARNING: " if info.get("verdict") == "little" else "") + info["text"])
     return "\n".join(lines)
 
 

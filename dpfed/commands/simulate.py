@@ -16,6 +16,11 @@ from pathlib import Path
 
 from dpfed import exitcodes
 
+# aggregator.aggregate.FIT_METHODS, spelled out so that --help needs no aggregator install
+# (tests/test_posterior_noise_aware.py checks the two agree).
+FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
+               "plug-in-fixed")
+
 HELP = "run a federation (aggregator + K sites as processes) on this machine and score it"
 
 
@@ -54,7 +59,7 @@ def register(subparsers) -> None:
     p.add_argument("--public", type=int, default=10, help="public (non-private) lines")
     p.add_argument("--test", type=int, default=100, help="held-out test lines")
     p.add_argument("--seed", type=int, default=0, help="seed of the split and of the fit")
-    p.add_argument("--fit-method", default="advi", choices=["advi", "nuts", "fixed"],
+    p.add_argument("--fit-method", default="auto", choices=list(FIT_METHODS),
                    help="posterior fit at the aggregator (and for the baselines)")
     p.add_argument("--draws", type=int, default=5000, help="posterior draws")
     p.add_argument("--workdir", type=Path, default=None,

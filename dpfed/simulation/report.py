@@ -34,14 +34,27 @@ def format_report(result: dict) -> str:
         f"    non-private (all rows)    {_fmt(m['spearman_nonprivate'])}",
         f"    public lines only         {_fmt(m['spearman_public_only'])}",
         "",
-        "  features by |posterior mean| of the private model. The 95 % interval treats the",
-        "  noisy statistics as exact (it omits the DP noise); the private model saw clipped",
-        "  features, so compare signs and ranks with the non-private means, not magnitudes.",
-        f"    {'feature':<24} {'private':>8}  {'95 % interval':<18}  non-private",
+    ]
+    info = result.get("information") or {}
+    if info.get("text"):
+        lines += [f"  {'WARNING: ' if info.get('verdict') == 'little' else ''}{info['text']}", ""]
+    model = result.get("model") or "?"
+    if model == "noise-aware":
+        about = ["  The 90 % intervals account for the privacy noise (noise-aware posterior,",
+                 f"  noise: {result.get('noise', '?')})."]
+    else:
+        about = [f"  The 90 % intervals come from the {model} model: they do NOT account for the",
+                 "  privacy noise and are too narrow."]
+    lines += [
+        "  features by |posterior mean| of the private model.",
+        *about,
+        "  The private model saw clipped features, so compare signs and ranks with the",
+        "  non-private means, not magnitudes.",
+        f"    {'feature':<24} {'private':>8}  {'90 % interval':<18}  non-private",
     ]
     nonprivate = dict(zip(result["features"], result.get("nonprivate_beta_mean", [])))
     for row in result["top_features"]:
-        ci = row.get("ci95")
+        ci = row.get("ci90")
         ci_text = f"[{ci[0]:+.3f}, {ci[1]:+.3f}]" if ci else ""
         ref = nonprivate.get(row["feature"])
         ref_text = f"{ref:+.3f}" if ref is not None else ""

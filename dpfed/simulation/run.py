@@ -35,7 +35,7 @@ class SimulationOptions:
     n_public: int = DEFAULT_PUBLIC
     n_test: int = DEFAULT_TEST
     seed: int = 0
-    fit_method: str = "advi"
+    fit_method: str = "auto"
     fit_draws: int = 5000
     workdir: Path | None = None       # kept if given; a temporary folder otherwise
     round_timeout_s: float = 600.0
@@ -137,7 +137,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     private = model_from_result(result)
     progress(f"fitting baselines ({options.fit_method}) on exact statistics")
     t_fit = time.monotonic()
-    baselines = baseline_models(problem, split, prep, method=options.fit_method,
+    baseline_method = options.fit_method.removeprefix("plug-in-")
+    baselines = baseline_models(problem, split, prep, method=baseline_method,
                                 draws=options.fit_draws, seed=options.seed)
     baseline_fit_s = time.monotonic() - t_fit
     by_site = {c.site_id: c for c in status.contributions}
@@ -168,5 +169,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
         "top_features": feature_table(private, problem.feature_names),
         "nonprivate_beta_mean": [float(v) for v in baselines["nonprivate"].beta_mean],
         "diagnostics": summary.get("diagnostics", {}),
+        "model": summary.get("model", ""),
+        "noise": summary.get("noise", ""),
+        "information": summary.get("information", {}),
         "workdir": str(layout.root) if keep else None,
     }

@@ -31,7 +31,7 @@ class FittedModel:
         z^T beta^(k) over the draws, which equals z^T (mean of the draws) (method.md 1)."""
         return np.asarray(z, dtype=np.float64) @ self.beta_mean
 
-    def credible_intervals(self, level: float = 0.95) -> np.ndarray | None:
+    def credible_intervals(self, level: float = 0.9) -> np.ndarray | None:
         if self.beta_draws is None or self.beta_draws.shape[0] < 2:
             return None
         tail = (1.0 - level) / 2.0
@@ -93,13 +93,13 @@ def model_from_result(result) -> FittedModel:
 
 
 def feature_table(model: FittedModel, feature_names: Sequence[str], top: int = 10) -> list[dict]:
-    """Features ranked by |posterior mean| with their 95 % credible intervals (if draws)."""
+    """Features ranked by |posterior mean| with their 90 % credible intervals (if draws)."""
     ci = model.credible_intervals()
     order = np.argsort(-np.abs(model.beta_mean), kind="stable")[:top]
     rows = []
     for j in order:
         row = {"feature": feature_names[j], "mean": float(model.beta_mean[j])}
         if ci is not None:
-            row["ci95"] = [float(ci[j, 0]), float(ci[j, 1])]
+            row["ci90"] = [float(ci[j, 0]), float(ci[j, 1])]
         rows.append(row)
     return rows
