@@ -1,0 +1,182 @@
+"""The noise-aware posterior (aggregator.noise_aware, aggregator.laplace; method.md section 8).
+
+What is checked, each able to fail:
+- the numpy density (the fast path) is the PyMC model's density with lambda0 integrated out,
+  and its gradient is right (so the fast path fits the model PyMC defines);
+- the fast path agrees with NUTS on that PyMC model on a small problem;
+- 90 % intervals cover the generating coefficients 0.85-0.95 of the time on data drawn from
+  the model's prior, where the plug-in fit (today's default before issue 9) covers far less;
+- statistics of unknown noise are refused unless the caller says plug_in=True.
+"""
+
+import numpy as np
+import pytest
+from scipy import integrate
+
+from aggregator.noise_aware import (log_posterior_exact, log_posterior_exact_batch,
+                                    log_posterior_noise_aware, log_posterior_noise_aware_batch,
+                                    noise_aware_inputs)
+from aggregator.posterior import UnknownNoiseError, fit_posterior
+from dpfed.noise import NoiseDescription
+from dpfed.statistics import Statistics, exact_statistics
+
+P_SPLIT = (0.35, 0.60, 0.03, 0.02)
+
+
+def _noise(d, eps, bx, by, k=1):
+    """Add/remove, exact Sxx sensitivity (method.md section 9), K independent releases."""
+    one = NoiseDescription.single(
+        "laplace", xtx=d * (d + 1) / 2 * bx ** 2 / (P_SPLIT[0] * eps),
+        xty=d * bx * by / (P_SPLIT[1] * eps), yty=by ** 2 / (P_SPLIT[2] * eps),
+        n=1.0 / (P_SPLIT[3] * eps))
+    return sum([one] * (k - 1), one)
+
+
+def _problem(rng, d, n, eps, k, n_public=10):
+    """Data from the model's prior, bounds wide enough that nothing is clipped (so the
+    generating beta is what the statistics estimate), a release with numpy Laplace noise of
+    the mechanism's scales (the mechanism's own law is tested in test_release*.py)."""
+    lam, lam0 = rng.gamma(2, 0.5), rng.gamma(2, 0.5)
+    beta = rng.standard_normal(d) / np.sqrt(lam0)
+    x = rng.standard_normal((n + n_public, d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)          # |x_ij| <= 1 = Bx
+    y = x @ beta + rng.standard_normal(n + n_public) / np.sqrt(lam)
+    by = float(np.max(np.abs(y)))                           # By: no clipping
+    noise = _noise(d, eps, 1.0, by, k)
+    s = exact_statistics(x[:n], y[:n])
+    m = d * (d + 1) // 2
+    values = s.upper_values().copy()
+    b = {p: t[0].scale for p, t in (("xtx", noise.xtx), ("xty", noise.xty), ("yty", noise.yty),
+                                    ("n", noise.n))}
+    for _ in range(k):
+        values[:m] += rng.laplace(size=m) * b["xtx"]
+        values[m:m + d] += rng.laplace(size=d) * b["xty"]
+        values[-1] += rng.laplace() * b["yty"]
+    n_rel = max(n + int(sum(np.round(rng.laplace(size=k) * b["n"]))), 1)
+    release = Statistics.from_upper(d, n_rel, values, noise)
+    public = exact_statistics(x[n:], y[n:])
+    return beta, release, public
+
+
+def _fd_grad(f, u, h=1e-6):
+    g = np.zeros_like(u)
+    for i in range(u.size):
+        e = np.zeros_like(u)
+        e[i] = h
+        g[i] = (f(u + e)[0] - f(u - e)[0]) / (2 * h)
+    return g
+
+
+def test_gradients_and_batch_agree_with_the_density():
+    rng = np.random.default_rng(1)
+    _, release, public = _problem(rng, 4, 200, 2.0, 1)
+    inp = noise_aware_inputs(release + public, public)
+    exact = exact_statistics(rng.standard_normal((50, 4)), rng.standard_normal(50))
+    us = rng.standard_normal((5, 5)) * 0.5
+    for u in us:
+        val, g = log_posterior_noise_aware(u, inp)
+        assert np.allclose(g, _fd_grad(lambda z: log_posterior_noise_aware(z, inp), u),
+                           rtol=1e-5, atol=1e-5)
+        ve, ge = log_posterior_exact(u, exact)
+        assert np.allclose(ge, _fd_grad(lambda z: log_posterior_exact(z, exact), u),
+                           rtol=1e-5, atol=1e-5)
+    assert np.allclose(log_posterior_noise_aware_batch(us, inp),
+                       [log_posterior_noise_aware(u, inp)[0] for u in us])
+    assert np.allclose(log_posterior_exact_batch(us, exact),
+                       [log_posterior_exact(u, exact)[0] for u in us])
+
+
+@pytest.mark.slow
+def test_numpy_density_is_the_pymc_model_marginalised_over_lambda0():
+    from aggregator.model import build_model, build_noise_aware_model
+
+    rng = np.random.default_rng(3)
+    _, release, public = _problem(rng, 3, 150, 2.0, 1)
+    inp = noise_aware_inputs(release + public, public)
+    exact = exact_statistics(rng.standard_normal((40, 3)), rng.standard_normal(40))
+    lp_na = build_noise_aware_model(inp).compile_logp()
+    model, data = build_model(3)
+    with model:
+        import pymc as pm
+        pm.set_data({"xtx": exact.xtx, "xty": exact.xty, "yty": exact.yty, "n": float(exact.n)})
+    lp_ex = model.compile_logp()
+    grid = np.linspace(-12.0, 8.0, 4001)
+    for _ in range(3):
+        beta, a = rng.standard_normal(3) * 0.5, rng.standard_normal() * 0.3
+        for lp, mine in ((lp_na, log_posterior_noise_aware(np.r_[beta, a], inp)[0]),
+                         (lp_ex, log_posterior_exact(np.r_[beta, a], exact)[0])):
+            vals = np.array([lp({"lam_log__": a, "lam0_log__": c, "beta": beta}) for c in grid])
+            top = vals.max()
+            marginal = top + np.log(integrate.trapezoid(np.exp(vals - top), grid))
+            assert marginal == pytest.approx(mine, abs=1e-4)
+
+
+@pytest.mark.slow
+def test_fast_path_agrees_with_nuts_on_the_pymc_model():
+    rng = np.random.default_rng(7)
+    _, release, public = _problem(rng, 3, 300, 1.0, 1)
+    stats = release + public
+    fast = fit_posterior(stats, public=public, seed=1, draws=4000)
+    ref = fit_posterior(stats, public=public, method="nuts", seed=1, draws=4000, tune=1000)
+    assert fast.model == ref.model == "noise-aware"
+    sd = ref.beta_draws.std(axis=0)
+    # Means within 0.15 posterior sd, sds within 15 %, 90 % interval ends within 0.2 sd.
+    assert np.all(np.abs(fast.beta_mean - ref.beta_mean) <= 0.15 * sd)
+    assert np.all(np.abs(fast.beta_draws.std(axis=0) / sd - 1) <= 0.15)
+    assert np.all(np.abs(fast.credible_interval(0.9) - ref.credible_interval(0.9))
+                  <= 0.2 * sd[:, None])
+
+
+def _coverage(d, n, eps, k, reps, *, plug_in, seed=0):
+    rng = np.random.default_rng(seed)
+    hits = []
+    for r in range(reps):
+        beta, release, public = _problem(rng, d, n, eps, k)
+        post = fit_posterior(release + public, public=public, plug_in=plug_in, draws=1000,
+                             seed=r)
+        lo, hi = post.credible_interval(0.9).T
+        hits.append((beta >= lo) & (beta <= hi))
+    return float(np.mean(hits))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("d,n,eps,k", [(5, 500, 1.0, 1), (5, 100, 1.0, 10), (5, 2000, 2.0, 1)])
+def test_noise_aware_intervals_cover_where_the_plug_in_does_not(d, n, eps, k):
+    aware = _coverage(d, n, eps, k, 120, plug_in=False)
+    # Target 0.85-0.95 (issue 9); 600 interval checks give a Monte Carlo sd of about 0.012,
+    # so the estimate must lie within two of them of the target range.
+    assert 0.825 <= aware <= 0.975, aware
+    if (n, k) != (2000, 1):  # with little noise both are right; elsewhere plug-in fails
+        plug = _coverage(d, n, eps, k, 120, plug_in=True)
+        assert plug < 0.75, plug
+
+
+def test_unknown_noise_is_never_fitted_silently():
+    rng = np.random.default_rng(0)
+    s = exact_statistics(rng.standard_normal((30, 3)), rng.standard_normal(30))
+    unknown = Statistics(s.xtx, s.xty, s.yty, s.n)
+    with pytest.raises(UnknownNoiseError):
+        fit_posterior(unknown)
+    assert fit_posterior(unknown, plug_in=True, seed=0).model == "plug-in"
+    assert fit_posterior(s, seed=0).model == "exact"
+    noisy = s.with_noise(_noise(3, 1.0, 1.0, 1.0))
+    for method in ("advi", "fixed"):  # no noise-aware form: refused, not silently plug-in
+        with pytest.raises(ValueError):
+            fit_posterior(noisy, method=method)
+
+
+def test_noisier_release_gives_wider_intervals_and_public_only_is_the_limit():
+    rng = np.random.default_rng(5)
+    beta, release, public = _problem(rng, 4, 800, 2.0, 1)
+    narrow = fit_posterior(release + public, public=public, seed=0)
+    very_noisy = (release + public).with_noise(release.noise + release.noise.__class__.single(
+        "laplace", xtx=1e4, xty=1e4, yty=1e5, n=1e3))
+    wide = fit_posterior(very_noisy, public=public, seed=0)
+    assert np.all(wide.beta_draws.std(axis=0) > narrow.beta_draws.std(axis=0))
+
+
+def test_fit_methods_spelled_out_for_the_cli_match_the_aggregator():
+    from aggregator.aggregate import FIT_METHODS
+    from dpfed.commands.simulate import FIT_METHODS as CLI
+
+    assert tuple(CLI) == tuple(FIT_METHODS)
