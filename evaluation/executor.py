@@ -27,11 +27,15 @@ EXECUTORS = ("local", "dask", "serial")
 
 
 def _worker_init() -> None:
-    # Load (or compile, first time on this machine) the batched ADVI kernel before the first
-    # task, so that task timings and the progress rate are not skewed by it.
-    from evaluation.batched import compile_kernel
+    # Import (and load any compiled code of) the posterior fit before the first task, so that
+    # task timings and the progress rate are not skewed by it.
+    import numpy as np
 
-    compile_kernel()
+    from aggregator.posterior import fit_posterior
+    from dpfed.statistics import exact_statistics
+
+    x = np.eye(3)
+    fit_posterior(exact_statistics(x, np.ones(3)), draws=10, seed=0)
 
 
 class SerialExecutor:

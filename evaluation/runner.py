@@ -12,13 +12,11 @@ cell's Gamma-prior fit (None for methods that do not end in one); ``error`` is t
 method that raised on this cell (its spearman is NaN): one failing cell does not end an
 hour-long run, and the report counts them.
 
-Gamma-prior fits are batched: the methods that end in the Gamma-prior posterior with ADVI
-(robust_private for every K, nonprivate, nonprivate_robust, private_unclipped) are asked only
-for their *statistics* (``method.statistics(data, setting)``: for robust_private the sum of the
-K OpenDP site releases plus the exact public statistics, exactly what the production aggregator
-fits); every statistics of the task is then fitted in one ``evaluation.batched.fit_batch`` call
-(the same algorithm as ``aggregator.fit_posterior(method="advi")``, see that module). The other
-methods (output_perturbation, functional_mechanism, adassp) are called through ``fit``.
+Every method is called through ``method.fit``. The methods that end in the Gamma-prior
+posterior (robust_private for every K, nonprivate, nonprivate_robust, private_unclipped) fit
+it with ``aggregator.fit_posterior``, the aggregator's own code: noise-aware on releases,
+exact on exact statistics (method.md sections 1 and 8). ``converged`` is True for them (a fit
+that does not converge raises, and the cell gets an ``error``) and None for the others.
 """
 
 from __future__ import annotations
@@ -88,32 +86,19 @@ def _row(data: RepeatData, method: str, eps, n: int, k: int, **kw) -> dict:
     return row
 
 
-def _batched_statistics(method, name: str, training, setting) -> Statistics | None:
-    """The statistics ``method.fit`` would fit with ADVI, or None if the method does not end
-    in the Gamma-prior ADVI fit (then ``fit`` is called instead)."""
-    if getattr(method, "posterior", None) != "advi":
-        return None
-    if hasattr(method, "statistics"):
-        return method.statistics(training, setting)
-    if name == "nonprivate":  # NonPrivate.fit: the exact statistics of every training row
-        return exact_statistics(np.vstack([training.x_private, training.x_public]),
-                                np.concatenate([training.y_private, training.y_public]))
-    return None
-
-
 def run_task(task: Task) -> TaskResult:
     """Every cell of ``task`` (module docstring)."""
-    from evaluation.batched import fit_batch
     from evaluation.methods import get_method
     from evaluation.methods.base import PrivacySetting, TrainingData
+    from evaluation.methods.posterior_fit import posterior_beta
 
     t0 = time.perf_counter()
     cfg = task.config
     problem = load_problem(task.drug, cfg)
     methods = {name: get_method(name) for name in task.methods}
     rows: list[dict] = []
-    pending: list[tuple[dict, Statistics, tuple[RepeatData, TestRanks]]] = []
     timings: dict[str, float] = {}
+    fits, fit_s = 0, 0.0
 
     def timed(name, fn, *args, **kw):
         t = time.perf_counter()
@@ -125,14 +110,24 @@ def run_task(task: Task) -> TaskResult:
     for rep in task.repeats:
         data = prepare_repeat(problem, cfg, task.drug, rep)
         scorer = TestRanks(data.y_test)  # y_test ranked once per repeat
+        seed_seq = np.random.SeedSequence([cfg.seed, task.drug, rep, 1])
+        fit_seeds = iter(seed_seq.generate_state(10_000))
         # n = 0: public only, the same Gamma-prior posterior of the public lines for every
         # method (no private data: nothing to protect), fitted once, reported for each.
         if 0 in cfg.sizes:
-            public_row = _row(data, "_public_only", None, 0, 1)
-            pending.append((public_row, exact_statistics(data.x_public, data.y_public),
-                            (data, scorer)))
-        seed_seq = np.random.SeedSequence([cfg.seed, task.drug, rep, 1])
-        fit_seeds = iter(seed_seq.generate_state(10_000))
+            row = _row(data, "_public_only", None, 0, 1)
+            try:
+                t_fit = time.perf_counter()
+                beta = timed("_public_only", posterior_beta,
+                             exact_statistics(data.x_public, data.y_public),
+                             posterior="laplace", draws=1000, seed=int(next(fit_seeds)))
+                fits += 1
+                fit_s += time.perf_counter() - t_fit
+                row["spearman"] = scorer.spearman(data.x_test @ beta)
+                row["converged"] = True
+            except Exception as exc:  # one failing cell must not end the run
+                row["error"] = f"{type(exc).__name__}: {exc}"
+            rows.extend(_public_only_rows(row, task.methods, cfg))
         for n in cfg.sizes:
             if n == 0 or n > data.pool_size:
                 continue
@@ -153,38 +148,17 @@ def run_task(task: Task) -> TaskResult:
                                                  budget_split=cfg.budget_split, n_sites=k,
                                                  y_range=data.y_range)
                         try:
-                            stats = timed(name, _batched_statistics, method, name, training,
-                                          setting)
-                            if stats is not None:
-                                pending.append((row, stats, (data, scorer)))
-                                continue
+                            t_fit = time.perf_counter()
                             beta = timed(name, method.fit, training, setting,
                                          seed=int(next(fit_seeds)))
+                            if getattr(method, "posterior", None) is not None:
+                                fits += 1
+                                fit_s += time.perf_counter() - t_fit
+                                row["converged"] = True
                             row["spearman"] = scorer.spearman(data.x_test @ np.asarray(beta))
                         except Exception as exc:  # one failing cell must not end the run
                             row["error"] = f"{type(exc).__name__}: {exc}"
                         rows.append(row)
-
-    fits, fit_s = 0, 0.0
-    if pending:
-        t_fit = time.perf_counter()
-        seed = np.random.SeedSequence([cfg.seed, task.drug, task.repeats[0], 2])
-        result = fit_batch([s for _, s, _ in pending], seed=int(seed.generate_state(1)[0]))
-        fit_s = time.perf_counter() - t_fit
-        fits = len(pending)
-        for (row, _, (data, scorer)), beta, ok in zip(pending, result.beta_mean,
-                                                      result.converged):
-            # private_unclipped fits rescaled data; its beta differs from the fitted one by a
-            # positive factor (Bx/Rx)/(By/Ry), which leaves the Spearman correlation unchanged.
-            row["converged"] = bool(ok)
-            if np.all(np.isfinite(beta)):
-                row["spearman"] = scorer.spearman(data.x_test @ beta)
-            else:
-                row["error"] = "ADVI diverged (non-finite parameters)"
-            if row["method"] == "_public_only":
-                rows.extend(_public_only_rows(row, task.methods, cfg))
-            else:
-                rows.append(row)
     return TaskResult(task.drug, task.repeats, rows, time.perf_counter() - t0, fits, fit_s,
                       timings)
 

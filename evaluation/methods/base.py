@@ -34,8 +34,12 @@ __all__ = ["TrainingData", "PrivacySetting", "Method", "DEFAULT_DELTA", "POSTERI
 # 1/n for every private size of the paper's protocol (n <= 800), the usual requirement on delta.
 DEFAULT_DELTA = 1e-5
 
-# Posterior fits offered by the methods built on the Gamma-prior model (aggregator.fit_posterior).
-POSTERIORS = ("advi", "nuts", "fixed")
+# Posterior fits offered by the methods built on the Gamma-prior model (aggregator.fit_posterior;
+# the same names as a round spec's fit_method, aggregator.aggregate.FIT_METHODS): "laplace" is
+# the default fast fit (noise-aware on releases, exact on exact statistics), "nuts" its
+# reference; "plug-in-*" fit releases as if exact (the paper's fit, for comparison).
+POSTERIORS = ("laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
+              "plug-in-fixed")
 
 
 def _as_matrix(name: str, a, d: int | None = None) -> np.ndarray:

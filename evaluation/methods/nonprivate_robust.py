@@ -13,6 +13,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from dpfed.noise import EXACT
 from dpfed.statistics import Statistics
 from evaluation.methods.base import PrivacySetting, TrainingData, validate_posterior
 from evaluation.methods.posterior_fit import posterior_beta
@@ -22,8 +23,8 @@ from site_node.release import clipped_statistics
 
 @dataclass(frozen=True)
 class NonPrivateRobust:
-    posterior: str = "advi"
-    draws: int = 5000
+    posterior: str = "laplace"
+    draws: int = 1000        # the predictor is the posterior mean; 1000 draws estimate it
     name: ClassVar[str] = "nonprivate_robust"
     private: ClassVar[bool] = False
 
@@ -35,7 +36,8 @@ class NonPrivateRobust:
         if data.n_private:
             sxx, sxy, syy = clipped_statistics(data.x_private, data.y_private,
                                                setting.x_bound, setting.y_bound)
-            total = total + Statistics(sxx, sxy, syy, data.n_private)
+            # Exact statistics of the clipped rows: no noise, and said so.
+            total = total + Statistics(sxx, sxy, syy, data.n_private, EXACT)
         return total
 
     def fit(self, data: TrainingData, setting: PrivacySetting, *, seed: int) -> np.ndarray:

@@ -1,9 +1,10 @@
-"""Beta from sufficient statistics under the Gamma-prior model of method.md section 1.
+"""Beta from sufficient statistics under the Gamma-prior model (method.md sections 1 and 8).
 
 Shared by the methods that end in a Bayesian fit of (possibly noisy) statistics: robust_private,
 nonprivate, nonprivate_robust, private_unclipped. The fit is ``aggregator.fit_posterior``, the
-same code the production aggregator runs (with its repair of noisy statistics, method.md
-section 6), so the comparison between those methods differs only in the statistics.
+same code the production aggregator runs: noise-aware on releases (their ``Statistics.noise``),
+the exact model on exact statistics, so the comparison between those methods differs only in
+the statistics.
 """
 
 from __future__ import annotations
@@ -15,10 +16,15 @@ from aggregator.posterior import fit_posterior
 from dpfed.statistics import Statistics
 
 
-def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int) -> np.ndarray:
-    """The paper's predictor (eq. (8)): the average of ``beta`` over ``draws`` posterior draws,
-    so ``x @ beta`` is (1/m) sum_k x^T beta^(k)."""
-    post = fit_posterior(stats, method=posterior, draws=draws, seed=seed)
+def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
+                   public: Statistics | None = None) -> np.ndarray:
+    """The paper's predictor (eq. (8)): the posterior mean of ``beta``, so ``x @ beta`` is the
+    average of x^T beta over the posterior. ``posterior`` is one of
+    ``evaluation.methods.base.POSTERIORS``; ``public`` the exact public statistics included
+    in ``stats`` (the noise-aware model's design prior)."""
+    plug_in = posterior.startswith("plug-in-")
+    post = fit_posterior(stats, method=posterior.removeprefix("plug-in-"), draws=draws,
+                         seed=seed, public=public, plug_in=plug_in)
     return np.array(post.beta_draws.mean(axis=0))
 
 

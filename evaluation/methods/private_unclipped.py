@@ -36,8 +36,8 @@ def rescale_factors(setting: PrivacySetting, method: str = "private_unclipped") 
 
 @dataclass(frozen=True)
 class PrivateUnclipped:
-    posterior: str = "advi"
-    draws: int = 5000
+    posterior: str = "laplace"
+    draws: int = 1000        # the predictor is the posterior mean; 1000 draws estimate it
     name: ClassVar[str] = "private_unclipped"
     private: ClassVar[bool] = True
 
@@ -60,6 +60,8 @@ class PrivateUnclipped:
 
     def fit(self, data: TrainingData, setting: PrivacySetting, *, seed: int) -> np.ndarray:
         sx, sy = rescale_factors(setting, self.name)
+        public = (exact_statistics(data.x_public * sx, data.y_public * sy)
+                  if data.n_public else None)
         beta_scaled = posterior_beta(self.statistics(data, setting), posterior=self.posterior,
-                                     draws=self.draws, seed=seed)
+                                     draws=self.draws, seed=seed, public=public)
         return beta_scaled * (sx / sy)

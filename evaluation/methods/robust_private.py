@@ -7,7 +7,8 @@ with Laplace noise of scales d(d+1)Bx^2/(p1 eps), 2dBxBy/(p2 eps), By^2/(p3 eps)
 per site under bounded DP, n exact; here via ``release_many``, which draws the K sites' noise in
 one OpenDP call per part with the same per-site mechanism). The aggregator sums the releases and adds the exact,
 unclipped statistics of the public rows (as ``coordinator.roundspec`` does), then fits the
-Gamma-prior model.
+Gamma-prior model: by default the noise-aware posterior (method.md section 8), which knows
+the sum holds K independent release noises (``Statistics.noise``).
 """
 
 from __future__ import annotations
@@ -32,10 +33,11 @@ def public_statistics(data: TrainingData) -> Statistics:
 
 @dataclass(frozen=True)
 class RobustPrivate:
-    """``posterior``: "advi" (paper), "nuts" or "fixed" (lambda = lambda0 = 1); ``draws``: m."""
+    """``posterior``: one of ``evaluation.methods.base.POSTERIORS`` ("laplace": the
+    noise-aware fit, the default; "plug-in-advi": the paper's); ``draws``: m."""
 
-    posterior: str = "advi"
-    draws: int = 5000
+    posterior: str = "laplace"
+    draws: int = 1000        # the predictor is the posterior mean; 1000 draws estimate it
     name: ClassVar[str] = "robust_private"
     private: ClassVar[bool] = True
 
@@ -59,4 +61,4 @@ class RobustPrivate:
 
     def fit(self, data: TrainingData, setting: PrivacySetting, *, seed: int) -> np.ndarray:
         return posterior_beta(self.statistics(data, setting), posterior=self.posterior,
-                              draws=self.draws, seed=seed)
+                              draws=self.draws, seed=seed, public=public_statistics(data))

@@ -1,4 +1,4 @@
-"""dpfed evaluate end to end on a tiny grid (real GDSC data, OpenDP releases, batched ADVI)."""
+"""dpfed evaluate end to end on a tiny grid (real GDSC data, OpenDP releases, the noise-aware fit)."""
 
 import json
 import subprocess

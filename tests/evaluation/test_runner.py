@@ -1,4 +1,4 @@
-"""evaluation.runner: one task's rows, the batched fits, public-only rows and failing cells."""
+"""evaluation.runner: one task's rows, the posterior fits, public-only rows and failing cells."""
 
 import math
 
@@ -35,7 +35,7 @@ def test_task_rows_cover_the_grid(cfg_and_bounds):
     for rep in (0, 1):
         zero = {r["spearman"] for r in result.rows if r["n_private"] == 0 and r["repeat"] == rep}
         assert len(zero) == 1
-    # The Gamma-prior fits (robust_private x 2 K, nonprivate, public-only) were batched.
+    # The Gamma-prior fits (robust_private x 2 K, nonprivate, public-only), one each.
     assert result.fits == 2 * (2 + 1 + 1)
     assert all(r["converged"] for r in result.rows if r["method"] != "adassp" or r["n_private"] == 0)
 
