@@ -19,43 +19,11 @@ from aggregator.noise_aware import (log_posterior_exact, log_posterior_exact_bat
 from aggregator.posterior import UnknownNoiseError, fit_posterior
 from dpfed.noise import NoiseDescription
 from dpfed.statistics import Statistics, exact_statistics
+from evaluation.coverage import coverage, prior_problem
 
-P_SPLIT = (0.35, 0.60, 0.03, 0.02)
-
-
-def _noise(d, eps, bx, by, k=1):
-    """Add/remove, exact Sxx sensitivity (method.md section 9), K independent releases."""
-    one = NoiseDescription.single(
-        "laplace", xtx=d * (d + 1) / 2 * bx ** 2 / (P_SPLIT[0] * eps),
-        xty=d * bx * by / (P_SPLIT[1] * eps), yty=by ** 2 / (P_SPLIT[2] * eps),
-        n=1.0 / (P_SPLIT[3] * eps))
-    return sum([one] * (k - 1), one)
-
-
-def _problem(rng, d, n, eps, k, n_public=10):
-    """Data from the model's prior, bounds wide enough that nothing is clipped (so the
-    generating beta is what the statistics estimate), a release with numpy Laplace noise of
-    the mechanism's scales (the mechanism's own law is tested in test_release*.py)."""
-    lam, lam0 = rng.gamma(2, 0.5), rng.gamma(2, 0.5)
-    beta = rng.standard_normal(d) / np.sqrt(lam0)
-    x = rng.standard_normal((n + n_public, d))
-    x /= np.linalg.norm(x, axis=1, keepdims=True)          # |x_ij| <= 1 = Bx
-    y = x @ beta + rng.standard_normal(n + n_public) / np.sqrt(lam)
-    by = float(np.max(np.abs(y)))                           # By: no clipping
-    noise = _noise(d, eps, 1.0, by, k)
-    s = exact_statistics(x[:n], y[:n])
-    m = d * (d + 1) // 2
-    values = s.upper_values().copy()
-    b = {p: t[0].scale for p, t in (("xtx", noise.xtx), ("xty", noise.xty), ("yty", noise.yty),
-                                    ("n", noise.n))}
-    for _ in range(k):
-        values[:m] += rng.laplace(size=m) * b["xtx"]
-        values[m:m + d] += rng.laplace(size=d) * b["xty"]
-        values[-1] += rng.laplace() * b["yty"]
-    n_rel = max(n + int(sum(np.round(rng.laplace(size=k) * b["n"]))), 1)
-    release = Statistics.from_upper(d, n_rel, values, noise)
-    public = exact_statistics(x[n:], y[n:])
-    return beta, release, public
+def _problem(rng, d, n, eps, k):
+    p = prior_problem(rng, d, n, eps, k)
+    return p.beta, p.release, p.public
 
 
 def _fd_grad(f, u, h=1e-6):
@@ -128,15 +96,7 @@ def test_fast_path_agrees_with_nuts_on_the_pymc_model():
 
 
 def _coverage(d, n, eps, k, reps, *, plug_in, seed=0):
-    rng = np.random.default_rng(seed)
-    hits = []
-    for r in range(reps):
-        beta, release, public = _problem(rng, d, n, eps, k)
-        post = fit_posterior(release + public, public=public, plug_in=plug_in, draws=1000,
-                             seed=r)
-        lo, hi = post.credible_interval(0.9).T
-        hits.append((beta >= lo) & (beta <= hi))
-    return float(np.mean(hits))
+    return coverage(d, n, eps, k, reps, plug_in=plug_in, seed=seed)["coverage"]
 
 
 @pytest.mark.slow
@@ -159,7 +119,7 @@ def test_unknown_noise_is_never_fitted_silently():
         fit_posterior(unknown)
     assert fit_posterior(unknown, plug_in=True, seed=0).model == "plug-in"
     assert fit_posterior(s, seed=0).model == "exact"
-    noisy = s.with_noise(_noise(3, 1.0, 1.0, 1.0))
+    noisy = s.with_noise(NoiseDescription.single("laplace", xtx=1.0, xty=1.0, yty=1.0))
     for method in ("advi", "fixed"):  # no noise-aware form: refused, not silently plug-in
         with pytest.raises(ValueError):
             fit_posterior(noisy, method=method)
@@ -169,7 +129,7 @@ def test_noisier_release_gives_wider_intervals_and_public_only_is_the_limit():
     rng = np.random.default_rng(5)
     beta, release, public = _problem(rng, 4, 800, 2.0, 1)
     narrow = fit_posterior(release + public, public=public, seed=0)
-    very_noisy = (release + public).with_noise(release.noise + release.noise.__class__.single(
+    very_noisy = (release + public).with_noise(release.noise + NoiseDescription.single(
         "laplace", xtx=1e4, xty=1e4, yty=1e5, n=1e3))
     wide = fit_posterior(very_noisy, public=public, seed=0)
     assert np.all(wide.beta_draws.std(axis=0) > narrow.beta_draws.std(axis=0))
