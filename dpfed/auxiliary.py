@@ -226,6 +226,10 @@ class AuxiliarySource:
                 x[:, j] = cat == i
         return x
 
+    def sample_raw_features(self, rng: np.random.Generator, rows: int) -> np.ndarray:
+        """Raw (not pre-processed) features of ``rows`` rows of one new population."""
+        return self._features(rng, self._parameters(rng), int(rows))
+
     def _parameters(self, rng: np.random.Generator) -> dict:
         params: dict = {}
         m = self.m

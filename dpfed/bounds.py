@@ -540,7 +540,7 @@ def _aux_dataset_scores(data, sigma_x, sigma_y, omx, omy, splits, unit, ridge_cs
         a = sxx[None] + b_xx[None, :, None, None] * e_xx[:, None] + sxx_pub   # (N, mx, d, d)
         rhs = sxy[None] + b_xy[None, :, :, None] * e_xy[:, None, None, :] + sxy_pub
         sd_xx = math.sqrt(2.0) * b_xx
-        ridges = [(1.0 + (c * sd_xx if ridge_kind == "noise_matched" else 0.0))[:, None, None]
+        ridges = [(1.0 + (c * sd_xx if ridge_kind == "noise_matched" else 0.0 * sd_xx))[:, None, None]
                   for c in ridge_cs]
         for c, beta in enumerate(_psd_ridge_solve(a, rhs, ridges)):          # (N, mx, my, d)
             out[s, c] = scorer.spearman(beta).mean(axis=0)

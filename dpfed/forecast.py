@@ -249,7 +249,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity)
         fit_fn = fit or closed_form_fit(c)
         pub, nonp, priv = [], [], []
-        for child in np.random.SeedSequence([seed, i_eps]).spawn(n_datasets):
+        for child in np.random.SeedSequence(seed).spawn(n_datasets):  # same populations per eps
             rng = np.random.default_rng(child)
             data = source.sample(rng, sum(sizes), n_test)
             bounds_idx = np.cumsum(sizes)[:-1]
