@@ -52,6 +52,8 @@ def main(argv=None) -> int:
     ap.add_argument("--aux-noise", type=int, default=6)
     ap.add_argument("--forecast-sizes", default="300,700")
     ap.add_argument("--forecast-datasets", type=int, default=12)
+    ap.add_argument("--row-bootstrap", type=float, default=0.5,
+                    help="AuxiliarySource row_bootstrap (share of rows copied from public rows)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     sizes = [int(v) for v in args.sizes.split(",")]
@@ -77,7 +79,8 @@ def main(argv=None) -> int:
             data = prepare_repeat(problem, cfg, drug, rep)
             split = repeat_split(problem.n, cfg, drug, rep)
             source = AuxiliarySource(problem.x[split.public], problem.y[split.public],
-                                     data.preprocessing, feature_names=cfg.features)
+                                     data.preprocessing, feature_names=cfg.features,
+                                     row_bootstrap=args.row_bootstrap)
             sx, sy = data.sigma_x, data.sigma_y
             rng = np.random.default_rng([drug, rep, 99])
             for rel in relations:
@@ -113,6 +116,7 @@ def main(argv=None) -> int:
                                     fc = forecast_round(
                                         x_public=problem.x[split.public], y_public=problem.y[split.public],
                                         feature_names=cfg.features, preprocessing=data.preprocessing,
+                                        row_bootstrap=args.row_bootstrap,
                                         n_per_site=n, epsilons=[eps], bounds=(bx, by),
                                         neighbouring=rel, budget_split=sp, ridge_c=c,
                                         n_datasets=args.forecast_datasets, n_noise=5,

@@ -29,7 +29,9 @@ over populations carries the uncertainty of 10 public rows into the forecast):
 - Other columns (continuous or more than two levels): a smoothed bootstrap of the public
   values (resample, add Gaussian jitter with Silverman's bandwidth).
 - Columns are independent given those parameters (10 public rows cannot estimate a
-  correlation); groups are the only dependence modelled.
+  correlation); groups are the only dependence modelled, except that ``row_bootstrap`` = w (default 0.5):
+  then a share w of the rows are copies of random public rows (their co-occurrence pattern
+  kept; the column frequencies are unchanged in expectation up to the smoothing).
 - Then the *public* pre-processing: centre with the public means, rows to unit L2 norm.
 - Target: y = y_mean + delta + c^T beta + e with c the centred raw features (the signal acts on
   the biology, not on the normalised rows, so the regression model on the pre-processed rows is
@@ -60,10 +62,13 @@ import numpy as np
 from dpfed.preprocess import Preprocessing
 
 __all__ = ["AuxiliarySource", "AuxiliaryData", "exclusive_groups", "DEFAULT_R2_PRIOR",
-           "public_scales", "gaussian_auxiliary"]
+           "public_scales", "gaussian_auxiliary", "DEFAULT_ROW_BOOTSTRAP"]
 
 #: Beta(a, b) prior of the population R^2 of the linear signal (mean a / (a + b) = 0.091).
 DEFAULT_R2_PRIOR = (2.0, 20.0)
+#: Share of auxiliary rows copied from public rows (benchmarks/bounds_gdsc.py: 0.5 chose better
+#: bounds on GDSC than independent columns, whose search over-values ridge shrinkage).
+DEFAULT_ROW_BOOTSTRAP = 0.5
 
 
 @dataclass(frozen=True)
@@ -138,6 +143,7 @@ class AuxiliarySource:
     feature_names: tuple[str, ...] | None = None
     groups: tuple[tuple[int, ...], ...] | None = None
     r2_prior: tuple[float, float] = DEFAULT_R2_PRIOR
+    row_bootstrap: float = DEFAULT_ROW_BOOTSTRAP
     _kinds: tuple = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -149,6 +155,9 @@ class AuxiliarySource:
             raise ValueError("public rows contain NaN or infinite values")
         if x.shape[1] != self.preprocessing.dim:
             raise ValueError(f"pre-processing has {self.preprocessing.dim} features, public rows {x.shape[1]}")
+        if not 0.0 <= float(self.row_bootstrap) <= 1.0:
+            raise ValueError("row_bootstrap must be in [0, 1]")
+        object.__setattr__(self, "row_bootstrap", float(self.row_bootstrap))
         a, b = (float(v) for v in self.r2_prior)
         if not (a > 0 and b > 0):
             raise ValueError("r2_prior must be two positive numbers")
@@ -204,7 +213,8 @@ class AuxiliarySource:
         h.update(np.ascontiguousarray(self.x_public).tobytes())
         h.update(np.ascontiguousarray(self.y_public).tobytes())
         h.update(self.preprocessing.to_json().encode())
-        h.update(repr((self.groups, self.r2_prior, self.x_public.shape)).encode())
+        h.update(repr((self.groups, self.r2_prior, self.x_public.shape,
+                       self.row_bootstrap)).encode())
         return h.hexdigest()[:32]
 
     # -- sampling ------------------------------------------------------------------------------
@@ -224,6 +234,11 @@ class AuxiliarySource:
             cat = rng.choice(len(g) + 1, size=rows, p=probs)   # last category: none
             for i, j in enumerate(g):
                 x[:, j] = cat == i
+        if self.row_bootstrap > 0:
+            # Copy whole public rows for a share of the rows: keeps their co-occurrence pattern
+            # (e.g. a mutation common in one tissue), which independent columns lose.
+            copy = rng.random(rows) < self.row_bootstrap
+            x[copy] = self.x_public[rng.integers(0, self.m, size=int(copy.sum()))]
         return x
 
     def sample_raw_features(self, rng: np.random.Generator, rows: int) -> np.ndarray:

@@ -297,7 +297,7 @@ def choose_bounds(n: int, d: int, epsilon: float, *, budget_split=None,
       (default: (0.35, 0.60, 0.05) or (0.35, 0.60, 0.03, 0.02));
     - ``ridge="noise_matched"``: the closed form with r = 1 + c sd(Sxx noise), c in ``ridge_cs``
       chosen too (``result.ridge_c``);
-    - ``search_sxx_share=True``: also the splits of ``sxx_share_splits`` (Sxx share 0.1..0.8).
+    - ``search_sxx_share=True``: also the splits of ``sxx_share_splits`` (Sxx share 0.3..0.8).
 
     ``omegas`` defaults to 0.1..2.0 (the paper's grid) and, for the public-shaped search, to
     ``AUX_OMEGAS`` (up to 3.2).
@@ -385,7 +385,7 @@ choose_bounds.cache_info = _choose_cached.cache_info  # type: ignore[attr-define
 NEIGHBOURING = ("replace_one", "add_remove")
 XTX_SENSITIVITIES = ("exact", "paper")
 DEFAULT_SPLIT_ADD_REMOVE = (0.35, 0.60, 0.03, 0.02)   # = dpfed.sensitivity's, at merge
-SXX_SHARES = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+SXX_SHARES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
 RIDGE_CS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
 #: omegas of the public-shaped search: the paper's 0.1..2.0 plus larger ones (a binary row
 #: after row normalisation has entries up to ~0.7 = 2.2 sigma_x at d = 10: clipping them can

@@ -206,7 +206,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
                    budget_split=None, ridge_c: float | None = None, search_sxx_share: bool = True,
                    n_test: int = 100, n_datasets: int = 20, n_noise: int = 10, seed: int = 0,
                    fit: Fit | None = None, choose_datasets: int = 10, choose_noise: int = 10,
-                   omegas=None) -> dict:
+                   omegas=None, row_bootstrap: float | None = None) -> dict:
     """Forecast what a round buys, per epsilon (module docstring). Public inputs only.
 
     ``n_per_site``: an int (one site) or the list of the K sites' n. ``bounds``: "choose"
@@ -221,7 +221,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     x_public = np.asarray(x_public, dtype=np.float64)
     y_public = np.asarray(y_public, dtype=np.float64)
     pre = preprocessing or Preprocessing.from_public_data(x_public, y_public)
-    source = AuxiliarySource(x_public, y_public, pre, feature_names=feature_names)
+    source = AuxiliarySource(x_public, y_public, pre, feature_names=feature_names,
+                             **({} if row_bootstrap is None else {"row_bootstrap": row_bootstrap}))
     sizes = _split_sizes(n_per_site)
     d = source.d
     sigma_x, sigma_y = source.scales()

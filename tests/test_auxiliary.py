@@ -31,9 +31,10 @@ def _public(m=10, seed=0, p=(0.6, 0.2, 0.1)):
     return x, y
 
 
-def _source(m=10, seed=0, **kw):
+def _source(m=10, seed=0, row_bootstrap=0.0, **kw):
     x, y = _public(m, seed, **kw)
-    return AuxiliarySource(x, y, Preprocessing.from_public_data(x, y), feature_names=NAMES)
+    return AuxiliarySource(x, y, Preprocessing.from_public_data(x, y), feature_names=NAMES,
+                           row_bootstrap=row_bootstrap)
 
 
 def test_reads_only_what_it_is_given(monkeypatch):
@@ -69,7 +70,7 @@ def test_column_kinds_and_groups():
 def test_reproduces_public_frequencies():
     """With many public rows the smoothing is negligible: population frequencies match the
     public ones (binary columns and the exclusive group), averaged over populations."""
-    src = _source(m=400, seed=3)
+    src = _source(m=400, seed=3, row_bootstrap=0.5)   # the default mixture keeps frequencies
     xp = src.x_public
     rng = np.random.default_rng(0)
     raw = np.vstack([src.sample_raw_features(rng, 2000) for _ in range(5)])
@@ -176,7 +177,7 @@ def test_forecast_matches_realised_gain_when_the_model_is_true():
     n, eps, bounds = 400, 2.0, (0.4, 2.5)
     fc = forecast_round(x_public=src.x_public, y_public=src.y_public, feature_names=NAMES,
                         n_per_site=n, epsilons=[eps], bounds=bounds, ridge_c=4.0,
-                        n_datasets=30, n_noise=4, seed=11)["per_epsilon"][0]
+                        n_datasets=30, n_noise=4, seed=11, row_bootstrap=0.0)["per_epsilon"][0]
     mech = Mechanism(eps, *bounds, (0.35, 0.60, 0.03, 0.02), "add_remove", "exact")
     realised = []
     for s in range(30):
@@ -253,3 +254,14 @@ def test_plan_cli_json(tmp_path, capsys):
     assert main(["plan", "--public", str(path), "--target", "nope", "--n", "100"]) == 2
     assert main(["plan", "--public", str(path), "--target", "resp", "--n", "100",
                  "--bounds", "0.3"]) == 2
+
+
+def test_row_bootstrap_copies_public_rows():
+    x, y = _public()
+    src = AuxiliarySource(x, y, Preprocessing.from_public_data(x, y), feature_names=NAMES,
+                          row_bootstrap=1.0)
+    raw = src.sample_raw_features(np.random.default_rng(0), 200)
+    public_rows = {tuple(r) for r in x}
+    assert all(tuple(r) in public_rows for r in raw)
+    with pytest.raises(ValueError):
+        AuxiliarySource(x, y, Preprocessing.from_public_data(x, y), row_bootstrap=1.5)
