@@ -85,7 +85,19 @@ class BoundsChoice:
     n_test: int
     aux_sigma_x: float
     aux_sigma_y: float
-    split_scores: tuple[tuple[tuple[float, float, float], float], ...] = field(default=())
+    split_scores: tuple[tuple[tuple[float, ...], float], ...] = field(default=())
+    # Added with the public-shaped auxiliary search (defaults: the paper's search above).
+    auxiliary: str = "gaussian"          # "gaussian" or "public:<digest of the public rows>"
+    neighbouring: str = "replace_one"
+    xtx_sensitivity: str = "paper"
+    ridge: str = "fixed"                 # "fixed" (lambda = lambda0 = 1) or "noise_matched"
+    ridge_c: float = 0.0                 # c of the noise-matched ridge r = 1 + c sd(Sxx noise)
+    ridge_scores: tuple[tuple[float, float], ...] = field(default=())
+
+    def ridge_for(self, xtx_noise_sd: float) -> float:
+        """The ridge r added to the noisy Sxx by the closed form this choice was tuned with:
+        1 (lambda0 / lambda) + ridge_c x the sd of one entry's total Sxx noise."""
+        return 1.0 + (self.ridge_c * float(xtx_noise_sd) if self.ridge == "noise_matched" else 0.0)
 
     def bounds(self, sigma_x: float, sigma_y: float) -> tuple[float, float]:
         """(B_x, B_y) = (omega_x sigma_x, omega_y sigma_y), thesis eq. (3.12). ``sigma_x`` and
@@ -110,6 +122,7 @@ class BoundsChoice:
         obj["omegas"] = tuple(obj["omegas"])
         obj["scores"] = tuple(tuple(r) for r in obj["scores"])
         obj["split_scores"] = tuple((tuple(s), float(v)) for s, v in obj["split_scores"])
+        obj["ridge_scores"] = tuple((float(c), float(v)) for c, v in obj.get("ridge_scores", ()))
         return cls(**obj)
 
 
@@ -258,10 +271,13 @@ def _cache_key(**params) -> tuple[str, str]:
     return text, hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def choose_bounds(n: int, d: int, epsilon: float, *, budget_split=DEFAULT_BUDGET_SPLIT,
-                  omegas=np.arange(0.1, 2.01, 0.1), n_datasets: int = 20, n_noise: int = 20,
+def choose_bounds(n: int, d: int, epsilon: float, *, budget_split=None,
+                  omegas=None, n_datasets: int = 20, n_noise: int = 20,
                   seed: int = 0, search_split: bool = False, cache_dir=None,
-                  n_test: int = _DEFAULT_N_TEST) -> BoundsChoice:
+                  n_test: int = _DEFAULT_N_TEST, auxiliary=None,
+                  neighbouring: str = "replace_one", xtx_sensitivity: str = "paper",
+                  ridge: str = "fixed", ridge_cs=None,
+                  search_sxx_share: bool = False) -> BoundsChoice:
     """Choose (omega_x, omega_y) for a site with n rows, d features and budget epsilon.
 
     Nieminen (2017) section 3.4.2 (and 3.4.1 with ``search_split=True``: every split on the 5%
@@ -269,7 +285,37 @@ def choose_bounds(n: int, d: int, epsilon: float, *, budget_split=DEFAULT_BUDGET
     Deterministic for a given ``seed``; cached in memory and, with ``cache_dir``, on disk as
     JSON keyed by every parameter. Costs no privacy: only n, d, epsilon and the split enter.
     Use ``result.bounds(sigma_x, sigma_y)`` with *public* sigmas (module docstring).
+
+    With the defaults this is the paper's search, unchanged. The public-shaped search (see the
+    comment above ``_search_auxiliary``) runs when any of these is given:
+
+    - ``auxiliary``: a ``dpfed.auxiliary.AuxiliarySource`` (public rows + public
+      pre-processing): auxiliary data shaped like the public rows, omegas relative to the
+      public sigmas (``auxiliary.scales()``, what the round uses), public rows in the fit;
+    - ``neighbouring`` ("replace_one" | "add_remove"), ``xtx_sensitivity`` ("paper" | "exact"),
+      ``budget_split`` with 3 (replace-one) or 4 (add/remove: Sxx, Sxy, Syy, n) parts
+      (default: (0.35, 0.60, 0.05) or (0.35, 0.60, 0.03, 0.02));
+    - ``ridge="noise_matched"``: the closed form with r = 1 + c sd(Sxx noise), c in ``ridge_cs``
+      chosen too (``result.ridge_c``);
+    - ``search_sxx_share=True``: also the splits of ``sxx_share_splits`` (Sxx share 0.3..0.8).
+
+    ``omegas`` defaults to 0.1..2.0 (the paper's grid) and, for the public-shaped search, to
+    ``AUX_OMEGAS`` (up to 3.2).
     """
+    new_path = (auxiliary is not None or neighbouring != "replace_one"
+                or xtx_sensitivity != "paper" or ridge != "fixed" or search_sxx_share)
+    if budget_split is None:
+        budget_split = default_split(neighbouring)
+    if omegas is None:
+        omegas = AUX_OMEGAS if new_path else np.arange(0.1, 2.01, 0.1)
+    if new_path:
+        return _choose_auxiliary(n, d, epsilon, budget_split=budget_split, omegas=omegas,
+                                 n_datasets=n_datasets, n_noise=n_noise, seed=seed,
+                                 cache_dir=cache_dir, n_test=n_test, auxiliary=auxiliary,
+                                 neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                                 ridge=ridge, ridge_cs=RIDGE_CS if ridge_cs is None else ridge_cs,
+                                 search_split=search_split,
+                                 search_sxx_share=search_sxx_share)
     for name, v in (("n", n), ("d", d), ("n_datasets", n_datasets), ("n_noise", n_noise),
                     ("n_test", n_test)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
@@ -308,5 +354,308 @@ def choose_bounds(n: int, d: int, epsilon: float, *, budget_split=DEFAULT_BUDGET
     return result
 
 
-choose_bounds.cache_clear = _choose_cached.cache_clear  # type: ignore[attr-defined]
+def _clear_caches():
+    _choose_cached.cache_clear()
+    _AUX_CACHE.clear()
+
+
+choose_bounds.cache_clear = _clear_caches  # type: ignore[attr-defined]
 choose_bounds.cache_info = _choose_cached.cache_info  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------- public-shaped auxiliary data (issue 9 part 4)
+#
+# The search below differs from the paper's (``_simulate``) in four ways, each optional:
+# - the auxiliary data: ``dpfed.auxiliary.AuxiliarySource`` draws populations shaped like the
+#   public rows (binary columns with the public frequencies, the public pre-processing), and
+#   the thresholds are scaled by the *public* sigmas the real round will use;
+# - the mechanism: either neighbouring relation, the exact or the paper's Sxx sensitivity, a
+#   3-part (replace-one) or 4-part (add/remove: Sxx, Sxy, Syy, n) budget split;
+# - the split: optionally searched over the Sxx share (``SXX_SHARES``), Syy and n keeping their
+#   default shares (the closed form does not use them; the noise-aware posterior does);
+# - the fit: the closed form with a *noise-matched ridge*,
+#       beta = (PSD(Sxx_noisy + Sxx_public) + r I)^-1 (Sxy_noisy + Sxy_public),
+#       r = lambda0 / lambda + c sd(one Sxx entry's noise) = 1 + c sqrt(2 K) b_xx,
+#   PSD the projection onto the PSD cone (negative eigenvalues set to 0); c is chosen on the
+#   auxiliary data too, from ``RIDGE_CS`` (never on test data). c = 0 is the paper's closed
+#   form (lambda = lambda0 = 1) after the PSD projection.
+# Scores are Spearman correlations with average ranks for ties (binary features give many
+# tied predictions; the paper's search assumed continuous ones).
+
+NEIGHBOURING = ("replace_one", "add_remove")
+XTX_SENSITIVITIES = ("exact", "paper")
+DEFAULT_SPLIT_ADD_REMOVE = (0.35, 0.60, 0.03, 0.02)   # = dpfed.sensitivity's, at merge
+SXX_SHARES = (0.3, 0.4, 0.5, 0.6, 0.7, 0.8)
+RIDGE_CS = (0.0, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0)
+#: omegas of the public-shaped search: the paper's 0.1..2.0 plus larger ones (a binary row
+#: after row normalisation has entries up to ~0.7 = 2.2 sigma_x at d = 10: clipping them can
+#: cost more than the noise it saves).
+AUX_OMEGAS = DEFAULT_OMEGAS + (2.4, 2.8, 3.2)
+
+
+def _scales(d: int, epsilon: float, x_bound: float, y_bound: float, budget_split,
+            neighbouring: str = "add_remove", xtx_sensitivity: str = "exact"):
+    """Laplace scales (b_xx, b_xy, b_yy, b_n) of a release; b_n None under replace-one.
+
+    TO BE REPLACED by ``dpfed.sensitivity.noise_calibration`` at merge (``unit_scales`` uses
+    it when it exists). Same formulas (method.md section 9):
+    add/remove: Sxx upper triangle d(d+1)/2 Bx^2, Sxy d Bx By, Syy By^2, n 1 (4-part split);
+    replace-one: Sxx d(d+1)/2 Bx^2, Sxy 2 d Bx By, Syy By^2, n public (3-part split).
+    ``xtx_sensitivity="paper"``: Sxx d(d+1) Bx^2 (Honkela et al. 2018, twice the exact value).
+    """
+    split = _validate_split(budget_split, neighbouring)
+    if xtx_sensitivity not in XTX_SENSITIVITIES:
+        raise ValueError(f"xtx_sensitivity must be one of {XTX_SENSITIVITIES}")
+    s_xx = (d * (d + 1) if xtx_sensitivity == "paper" else d * (d + 1) / 2) * x_bound ** 2
+    if neighbouring == "add_remove":
+        s_xy, s_yy = d * x_bound * y_bound, y_bound ** 2
+        return (s_xx / (split[0] * epsilon), s_xy / (split[1] * epsilon),
+                s_yy / (split[2] * epsilon), 1.0 / (split[3] * epsilon))
+    s_xy, s_yy = 2 * d * x_bound * y_bound, y_bound ** 2
+    return (s_xx / (split[0] * epsilon), s_xy / (split[1] * epsilon),
+            s_yy / (split[2] * epsilon), None)
+
+
+def _validate_split(budget_split, neighbouring) -> tuple[float, ...]:
+    if neighbouring not in NEIGHBOURING:
+        raise ValueError(f"neighbouring must be one of {NEIGHBOURING}, got {neighbouring!r}")
+    try:
+        split = tuple(float(p) for p in budget_split)
+    except (TypeError, ValueError):
+        raise ValueError(f"budget_split must be numbers, got {budget_split!r}") from None
+    parts = 4 if neighbouring == "add_remove" else 3
+    if len(split) != parts:
+        raise ValueError(f"a {neighbouring} budget split has {parts} parts "
+                         f"({'Sxx, Sxy, Syy, n' if parts == 4 else 'Sxx, Sxy, Syy'}), got {split}")
+    if not all(math.isfinite(p) and p > 0 for p in split) or abs(sum(split) - 1) > 1e-9:
+        raise ValueError(f"budget_split parts must be > 0 and sum to 1, got {split}")
+    return split
+
+
+def default_split(neighbouring: str) -> tuple[float, ...]:
+    return DEFAULT_SPLIT_ADD_REMOVE if neighbouring == "add_remove" else tuple(DEFAULT_BUDGET_SPLIT)
+
+
+def unit_scales(d: int, epsilon: float, budget_split, neighbouring: str = "add_remove",
+                xtx_sensitivity: str = "exact"):
+    """Scales at Bx = By = 1: b_xx = u_xx Bx^2, b_xy = u_xy Bx By, b_yy = u_yy By^2, b_n = u_n.
+    From ``dpfed.sensitivity.noise_calibration`` when it exists, else ``_scales``."""
+    try:
+        from dpfed.sensitivity import noise_calibration  # type: ignore[import-not-found]
+    except ImportError:
+        return _scales(d, epsilon, 1.0, 1.0, budget_split, neighbouring, xtx_sensitivity)
+    cal = noise_calibration(d, epsilon, 1.0, 1.0, tuple(budget_split), neighbouring=neighbouring,
+                            xtx_sensitivity=xtx_sensitivity)
+    return cal.xtx_scale, cal.xty_scale, cal.yty_scale, cal.n_scale
+
+
+def sxx_share_splits(base: tuple[float, ...], shares=SXX_SHARES) -> list[tuple[float, ...]]:
+    """``base`` plus the splits with Sxx share in ``shares``, the Syy (and n) shares of
+    ``base`` kept and Sxy taking the rest."""
+    rest = sum(base[2:])
+    out = [tuple(float(p) for p in base)]
+    for p in shares:
+        q = round(1.0 - p - rest, 10)
+        cand = (float(p), q) + tuple(float(v) for v in base[2:])
+        if q > 0 and all(max(abs(a - b) for a, b in zip(cand, o)) > 1e-9 for o in out):
+            out.append(cand)
+    return out
+
+
+def group_ranks(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """Average ranks (1-based) of groups of tied test points: ``values[..., u]`` is the
+    prediction shared by the ``counts[u]`` test points of group u (distinct across u, almost
+    surely), so each group's points get the mean of the ranks they span."""
+    order = np.argsort(values, axis=-1)
+    c_sorted = counts[order]
+    start = np.cumsum(c_sorted, axis=-1) - c_sorted
+    avg_sorted = start + (c_sorted + 1) / 2.0
+    out = np.empty_like(avg_sorted)
+    np.put_along_axis(out, order, avg_sorted, axis=-1)
+    return out
+
+
+class _TestScorer:
+    """Spearman of many predictions x_test @ beta against y_test, exact ties handled: the
+    distinct test rows are predicted once, ranks averaged over tied rows."""
+
+    def __init__(self, x_test: np.ndarray, y_test: np.ndarray):
+        self.rows, inverse, self.counts = np.unique(np.asarray(x_test), axis=0,
+                                                    return_inverse=True, return_counts=True)
+        inverse = np.asarray(inverse).ravel()
+        t = y_test.size
+        order = np.argsort(y_test, kind="mergesort")
+        ry = np.empty(t)
+        # average ranks of y (ties averaged)
+        sy = y_test[order]
+        first = np.r_[True, sy[1:] != sy[:-1]]
+        grp = np.cumsum(first) - 1
+        b = np.flatnonzero(np.r_[first, True])
+        ry[order] = ((b[:-1] + b[1:] + 1) / 2.0)[grp]
+        ry -= ry.mean()
+        self.ry_norm = float(np.sqrt(ry @ ry))
+        self.ry_group = np.bincount(inverse, weights=ry, minlength=self.counts.size)
+        self.mean_rank = (t + 1) / 2.0
+
+    def spearman(self, beta: np.ndarray) -> np.ndarray:
+        """beta (..., d) -> Spearman (...)."""
+        pred = beta @ self.rows.T                                   # (..., U)
+        g = group_ranks(pred, self.counts) - self.mean_rank
+        num = g @ self.ry_group
+        den = np.sqrt((g * g) @ self.counts) * self.ry_norm
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(den > 0, num / den, 0.0)
+
+
+def _psd_ridge_solve(a: np.ndarray, rhs: np.ndarray, ridges) -> list[np.ndarray]:
+    """For each ridge r (broadcast over a's leading dims): (PSD(a) + r I)^-1 rhs.
+    a (..., d, d) symmetric, rhs (..., k, d) (k right-hand sides per matrix)."""
+    w, v = np.linalg.eigh(a)
+    w = np.maximum(w, 0.0)
+    t = np.matmul(rhs, v)                                           # (..., k, d) coordinates
+    vt = np.swapaxes(v, -1, -2)
+    return [np.matmul(t / (w[..., None, :] + r), vt) for r in ridges]
+
+
+def _aux_dataset_scores(data, sigma_x, sigma_y, omx, omy, splits, unit, ridge_cs, n_noise, rng,
+                        ridge_kind):
+    """Mean Spearman over ``n_noise`` noise draws: (len(splits), len(ridge_cs), mx, my)."""
+    x, y = data.x, data.y
+    n, d = x.shape
+    bx, by = np.asarray(omx) * sigma_x, np.asarray(omy) * sigma_y
+    xc = np.clip(x[None], -bx[:, None, None], bx[:, None, None])             # (mx, n, d)
+    yc = np.clip(y[None], -by[:, None], by[:, None])                         # (my, n)
+    sxx = np.matmul(xc.transpose(0, 2, 1), xc)                               # (mx, d, d)
+    sxy = np.matmul(xc.transpose(0, 2, 1), yc.T).transpose(0, 2, 1)          # (mx, my, d)
+    sxx_pub = data.x_public.T @ data.x_public
+    sxy_pub = data.x_public.T @ data.y_public
+    e_xx = _symmetric(rng.laplace(size=(n_noise, d * (d + 1) // 2)), d)      # (N, d, d)
+    e_xy = rng.laplace(size=(n_noise, d))                                    # (N, d)
+    scorer = _TestScorer(data.x_test, data.y_test)
+    out = np.empty((len(splits), len(ridge_cs), bx.size, by.size))
+    for s, split in enumerate(splits):
+        u_xx, u_xy = unit[s][0], unit[s][1]
+        b_xx = u_xx * bx ** 2                                                 # (mx,)
+        b_xy = u_xy * bx[:, None] * by[None, :]                               # (mx, my)
+        a = sxx[None] + b_xx[None, :, None, None] * e_xx[:, None] + sxx_pub   # (N, mx, d, d)
+        rhs = sxy[None] + b_xy[None, :, :, None] * e_xy[:, None, None, :] + sxy_pub
+        sd_xx = math.sqrt(2.0) * b_xx
+        ridges = [(1.0 + (c * sd_xx if ridge_kind == "noise_matched" else 0.0 * sd_xx))[:, None, None]
+                  for c in ridge_cs]
+        for c, beta in enumerate(_psd_ridge_solve(a, rhs, ridges)):          # (N, mx, my, d)
+            out[s, c] = scorer.spearman(beta).mean(axis=0)
+    return out
+
+
+_AUX_CACHE: dict[str, BoundsChoice] = {}
+
+
+def _search_auxiliary(*, n, d, epsilon, omegas, splits, neighbouring, xtx_sensitivity,
+                      ridge, ridge_cs, n_datasets, n_noise, n_test, seed, source):
+    """The public-shaped (or Gaussian) search; returns a BoundsChoice."""
+    unit = [unit_scales(d, epsilon, sp, neighbouring, xtx_sensitivity) for sp in splits]
+    om = np.asarray(omegas)
+    total = np.zeros((len(splits), len(ridge_cs), om.size, om.size))
+    sx_sum = sy_sum = 0.0
+    for child in np.random.SeedSequence(seed).spawn(n_datasets):
+        rng = np.random.default_rng(child)
+        if source is None:
+            from dpfed.auxiliary import gaussian_auxiliary
+
+            data = gaussian_auxiliary(rng, n, d, n_test)
+            sx, sy = float(np.std(data.x)), float(np.std(data.y))
+        else:
+            data = source.sample(rng, n, n_test)
+            sx, sy = source.scales()
+        total += _aux_dataset_scores(data, sx, sy, om, om, splits, unit, ridge_cs, n_noise, rng,
+                                     ridge)
+        sx_sum += sx
+        sy_sum += sy
+    scores = total / n_datasets
+    flat = int(np.argmax(scores))
+    s_best, c_best, i, j = np.unravel_index(flat, scores.shape)
+    best_by_split = [float(np.max(scores[k])) for k in range(len(splits))]
+    best_by_c = [float(np.max(scores[s_best, k])) for k in range(len(ridge_cs))]
+    return BoundsChoice(
+        omega_x=float(om[i]), omega_y=float(om[j]), best_score=float(scores[s_best, c_best, i, j]),
+        budget_split=tuple(float(p) for p in splits[s_best]), omegas=tuple(float(v) for v in om),
+        scores=tuple(tuple(float(v) for v in row) for row in scores[s_best, c_best]),
+        n=n, d=d, epsilon=epsilon, seed=seed, n_datasets=n_datasets, n_noise=n_noise,
+        n_test=n_test, aux_sigma_x=sx_sum / n_datasets, aux_sigma_y=sy_sum / n_datasets,
+        split_scores=tuple((tuple(float(p) for p in sp), b) for sp, b in zip(splits, best_by_split))
+        if len(splits) > 1 else (),
+        auxiliary="gaussian" if source is None else f"public:{source.digest()}",
+        neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity, ridge=ridge,
+        ridge_c=float(ridge_cs[c_best]),
+        ridge_scores=tuple((float(c), b) for c, b in zip(ridge_cs, best_by_c)))
+
+
+def _validate_common(n, d, epsilon, n_datasets, n_noise, n_test, seed, omegas):
+    for name, v in (("n", n), ("d", d), ("n_datasets", n_datasets), ("n_noise", n_noise),
+                    ("n_test", n_test)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name} must be a positive integer, got {v!r}")
+    if n < 2 or n_test < 2:
+        raise ValueError("n and n_test must be at least 2")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float, np.integer, np.floating)) \
+            or not math.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be finite and > 0, got {epsilon!r}")
+    om = np.round(np.asarray(omegas, dtype=np.float64).ravel(), 10)
+    if om.size == 0 or not np.all(np.isfinite(om)) or np.any(om <= 0):
+        raise ValueError("omegas must be a non-empty list of positive finite numbers")
+    return om
+
+
+def _choose_auxiliary(n, d, epsilon, *, budget_split, omegas, n_datasets, n_noise, seed,
+                      cache_dir, n_test, auxiliary, neighbouring, xtx_sensitivity, ridge,
+                      ridge_cs, search_split, search_sxx_share) -> BoundsChoice:
+    om = _validate_common(n, d, epsilon, n_datasets, n_noise, n_test, seed, omegas)
+    split = _validate_split(budget_split, neighbouring)
+    if xtx_sensitivity not in XTX_SENSITIVITIES:
+        raise ValueError(f"xtx_sensitivity must be one of {XTX_SENSITIVITIES}")
+    if ridge not in ("fixed", "noise_matched"):
+        raise ValueError("ridge must be 'fixed' or 'noise_matched'")
+    if search_split:
+        raise ValueError("search_split (the paper's 171-split grid) is only for the paper's "
+                         "search; use search_sxx_share")
+    if auxiliary is not None and auxiliary.d != d:
+        raise ValueError(f"auxiliary source has {auxiliary.d} features, d = {d}")
+    cs = tuple(float(c) for c in (ridge_cs if ridge == "noise_matched" else (0.0,)))
+    if not cs or any(not (math.isfinite(c) and c >= 0) for c in cs):
+        raise ValueError("ridge_cs must be non-negative numbers")
+    splits = sxx_share_splits(split) if search_sxx_share else [split]
+    params = dict(n=int(n), d=int(d), epsilon=float(epsilon), budget_split=list(split),
+                  omegas=[float(v) for v in om], n_datasets=int(n_datasets),
+                  n_noise=int(n_noise), n_test=int(n_test), seed=int(seed),
+                  auxiliary="gaussian" if auxiliary is None else auxiliary.digest(),
+                  neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity, ridge=ridge,
+                  ridge_cs=list(cs), search_sxx_share=bool(search_sxx_share))
+    key_text, digest = _cache_key(**params)
+    if key_text in _AUX_CACHE:
+        return _AUX_CACHE[key_text]
+    path = Path(cache_dir) / f"bounds-{digest}.json" if cache_dir is not None else None
+    if path is not None and path.exists():
+        try:
+            stored = json.loads(path.read_text())
+            if stored.get("key") == key_text:
+                result = BoundsChoice.from_json(stored["result"])
+                _AUX_CACHE[key_text] = result
+                return result
+        except (ValueError, KeyError, TypeError):
+            pass
+    result = _search_auxiliary(n=int(n), d=int(d), epsilon=float(epsilon), omegas=om,
+                               splits=splits, neighbouring=neighbouring,
+                               xtx_sensitivity=xtx_sensitivity, ridge=ridge, ridge_cs=cs,
+                               n_datasets=int(n_datasets), n_noise=int(n_noise),
+                               n_test=int(n_test), seed=int(seed), source=auxiliary)
+    _AUX_CACHE[key_text] = result
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        payload = json.dumps({"key": key_text, "result": result.to_json()})
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bounds-", suffix=".tmp")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(payload)
+        os.replace(tmp, path)
+    return result

@@ -11,7 +11,7 @@ from dpfed import __version__, exitcodes
 
 # Order is the order shown by --help.
 COMMANDS = ("simulate", "keygen", "provision", "site", "aggregator", "round", "sites",
-            "choose-bounds", "evaluate", "bench")
+            "choose-bounds", "plan", "evaluate", "bench")
 
 DESCRIPTION = """\
 Federated, differentially private Bayesian linear regression.
