@@ -8,7 +8,7 @@ from dpfed import cli, exitcodes
 
 
 @pytest.mark.parametrize("argv, extra", [
-    (["simulate", "--fit-method", "fixed"], "dpfed[all]"),
+    (["simulate", "--fit-method", "plug-in-fixed"], "dpfed[all]"),
     (["aggregator", "serve", "--config", "missing.toml", "--insecure"], "dpfed[aggregator]"),
 ])
 def test_missing_pymc_names_the_extra(monkeypatch, capsys, argv, extra):
