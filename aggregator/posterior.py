@@ -59,6 +59,8 @@ METHODS = ("auto", "laplace", "nuts", "advi", "fixed")
 MODELS = ("noise-aware", "exact", "plug-in")
 # Importance sampling with fewer effective draws than this is refused (use NUTS).
 _MIN_ESS = 50
+# Proposals tried in turn (scale of the Laplace covariance, t degrees of freedom, draws).
+_PROPOSALS = ((1.2, 5.0, 4000), (2.0, 3.0, 16000))
 
 
 class UnknownNoiseError(ValueError):
@@ -378,7 +380,14 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws) -> Posterior:
         fb = lambda u: na.log_posterior_exact_batch(u, stats)  # noqa: E731
         u0 = _start(stats, stats.xtx, 1.0)
     rng = np.random.default_rng(ss)
-    res = laplace_importance(f, fb, u0, draws=draws, rng=rng)
+    # A proposal too narrow for the target shows as a small effective sample size; widen it
+    # (heavier tails, more draws) before giving up.
+    for attempt, (scale, df, proposals) in enumerate(_PROPOSALS):
+        res = laplace_importance(f, fb, u0, draws=draws, rng=rng, scale=scale, df=df,
+                                 proposals=proposals)
+        if not res.laplace.converged or res.ess >= _MIN_ESS:
+            break
+    diag["importance_attempts"] = attempt + 1
     lap = res.laplace
     diag.update(converged=bool(lap.converged and res.ess >= _MIN_ESS),
                 iterations=lap.iterations, gradient_norm=lap.gradient_norm,

@@ -26,13 +26,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path)
     args = ap.parse_args(argv)
     t0 = time.time()
-    lines = ["| d | n | eps | K | noise-aware | plug-in | width (noise-aware) |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| d | n | eps | K | noise-aware | plug-in | width (noise-aware) | refused fits |",
+             "|---|---|---|---|---|---|---|---|"]
     for d, n, eps, k in itertools.product((5, 10), (100, 500, 2000), (0.5, 1.0, 2.0), (1, 10)):
         a = coverage(d, n, eps, k, args.reps)
         p = coverage(d, n, eps, k, args.reps, plug_in=True)
         lines.append(f"| {d} | {n} | {eps:g} | {k} | {a['coverage']:.3f} | {p['coverage']:.3f} "
-                     f"| {a['width']:.2f} |")
+                     f"| {a['width']:.2f} | {a['failed'] + p['failed']} |")
         print(lines[-1], flush=True)
     lines += ["", "Clipped target (By = max|y| / 3): coverage of the generating beta and of the "
               "clipped data's least-squares coefficients.", "",

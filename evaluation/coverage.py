@@ -72,17 +72,22 @@ def coverage(d: int, n: int, eps: float, k: int, reps: int, *, plug_in: bool = F
              level: float = 0.9, clip: bool = False, seed: int = 0, draws: int = 1000) -> dict:
     """Share of the ``level`` intervals covering the generating (and the clipped-data)
     coefficients over ``reps`` problems; also the mean interval width."""
-    from aggregator.posterior import fit_posterior
+    from aggregator.posterior import PosteriorError, fit_posterior
 
     rng = np.random.default_rng(seed)
-    hits, hits_clipped, widths = [], [], []
+    hits, hits_clipped, widths, failed = [], [], [], 0
     for r in range(reps):
         p = prior_problem(rng, d, n, eps, k, clip=clip)
-        post = fit_posterior(p.release + p.public, public=p.public, plug_in=plug_in,
-                             draws=draws, seed=r)
+        try:
+            post = fit_posterior(p.release + p.public, public=p.public, plug_in=plug_in,
+                                 draws=draws, seed=r)
+        except PosteriorError:
+            failed += 1   # refused fits are counted, not hidden
+            continue
         lo, hi = post.credible_interval(level).T
         hits.append((p.beta >= lo) & (p.beta <= hi))
         hits_clipped.append((p.beta_clipped >= lo) & (p.beta_clipped <= hi))
         widths.append(np.mean(hi - lo))
     return {"coverage": float(np.mean(hits)), "coverage_clipped": float(np.mean(hits_clipped)),
-            "width": float(np.mean(widths)), "reps": reps, "checks": reps * d}
+            "width": float(np.mean(widths)), "reps": reps, "failed": failed,
+            "checks": (reps - failed) * d}
