@@ -7,14 +7,36 @@ moved as a whole.
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+from dpfed.configkeys import check_keys
 from dpfed.transport import TlsFiles
 
 
 class ConfigError(ValueError):
     """aggregator.toml is missing something or says something impossible."""
+
+
+# Every key aggregator.toml may have, per table; anything else is an error naming the
+# nearest valid key (dpfed.configkeys).
+TOP_KEYS = frozenset({"listen", "state_db", "insecure", "tls", "max_clock_skew_s", "sites",
+                      "coordinators", "max_workers", "max_streams", "max_concurrent_rpcs",
+                      "skip_fit", "grace_s"})
+TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
+ENTRY_KEYS = {"sites": frozenset({"site_id", "public_key"}),
+              "coordinators": frozenset({"coordinator_id", "public_key"})}
+
+
+def _check_all_keys(raw: dict) -> None:
+    check_keys(raw, TOP_KEYS, ConfigError)
+    if isinstance(raw.get("tls"), dict):
+        check_keys(raw["tls"], TLS_KEYS, ConfigError, prefix="tls.")
+    for table, keys in ENTRY_KEYS.items():
+        items = raw.get(table)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, dict):
+                check_keys(item, keys, ConfigError, prefix=f"{table}[{i + 1}].")
 
 
 @dataclass(frozen=True)
@@ -49,7 +71,6 @@ class AggregatorConfig:
     # Benchmarks only: close rounds at quorum without fitting, to time the federation alone.
     skip_fit: bool = False
     grace_s: float = 5.0
-    extra: dict = field(default_factory=dict, compare=False)
 
 
 def _entries(items, id_key: str, base: Path, what: str) -> tuple[KeyEntry, ...]:
@@ -98,6 +119,7 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
                      insecure: bool = False) -> AggregatorConfig:
     """``insecure``: the command line's --insecure (plaintext even with a [tls] table)."""
     base = Path(base_dir)
+    _check_all_keys(raw)
     tls = _tls_files(raw, base, insecure)
     insecure = tls is None
     skew = float(raw.get("max_clock_skew_s", 300))
@@ -119,10 +141,6 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
         max_concurrent_rpcs=int(raw.get("max_concurrent_rpcs", 4096)),
         skip_fit=bool(raw.get("skip_fit", False)),
         grace_s=float(raw.get("grace_s", 5.0)),
-        extra={k: v for k, v in raw.items() if k not in {
-            "listen", "state_db", "insecure", "tls", "max_clock_skew_s", "sites",
-            "coordinators", "max_workers", "skip_fit", "grace_s", "max_streams",
-            "max_concurrent_rpcs"}},
     )
 
 

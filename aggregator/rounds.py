@@ -426,8 +426,19 @@ class RoundManager:
     def subscribe(self, site_id: str, updates=None) -> tuple[int, object]:
         """Register a round stream of ``site_id``: the id of every round it is invited to is
         put on ``updates`` (anything with a thread-safe ``put``; default a new queue.Queue)
-        as the round starts, and None when the aggregator shuts down."""
+        as the round starts, and None when the aggregator shuts down.
+
+        One identity, one live stream: while ``site_id`` has a stream, another is refused
+        with ALREADY_EXISTS. Two processes started from one kit would otherwise both get
+        every round, each draw fresh noise and debit its own ledger (issue 11, finding 1).
+        The identity is free again when the first stream ends (``unsubscribe``); a stream
+        whose peer vanished without closing is ended by gRPC keepalive (about 40 s)."""
         with self._lock:
+            if any(s == site_id for s, _ in self._subscribers.values()):
+                raise Rejected("ALREADY_EXISTS",
+                               f"site {site_id!r} already has a live round stream at the "
+                               f"aggregator: only one process per site identity may be "
+                               f"connected (is another site node running with this kit?)")
             token = self._next_subscriber
             self._next_subscriber += 1
             q = queue.Queue() if updates is None else updates

@@ -160,7 +160,11 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         peer = await self._identity("Subscribe", context)
         site_id = await self._call("Subscribe", context, self.manager.hello, request, peer)
         updates = LoopQueue(asyncio.get_running_loop())
-        token, _ = self.manager.subscribe(site_id, updates)
+        try:
+            token, _ = self.manager.subscribe(site_id, updates)
+        except Rejected as exc:   # this identity already has a live stream
+            await self._reject("Subscribe", context, exc)
+            return
         try:
             sent: set[str] = set()
             # Subscribed before listing, so a round started in between is not missed; `sent`

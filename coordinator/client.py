@@ -49,6 +49,11 @@ class Coordinator:
         return self.signing_key.sign(spec)
 
     def start_round(self, spec: pb.RoundSpec) -> pb.RoundStatus:
+        """Sign and start ``spec``. quorum 0 (round.toml without a quorum) means every invited
+        site: the sites listed, or every site registered at the aggregator (asked here)."""
+        if spec.quorum == 0:
+            spec = pb.RoundSpec.FromString(spec.SerializeToString())
+            spec.quorum = len(spec.sites) or len(self.list_sites())
         return self.stub.StartRound(self.sign_spec(spec), timeout=self.timeout_s)
 
     def status(self, round_id: str) -> pb.RoundStatus:

@@ -29,6 +29,43 @@ class RoundSpecError(ValueError):
     """round.toml is incomplete or inconsistent."""
 
 
+# Every key round.toml may have, per table; anything else is an error naming the nearest
+# valid key (dpfed.configkeys). neighbouring and xtx_sensitivity: the neighbouring-relation
+# keys of the release work, allowed here so both changes merge.
+ROUND_KEYS = frozenset({"round_id", "target", "features", "epsilon", "x_bound", "y_bound",
+                        "budget_split", "quorum", "deadline_s", "sites", "public", "fit",
+                        "normalize_rows", "expected_site_n", "neighbouring", "xtx_sensitivity"})
+PUBLIC_KEYS = frozenset({"path", "normalize_rows", "source"})
+FIT_KEYS = frozenset({"method", "draws", "seed"})
+
+
+def check_round_keys(config: dict) -> None:
+    """RoundSpecError naming every unknown key of a parsed round.toml, at every level."""
+    from dpfed.configkeys import unknown_key_problems
+    problems = unknown_key_problems(config, ROUND_KEYS)
+    for table, keys in (("public", PUBLIC_KEYS), ("fit", FIT_KEYS)):
+        if table in config and not isinstance(config[table], dict):
+            problems.append(f"'{table}' must be a table ([{table}])")
+        elif table in config:
+            problems += unknown_key_problems(config[table], keys, prefix=f"{table}.")
+    if problems:
+        raise RoundSpecError("round.toml: " + "; ".join(problems))
+
+
+def default_quorum(config: dict) -> int:
+    """quorum when round.toml does not set one: every invited site. With ``sites`` listed
+    that is their number; with ``sites = []`` (every registered site) it is 0 here, and
+    ``coordinator.client.Coordinator.start_round`` fills in the number of sites registered
+    at the aggregator (ListSites) before signing."""
+    quorum = config.get("quorum")
+    if quorum is None:
+        return len(config.get("sites") or [])
+    if isinstance(quorum, bool) or not isinstance(quorum, int) or quorum < 1:
+        raise RoundSpecError(f"round.toml: quorum must be an integer >= 1 (or omitted: every "
+                             f"invited site), got {quorum!r}")
+    return quorum
+
+
 def read_public_rows(path: Path, target: str, features: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Feature matrix and target of a public CSV/TSV; rows without a target are dropped."""
     opener = gzip.open if path.suffix == ".gz" else open
@@ -77,6 +114,7 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     """The RoundSpec described by a parsed round.toml (unsigned; coordinator_id left for the
     client to fill)."""
     base = Path(base_dir)
+    check_round_keys(config)
     try:
         target = str(config["target"])
         features = [str(f) for f in config["features"]]
@@ -93,7 +131,7 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
                      f"{secrets.token_hex(3)}"),
         target=target, feature_names=features, epsilon=eps,
         budget_split=[float(p) for p in config.get("budget_split", DEFAULT_SPLIT)],
-        quorum=int(config.get("quorum", 1)),
+        quorum=default_quorum(config),
         deadline_unix_ms=now_ms + int(float(config.get("deadline_s", 600)) * 1000),
         sites=[str(s) for s in config.get("sites", [])],
         created_unix_ms=now_ms)

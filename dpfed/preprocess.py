@@ -16,6 +16,27 @@ from dataclasses import dataclass, field
 import numpy as np
 
 
+class NonFiniteRow(ValueError):
+    """Pre-processing a row gave a non-finite number (an overflow such as a feature value of
+    1e300 whose row norm is inf, or a NaN/inf input). ``row`` is its 0-based index in the
+    array; the message names the row, never a value. Nothing may be released from such data:
+    before this error the row silently became zeros (issue 11, finding 6)."""
+
+    def __init__(self, row: int, what: str):
+        super().__init__(f"row {row + 1}: pre-processing the {what} gives a non-finite number "
+                         "(overflow, or a NaN/inf value)")
+        self.row = row
+        self.what = what
+
+
+def _first_bad_row(a: np.ndarray) -> int | None:
+    bad = ~np.isfinite(a)
+    if a.ndim == 2:
+        bad = bad.any(axis=1)
+    rows = np.flatnonzero(bad)
+    return int(rows[0]) if rows.size else None
+
+
 @dataclass(frozen=True)
 class Preprocessing:
     """Public parameters of the pre-processing: feature means, target mean, row scaling."""
@@ -53,15 +74,27 @@ class Preprocessing:
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(f"expected {self.dim} feature columns, got shape {x.shape}")
-        z = x - np.asarray(self.x_mean)
-        if self.normalize_rows:
-            norms = np.sqrt(np.einsum("ij,ij->i", z, z))
-            # A row equal to the public mean has no direction: leave it at zero.
-            z = np.divide(z, norms[:, None], out=np.zeros_like(z), where=norms[:, None] > 0)
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = x - np.asarray(self.x_mean)
+            bad = _first_bad_row(z)
+            if bad is not None:
+                raise NonFiniteRow(bad, "features")
+            if self.normalize_rows:
+                norms = np.sqrt(np.einsum("ij,ij->i", z, z))
+                bad = _first_bad_row(norms)
+                if bad is not None:   # the squared norm overflowed: the row would become 0
+                    raise NonFiniteRow(bad, "features (row norm)")
+                # A row equal to the public mean has no direction: leave it at zero.
+                z = np.divide(z, norms[:, None], out=np.zeros_like(z), where=norms[:, None] > 0)
         return z
 
     def transform_y(self, y) -> np.ndarray:
-        return np.asarray(y, dtype=np.float64) - self.y_mean
+        with np.errstate(over="ignore", invalid="ignore"):
+            v = np.asarray(y, dtype=np.float64) - self.y_mean
+        bad = _first_bad_row(v)
+        if bad is not None:
+            raise NonFiniteRow(bad, "target")
+        return v
 
     def apply(self, x, y) -> tuple[np.ndarray, np.ndarray]:
         return self.transform_x(x), self.transform_y(y)

@@ -62,6 +62,31 @@ class ProvisionError(ValueError):
     """project.toml is invalid, or DIR holds something that contradicts it."""
 
 
+# Every key project.toml may have, per table; anything else is an error naming the nearest
+# valid key (dpfed.configkeys).
+PROJECT_KEYS = frozenset({"federation", "sites", "coordinators", "cert_days", "aggregator",
+                          "site_policy"})
+PROJECT_AGGREGATOR_KEYS = frozenset({"address", "listen", "hostnames", "ip_addresses"})
+
+
+def _check_project_keys(raw: dict) -> None:
+    from dpfed.configkeys import unknown_key_problems
+    problems = unknown_key_problems(raw, PROJECT_KEYS)
+    if isinstance(raw.get("aggregator"), dict):
+        problems += unknown_key_problems(raw["aggregator"], PROJECT_AGGREGATOR_KEYS,
+                                         prefix="aggregator.")
+    if isinstance(raw.get("site_policy"), dict):
+        problems += unknown_key_problems(raw["site_policy"], DEFAULT_POLICY,
+                                         prefix="site_policy.")
+    for table, id_key in (("sites", "site_id"), ("coordinators", "coordinator_id")):
+        items = raw.get(table)
+        for i, item in enumerate(items if isinstance(items, list) else []):
+            if isinstance(item, dict):
+                problems += unknown_key_problems(item, {id_key}, prefix=f"{table}[{i + 1}].")
+    if problems:
+        raise ProvisionError("project.toml: " + "; ".join(problems))
+
+
 # ---------------------------------------------------------------------------------------------
 # identities
 
@@ -157,6 +182,7 @@ def _is_ip(host: str) -> bool:
 
 
 def project_from_dict(raw: dict) -> Project:
+    _check_project_keys(raw)
     federation = raw.get("federation")
     if not isinstance(federation, str) or not federation.strip():
         raise ProvisionError("project.toml: `federation` (the federation's name) is missing")

@@ -131,9 +131,17 @@ class SiteClient:
                 if self._stop.is_set():
                     break
                 code = exc.code() if hasattr(exc, "code") else None
-                level = logging.WARNING if code in RETRYABLE else logging.ERROR
-                log.log(level, "connection to aggregator lost (%s: %s); reconnecting",
-                        code.name if code else "error", _details(exc))
+                if code == grpc.StatusCode.ALREADY_EXISTS:
+                    # One identity, one live stream (aggregator.rounds.RoundManager.subscribe):
+                    # another process with this site's kit is connected. Keep trying, with
+                    # backoff: the identity is free again when that stream ends.
+                    log.error("the aggregator refused this site's round stream: %s. Another "
+                              "site node with the identity %r is connected; only one may run. "
+                              "Retrying with backoff", _details(exc), config.site_id)
+                else:
+                    level = logging.WARNING if code in RETRYABLE else logging.ERROR
+                    log.log(level, "connection to aggregator lost (%s: %s); reconnecting",
+                            code.name if code else "error", _details(exc))
             finally:
                 channel.close()
             if self._stop.is_set():

@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpfed.configkeys import check_keys
 from dpfed.transport import TlsFiles
 
 DATA_FORMATS = ("csv", "tsv", "parquet")
@@ -22,6 +23,17 @@ _EXTENSION_FORMATS = {".csv": "csv", ".tsv": "tsv", ".tab": "tsv", ".parquet": "
 
 class ConfigError(ValueError):
     """site.toml is missing, unreadable or has an invalid value (the message says which)."""
+
+
+# Every key site.toml may have, per table; anything else is an error naming the nearest one
+# (dpfed.configkeys). [data.columns] maps free model names and is not checked.
+TOP_KEYS = frozenset({"site_id", "aggregator", "state_db", "signing_key", "server_name",
+                      "insecure", "tls", "data", "policy"})
+TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
+DATA_KEYS = frozenset({"path", "format", "id_column", "columns", "max_bytes", "log_patient_ids"})
+# allow_replace_one: parsed by the neighbouring-relation work (site_node.policy), allowed here.
+POLICY_KEYS = frozenset({"trusted_coordinators", "max_epsilon_per_round", "total_epsilon",
+                         "min_n", "allowed_targets", "allowed_features", "allow_replace_one"})
 
 
 @dataclass(frozen=True)
@@ -38,6 +50,10 @@ class DataConfig:
     # A larger file is refused before a byte is read (site_node.data.read_table): a wrong
     # path or a runaway export must not exhaust the site's memory. [data] max_bytes.
     max_bytes: int = 2 * 1024**3
+    # Debug switch ([data] log_patient_ids = true): local error messages and log lines may
+    # then quote patient ids (e.g. which id is duplicated). Off by default: the site log
+    # names rows by number and columns by name, never a value (tests/test_fail_closed.py).
+    log_patient_ids: bool = False
 
     def column_for(self, name: str) -> str:
         return self.columns.get(name, name)
@@ -66,6 +82,9 @@ class SiteConfig:
     tls: TlsFiles | None = None
     server_name: str | None = None   # TLS name of the aggregator if it differs from the address
     source: Path | None = None        # the file this came from, for messages
+    # Dotted keys the file set (e.g. "policy.min_n"); every other setting is a default
+    # (``dpfed site check`` marks them).
+    explicit: frozenset[str] = frozenset()
 
 
 def load_config(path: str | Path, *, insecure: bool = False) -> SiteConfig:
@@ -87,6 +106,10 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
                  insecure: bool = False) -> SiteConfig:
     """Validate an already-parsed site.toml mapping (``base_dir`` anchors relative paths)."""
     where = str(source) if source else "site config"
+    check_keys(raw, TOP_KEYS, ConfigError, where)
+    for table, keys in (("tls", TLS_KEYS), ("data", DATA_KEYS), ("policy", POLICY_KEYS)):
+        if isinstance(raw.get(table), dict):
+            check_keys(raw[table], keys, ConfigError, where, prefix=f"{table}.")
     r = _Reader(raw, where, base_dir, prefix="")
 
     site_id = r.string("site_id")
@@ -132,7 +155,8 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
     if max_bytes < 1:
         raise ConfigError(f"{where}: data.max_bytes must be >= 1, got {max_bytes}")
     data = DataConfig(path=data_path, format=fmt, id_column=d.string("id_column", default=None),
-                      columns=columns, max_bytes=max_bytes)
+                      columns=columns, max_bytes=max_bytes,
+                      log_patient_ids=d.boolean("log_patient_ids", default=False))
 
     p = r.table("policy")
     trusted = p.string_list("trusted_coordinators")
@@ -152,9 +176,12 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
         min_n=min_n,
         allowed_targets=tuple(p.string_list("allowed_targets", default=["*"])),
         allowed_features=tuple(p.string_list("allowed_features", default=["*"])))
+    explicit = frozenset([*(k for k in raw if not isinstance(raw[k], dict)),
+                          *(f"{t}.{k}" for t in ("tls", "data", "policy")
+                            if isinstance(raw.get(t), dict) for k in raw[t])])
     return SiteConfig(site_id=site_id, aggregator=aggregator, state_db=state_db,
                       signing_key=signing_key, data=data, policy=policy, tls=tls,
-                      server_name=server_name, source=source)
+                      server_name=server_name, source=source, explicit=explicit)
 
 
 class _Reader:

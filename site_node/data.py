@@ -6,8 +6,12 @@ error with the row and column named, because silently imputing or dropping would
 data set the privacy guarantee is about.
 
 Raw rows never leave this module: callers get float arrays (x, y) for the release and nothing
-else. Error messages naming rows/values are for the *local* log; ``DataError.public_reason``
-is what may be sent to the coordinator in a Refusal (it names columns, never values).
+else. No message of this module quotes a value of the file: not a cell, not a patient id, not
+a header cell (a file without a header row has data there). ``str(DataError)`` is for the
+*local* log and names the file, column names from the config or the round spec, row numbers
+and the kind of problem; ``DataError.public_reason`` is what may be sent to the coordinator in
+a Refusal (columns and kinds only, no row numbers). Only the debug switch
+``[data] log_patient_ids = true`` lets the local message quote a duplicated patient id.
 """
 
 from __future__ import annotations
@@ -55,10 +59,21 @@ class RoundData:
     x: np.ndarray
     y: np.ndarray
     dropped_missing_target: int
+    # For messages about a row of x/y: its row in the file (0-based) and the file line of
+    # file row 0 (0 for Parquet, see Table.where).
+    rows: tuple[int, ...] = ()
+    first_line: int = 0
 
     @property
     def n(self) -> int:
         return int(self.y.shape[0])
+
+    def where(self, k: int) -> str:
+        """Where row ``k`` of x/y is in the file ("row 7 (line 8)"), for local messages."""
+        row = self.rows[k] if k < len(self.rows) else k
+        if self.first_line:
+            return f"row {row + 1} (line {row + self.first_line})"
+        return f"row {row + 1}"
 
 
 def read_table(path: str | Path, fmt: str, max_bytes: int | None = None) -> Table:
@@ -85,8 +100,14 @@ def _read_text(path: Path, delimiter: str) -> Table:
     try:
         with path.open(newline="", encoding="utf-8-sig") as fh:
             rows = list(csv.reader(fh, delimiter=delimiter))
-    except (UnicodeDecodeError, csv.Error) as exc:  # binary garbage, wrong encoding, NUL
-        raise DataError(f"data file {path} cannot be read as text: {exc}",
+    except UnicodeDecodeError as exc:  # binary garbage, wrong encoding
+        # Not the exception's text: it quotes the offending byte.
+        raise DataError(f"data file {path} cannot be read as UTF-8 text: invalid byte at "
+                        f"offset {exc.start} of the file's text",
+                        "data file is not readable UTF-8 text") from None
+    except csv.Error as exc:  # NUL, over-long field, stray newline: the csv module's messages
+        # name the kind of problem (e.g. "line contains NUL"), never the field's content.
+        raise DataError(f"data file {path} cannot be read as delimited text: {exc}",
                         "data file is not readable UTF-8 text") from None
     # Blank lines carry no record.
     rows = [r for r in rows if any(cell.strip() for cell in r)]
@@ -94,9 +115,13 @@ def _read_text(path: Path, delimiter: str) -> Table:
         raise DataError(f"data file {path} is empty", "data file is empty")
     header = [h.strip() for h in rows[0]]
     if len(set(header)) != len(header):
-        dup = sorted({h for h in header if header.count(h) > 1})
-        raise DataError(f"data file {path}: duplicate column names {dup}",
-                        f"duplicate column names {dup}")
+        # Positions, not names: in a file without a header row these "names" are the first
+        # patient's values.
+        dup = [j + 1 for j, h in enumerate(header) if header.count(h) > 1]
+        raise DataError(f"data file {path}: the first row repeats a column name (columns "
+                        f"{', '.join(map(str, dup))}); is the header row missing?",
+                        "duplicate column names in the data file's first row (is the header "
+                        "row missing?)")
     body = rows[1:]
     for i, r in enumerate(body):
         if len(r) != len(header):
@@ -112,7 +137,14 @@ def _read_parquet(path: Path) -> Table:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # pyarrow raises several unrelated types for a bad file
-        raise DataError(f"data file {path} cannot be read as Parquet: {exc}") from None
+        # Only the type: pyarrow's messages may quote the file's content.
+        raise DataError(f"data file {path} cannot be read as Parquet ({type(exc).__name__})",
+                        "data file is not readable Parquet") from None
+    if len(set(table.column_names)) != len(table.column_names):
+        dup = [j + 1 for j, h in enumerate(table.column_names)
+               if table.column_names.count(h) > 1]
+        raise DataError(f"data file {path}: repeated column names (columns "
+                        f"{', '.join(map(str, dup))})", "duplicate column names in the data file")
     columns = {name: table.column(name).to_pylist() for name in table.column_names}
     return Table(path, columns, table.num_rows, first_line=0)
 
@@ -136,8 +168,8 @@ def _to_float(value, table: Table, row: int, column: str) -> float:
         try:
             v = float(value.strip())
         except ValueError:
-            raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: text {value!r} "
-                            "in a numeric column",
+            raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: text that "
+                            "is not a number in a numeric column",
                             f"non-numeric value in column {column!r}") from None
     else:
         raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: value of type "
@@ -166,7 +198,12 @@ def select_round_data(table: Table, features: list[str], target: str,
         raise DataError(f"{table.path}: missing column(s) {', '.join(missing)}",
                         f"column(s) not available at the site: {', '.join(missing)}")
     if config.id_column:
-        _check_ids(table, config.id_column)
+        # The id column is never a feature or the target, even with allowed_features = ["*"].
+        if config.id_column in names.values():
+            raise DataError(f"{table.path}: the round asks for the id column "
+                            f"{config.id_column!r} as a feature or target; it is never released",
+                            "the round asks for the site's id column, which is never released")
+        _check_ids(table, config.id_column, config.log_patient_ids)
     if table.n_rows == 0:
         raise DataError(f"{table.path} has a header but no rows", "data file has no rows")
 
@@ -184,10 +221,13 @@ def select_round_data(table: Table, features: list[str], target: str,
                                 "(NaN) feature value",
                                 f"missing values in feature column {column!r}")
             x[k, j] = _to_float(v, table, i, column)
-    return RoundData(x=x, y=y, dropped_missing_target=table.n_rows - len(keep))
+    return RoundData(x=x, y=y, dropped_missing_target=table.n_rows - len(keep),
+                     rows=tuple(keep), first_line=table.first_line)
 
 
-def _check_ids(table: Table, id_column: str) -> None:
+def _check_ids(table: Table, id_column: str, log_ids: bool = False) -> None:
+    """Every row has an id and no id repeats. ``log_ids`` ([data] log_patient_ids, a debug
+    switch) lets the local message quote the duplicated id; by default only rows are named."""
     if id_column not in table.columns:
         raise DataError(f"{table.path}: id column {id_column!r} is missing",
                         f"id column {id_column!r} missing")
@@ -198,7 +238,8 @@ def _check_ids(table: Table, id_column: str) -> None:
                             "rows without an id")
         key = v.strip() if isinstance(v, str) else v
         if key in seen:
-            raise DataError(f"{table.path}: duplicate id {key!r} in column {id_column!r} at "
+            shown = f" {key!r}" if log_ids else ""
+            raise DataError(f"{table.path}: duplicate id{shown} in column {id_column!r} at "
                             f"{table.where(seen[key])} and {table.where(i)}",
                             "duplicate patient ids in the data file")
         seen[key] = i
@@ -214,6 +255,6 @@ def describe(config: DataConfig) -> dict:
     """Shape of the data file without values, for ``dpfed site check``."""
     table = read_table(config.path, config.format, config.max_bytes)
     if config.id_column:
-        _check_ids(table, config.id_column)
+        _check_ids(table, config.id_column, config.log_patient_ids)
     return {"path": str(table.path), "format": config.format, "rows": table.n_rows,
             "columns": list(table.columns)}

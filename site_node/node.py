@@ -26,7 +26,7 @@ import threading
 import time
 
 from dpfed import __version__
-from dpfed.preprocess import Preprocessing
+from dpfed.preprocess import NonFiniteRow, Preprocessing
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire import limits
 from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
@@ -138,7 +138,14 @@ class SiteNode:
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
                                       source=spec.public_source or "coordinator")
-        x, y = preprocessing.apply(data.x, data.y)
+        try:
+            x, y = preprocessing.apply(data.x, data.y)
+        except NonFiniteRow as exc:   # e.g. 1e300: its row norm overflows; nothing released
+            log.error("refused round %s: %s: %s: pre-processing the %s gives a non-finite "
+                      "number (overflow, or a NaN/inf value); nothing released", round_id,
+                      self.config.data.path, data.where(exc.row), exc.what)
+            return self.refusal(round_id, spec_digest, "pre-processing gave a non-finite "
+                                "number at the site (overflow; details in the site log)")
         try:
             stats, info = release_statistics(x, y, epsilon=spec.epsilon, x_bound=spec.x_bound,
                                              y_bound=spec.y_bound,

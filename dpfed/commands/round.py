@@ -47,6 +47,20 @@ class UsageError(Exception):
     pass
 
 
+# Every key coordinator.toml may have; anything else is an error naming the nearest one.
+COORDINATOR_KEYS = frozenset({"aggregator", "coordinator_id", "signing_key", "server_name",
+                              "insecure", "tls"})
+TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
+
+
+def check_coordinator_keys(conf: dict, where: str) -> None:
+    """UsageError naming every unknown key of a parsed coordinator.toml (exit 2)."""
+    from dpfed.configkeys import check_keys
+    check_keys(conf, COORDINATOR_KEYS, UsageError, where)
+    if isinstance(conf.get("tls"), dict):
+        check_keys(conf["tls"], TLS_KEYS, UsageError, where, prefix="tls.")
+
+
 def connect(args, *, signing: bool):
     """A coordinator.client.Coordinator from the command line and/or coordinator.toml."""
     from coordinator.client import Coordinator
@@ -58,6 +72,7 @@ def connect(args, *, signing: bool):
             conf = tomllib.loads(path.read_text())
         except (OSError, tomllib.TOMLDecodeError) as exc:
             raise UsageError(f"{path}: {exc}") from None
+        check_coordinator_keys(conf, str(path))
         base = path.parent
     address = args.aggregator or conf.get("aggregator")
     if not address:

@@ -152,6 +152,59 @@ def cmd_ledger(args) -> int:
     return exitcodes.OK
 
 
+PLACEHOLDER_HOSTS = ("example.org", "example.com", "example.net", "example", "invalid",
+                     "change-me", "changeme")
+
+
+def _check_aggregator_address(config) -> list[str]:
+    """Problems with the aggregator address (it must resolve); a placeholder host such as
+    aggregator.example.org (the kit's template) gets a warning on stderr."""
+    import socket
+    host, _, port = config.aggregator.rpartition(":")
+    host = host.strip("[]")
+    labels = host.lower().split(".")
+    if any(".".join(labels[i:]) in PLACEHOLDER_HOSTS for i in range(len(labels))) or \
+            "change-me" in host.lower():
+        print(f"warning: aggregator = {config.aggregator!r} looks like a placeholder, not your "
+              "federation's aggregator; set the address you were given", file=sys.stderr)
+    try:
+        addresses = sorted({a[4][0] for a in socket.getaddrinfo(host, int(port) if
+                                                                port.isdigit() else None)})
+    except (socket.gaierror, UnicodeError, OSError) as exc:
+        return [f"aggregator {config.aggregator}: the host {host!r} does not resolve ({exc})"]
+    print(f"aggregator: {config.aggregator} resolves to {', '.join(addresses)}")
+    return []
+
+
+def _print_effective_settings(config) -> None:
+    """Every setting the node will use, with its value; those site.toml does not set are
+    marked (default). An unknown key never gets here: loading the config rejects it."""
+    import dataclasses
+
+    def show(key, value, explicit=True):
+        if isinstance(value, tuple):
+            value = [str(v) for v in value]
+        elif isinstance(value, dict):
+            value = dict(value)
+        elif value is not None and not isinstance(value, (bool, int, float, list)):
+            value = str(value)
+        print(f"  {key} = {json.dumps(value)}{'' if explicit else '  (default)'}")
+
+    print("effective settings (site.toml and defaults):")
+    for key in ("site_id", "aggregator", "server_name", "state_db", "signing_key"):
+        show(key, getattr(config, key), key in config.explicit)
+    show("insecure", config.tls is None, "insecure" in config.explicit)
+    if config.tls is not None:
+        for f in dataclasses.fields(config.tls):
+            show(f"tls.{f.name}", getattr(config.tls, f.name))
+    for table, value in (("data", config.data), ("policy", config.policy)):
+        for f in dataclasses.fields(value):
+            show(f"{table}.{f.name}", getattr(value, f.name), f"{table}.{f.name}" in config.explicit)
+    if config.data.id_column:
+        print(f"  (the id column {config.data.id_column!r} is never a feature or target, "
+              "whatever allowed_features says)")
+
+
 def cmd_check(args) -> int:
     from dpfed.wire.signing import SigningKey
     from site_node.data import DataError, describe
@@ -190,8 +243,8 @@ def cmd_check(args) -> int:
             problems.append(f"data.columns maps to column(s) not in the file: {mapped}")
     except DataError as exc:
         problems.append(str(exc))
-    print(f"policy: max epsilon/round {config.policy.max_epsilon_per_round:g}, total "
-          f"{config.policy.total_epsilon:g}, min_n {config.policy.min_n}")
+    problems += _check_aggregator_address(config)
+    _print_effective_settings(config)
     if config.state_db.exists():
         from site_node.ledger import LedgerError, PrivacyLedger
         try:
