@@ -201,7 +201,7 @@ class AggregatorFuzzer:
             round_id=f"fz-{secrets.token_hex(4)}", coordinator_id=self.coordinator_id,
             target="y", feature_names=[f"x{i}" for i in range(d)], epsilon=1.0, x_bound=0.5,
             y_bound=1.0, budget_split=[0.35, 0.6, 0.05], quorum=1,
-            deadline_unix_ms=now + 600_000, created_unix_ms=now, fit_method="fixed",
+            deadline_unix_ms=now + 600_000, created_unix_ms=now, fit_method="laplace",
             preprocessing=pb.Preprocessing(x_mean=[0.0] * d)))
 
     # -- one input --

@@ -222,7 +222,7 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
                             feature_names=[f"x{i}" for i in range(dim)], epsilon=1.0,
                             x_bound=0.5, y_bound=1.0, budget_split=[0.35, 0.6, 0.05],
                             quorum=sites, deadline_unix_ms=now + 600_000, created_unix_ms=now,
-                            fit_method="fixed")
+                            fit_method="laplace")
         spec_envelope = coordinator.sign(spec)
         spec_digest = digest(spec_envelope.payload)
         contributions = sign_contributions(site_keys, round_id, spec_digest, dim, rng)

@@ -57,7 +57,7 @@ class Federation:
                       feature_names=[f"x{i}" for i in range(d)], epsilon=2.0, x_bound=0.5,
                       y_bound=2.0, budget_split=[0.35, 0.6, 0.05], quorum=quorum,
                       deadline_unix_ms=now + int(deadline_s * 1000), created_unix_ms=now,
-                      fit_method="fixed", fit_draws=200, fit_seed=1)
+                      fit_method="laplace", fit_draws=200, fit_seed=1)
         spec = pb.RoundSpec(**{**fields, **kw})
         if public is not None:
             spec.public_statistics = public.to_bytes()

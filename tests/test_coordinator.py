@@ -31,7 +31,7 @@ def _public_csv(path, rows=20, seed=0):
 def _round_toml(**kw):
     conf = {"target": "y", "features": ["a", "b", "c"], "epsilon": 2.0, "x_bound": 0.3,
             "y_bound": 2.0, "quorum": 2, "deadline_s": 30, "public": {"path": "public.csv"},
-            "fit": {"method": "fixed", "draws": 100, "seed": 1}}
+            "fit": {"method": "laplace", "draws": 100, "seed": 1}}
     conf.update(kw)
     return conf
 
@@ -45,7 +45,7 @@ def test_build_round_spec_from_public_data(tmp_path):
     assert spec.preprocessing.y_mean == pre.y_mean and spec.preprocessing.normalize_rows
     assert Statistics.from_bytes(spec.public_statistics) == exact_statistics(*pre.apply(x, y))
     assert (spec.x_bound, spec.y_bound, spec.quorum) == (0.3, 2.0, 2)
-    assert spec.deadline_unix_ms == 31_000 and spec.fit_method == "fixed"
+    assert spec.deadline_unix_ms == 31_000 and spec.fit_method == "laplace"
     assert list(spec.budget_split) == [0.35, 0.60, 0.05]
 
 

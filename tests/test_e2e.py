@@ -30,7 +30,7 @@ def run(tmp_path_factory):
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = cli.main(["--log-level", "WARNING", "simulate", "--json", "--fit-method", "fixed",
+        code = cli.main(["--log-level", "WARNING", "simulate", "--json", "--fit-method", "laplace",
                          "--draws", "400", "--sites", str(N_SITES), "--seed", str(SEED),
                          "--workdir", str(workdir), "--timeout", "60"])
     return code, out.getvalue(), sim.FederationLayout(workdir)
@@ -170,7 +170,7 @@ def test_failed_round_exits_3_and_keeps_logs(tmp_path, capsys):
         return original(*args, **kwargs)
 
     with unittest.mock.patch.object(sim.run, "write_federation", strict_sites):
-        code = cli.main(["--log-level", "INFO", "simulate", "--fit-method", "fixed",
+        code = cli.main(["--log-level", "INFO", "simulate", "--fit-method", "laplace",
                          "--workdir", str(tmp_path), "--timeout", "30"])
     err = capsys.readouterr().err
     assert code == exitcodes.ROUND_FAILED

@@ -477,7 +477,7 @@ def test_overflowing_row_is_refused_naming_the_row_not_the_value(tmp_path, caplo
 def test_quorum_defaults_to_every_invited_site(federation, tmp_path):
     from coordinator.roundspec import RoundSpecError, build_round_spec
     spec = {"target": "y", "features": ["x0", "x1", "x2"], "epsilon": 2.0, "x_bound": 0.5,
-            "y_bound": 2.0, "fit": {"method": "fixed"}}
+            "y_bound": 2.0, "fit": {"method": "laplace"}}
     everyone = federation.start_round(build_round_spec({**spec, "round_id": "q-all"},
                                                        base_dir=tmp_path))
     assert everyone.quorum == 3                    # before: 1

@@ -124,7 +124,7 @@ def test_written_files_follow_the_interfaces(tmp_path, nutlin):
     assert np.array_equal(back.x, nutlin.x[rows]) and np.array_equal(back.y, nutlin.y[rows])
     assert [int(i) for i in back.ids] == nutlin.ids[rows].tolist()
     cfg = sim.round_config(nutlin, epsilon=2.0, x_bound=0.3, y_bound=2.0, quorum=2,
-                           public_csv=layout.public_csv, fit_method="fixed", fit_draws=100,
+                           public_csv=layout.public_csv, fit_method="laplace", fit_draws=100,
                            fit_seed=0)
     assert tomllib.loads(sim.to_toml(cfg)) == cfg
 

@@ -78,7 +78,7 @@ def start_round(pki, address, round_id, quorum=1):
     with coordinator_over(ours, address, "coord") as c:
         return c.start_round(make_spec(round_id, coordinator_id="coord", quorum=quorum,
                                        deadline_unix_ms=int(time.time() * 1000) + 60_000,
-                                       fit_method="fixed", fit_draws=200, fit_seed=1))
+                                       fit_method="laplace", fit_draws=200, fit_seed=1))
 
 
 def site_contribution(key: SigningKey, site_id: str, round_id: str, digest: str) -> pb.SignedEnvelope:
