@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpfed.noise import EXACT
 from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values)
 from dpfed.v1 import dpfed_pb2 as pb
 
@@ -166,7 +167,10 @@ def aggregate(releases: Sequence[Statistics], public: Statistics | None) -> Stat
 
 
 def public_statistics(spec: pb.RoundSpec) -> Statistics | None:
-    return Statistics.from_bytes(spec.public_statistics) if spec.public_statistics else None
+    """The spec's public statistics: exact by definition (computed by the coordinator from
+    public rows, added without noise)."""
+    return (Statistics.from_bytes(spec.public_statistics, EXACT) if spec.public_statistics
+            else None)
 
 
 def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[str]:
