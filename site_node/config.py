@@ -53,6 +53,8 @@ class PolicyConfig:
     min_n: int = 20
     allowed_targets: tuple[str, ...] = ("*",)
     allowed_features: tuple[str, ...] = ("*",)
+    # A replace-one round releases n exactly (method.md section 9): only if the site opts in.
+    allow_replace_one: bool = False
 
 
 @dataclass(frozen=True)
@@ -151,7 +153,8 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
         trusted_coordinators=trusted_paths, max_epsilon_per_round=max_eps, total_epsilon=total_eps,
         min_n=min_n,
         allowed_targets=tuple(p.string_list("allowed_targets", default=["*"])),
-        allowed_features=tuple(p.string_list("allowed_features", default=["*"])))
+        allowed_features=tuple(p.string_list("allowed_features", default=["*"])),
+        allow_replace_one=p.boolean("allow_replace_one", default=False))
     return SiteConfig(site_id=site_id, aggregator=aggregator, state_db=state_db,
                       signing_key=signing_key, data=data, policy=policy, tls=tls,
                       server_name=server_name, source=source)
