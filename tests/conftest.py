@@ -55,7 +55,7 @@ class Federation:
         now = int(time.time() * 1000)
         fields = dict(round_id=round_id, coordinator_id="coord", target="y",
                       feature_names=[f"x{i}" for i in range(d)], epsilon=2.0, x_bound=0.5,
-                      y_bound=2.0, budget_split=[0.35, 0.6, 0.05], quorum=quorum,
+                      y_bound=2.0, budget_split=[0.35, 0.6, 0.03, 0.02], quorum=quorum,
                       deadline_unix_ms=now + int(deadline_s * 1000), created_unix_ms=now,
                       fit_method="fixed", fit_draws=200, fit_seed=1)
         spec = pb.RoundSpec(**{**fields, **kw})
@@ -76,6 +76,11 @@ class Federation:
                       epsilon_spent=2.0,
                       spec_digest=digest if digest is not None else self.spec_digest(round_id),
                       timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16))
+        try:  # the noise the round's spec implies, as an honest site declares it
+            from dpfed.noise import to_proto
+            fields["noise"] = to_proto(self.manager.expected_noise(round_id))
+        except Exception:  # noqa: BLE001 - unknown round: the test is about something else
+            pass
         fields.update(overrides)
         return (key or self.site_keys[site]).sign(pb.Contribution(**fields))
 

@@ -124,7 +124,7 @@ def test_fast_contribution_decoder_rejects_what_reference_rejects(mutate):
 
 def _spec(**kw):
     fields = dict(round_id="r", coordinator_id="c", target="y", feature_names=["a", "b"],
-                  epsilon=1.0, x_bound=1.0, y_bound=1.0, budget_split=[0.35, 0.6, 0.05],
+                  epsilon=1.0, x_bound=1.0, y_bound=1.0, budget_split=[0.35, 0.6, 0.03, 0.02],
                   quorum=2, deadline_unix_ms=1)
     fields.update(kw)
     return pb.RoundSpec(**fields)
@@ -137,8 +137,18 @@ def test_validate_spec():
     for bad in [_spec(epsilon=-1), _spec(x_bound=0), _spec(quorum=4), _spec(quorum=2, sites=["a"]),
                 _spec(feature_names=[]), _spec(budget_split=[0.2, 0.2, 0.2]),
                 _spec(public_statistics=b"junk"), _spec(fit_method="magic"),
-                _spec(public_statistics=random_statistics(d=3).to_bytes())]:
+                _spec(public_statistics=random_statistics(d=3).to_bytes()),
+                _spec(budget_split=[0.35, 0.6, 0.05]),  # 3 shares under add/remove
+                _spec(neighbouring="replace_one"),      # 4 shares under replace-one
+                _spec(neighbouring="bounded"), _spec(xtx_sensitivity="tight")]:
         assert aggregate.validate_spec(bad, sites), bad
+    # The relation decides the number of shares; "" means add/remove, exact.
+    assert aggregate.validate_spec(_spec(neighbouring="replace_one", xtx_sensitivity="paper",
+                                         budget_split=[0.35, 0.6, 0.05]), sites) == []
+    assert aggregate.validate_spec(_spec(neighbouring="add_remove", xtx_sensitivity="exact"),
+                                   sites) == []
+    problems = aggregate.validate_spec(_spec(neighbouring="bounded"), sites)
+    assert any("neighbouring must be one of add_remove, replace_one" in p for p in problems)
 
 
 def test_store_round_trip(tmp_path):
