@@ -62,11 +62,22 @@ def _contribution(**kw):
     return pb.Contribution(**fields)
 
 
+def _noise_proto(replace_one=False):
+    from dpfed.noise import to_proto
+    from dpfed.sensitivity import expected_noise
+    if replace_one:
+        return to_proto(expected_noise(3, 1.0, 0.5, 2.0, (0.35, 0.6, 0.05),
+                                       neighbouring="replace_one", xtx_sensitivity="paper"))
+    return to_proto(expected_noise(3, 1.0, 0.5, 2.0) + expected_noise(3, 2.0, 0.5, 2.0))
+
+
 @pytest.mark.parametrize("message", [
     _contribution(), _contribution(epsilon_spent=0.1 + 0.2), _contribution(n=0),
     _contribution(statistics=b""), _contribution(site_id="é\"\\x"), _contribution(epsilon_spent=1e300),
     _contribution(timestamp_unix_ms=-5), _contribution(statistics=b"\xff\xfe"),
-    pb.Contribution()])
+    pb.Contribution(),
+    _contribution(noise=_noise_proto()), _contribution(noise=pb.NoiseDescription()),
+    _contribution(noise=_noise_proto(replace_one=True))])
 def test_fast_contribution_decoder_matches_reference(message):
     data = canonical_bytes(message)
     assert _fast_contribution(data) == parse_canonical(data, "dpfed.v1.Contribution")
@@ -199,3 +210,10 @@ def test_canonical_base64_decoder_accepts_exactly_what_b64encode_produces(raw):
 def test_canonical_base64_decoder_rejects_non_canonical_forms(raw):
     from aggregator.rounds import _canonical_b64decode
     assert _canonical_b64decode(raw) is None
+
+
+def test_fast_contribution_decoder_takes_the_fast_path_with_a_noise_description():
+    data = canonical_bytes(_contribution(noise=_noise_proto()))
+    fast = _fast_contribution(data)
+    assert fast is not None and fast.HasField("noise")
+    assert fast == parse_canonical(data, "dpfed.v1.Contribution")

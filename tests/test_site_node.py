@@ -465,6 +465,10 @@ def test_cli_check_and_ledger(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["spent_epsilon"] == 1.5 and summary["remaining_epsilon"] == 3.5
     assert [r["round_id"] for r in summary["releases"]] == ["r1"]
+    assert summary["releases"][0]["neighbouring"] == "add_remove"
+    assert main(["site", "ledger", "--config", str(config_path)]) == 0
+    assert "round r1" in (line := [l for l in capsys.readouterr().out.splitlines()
+                                   if "round r1" in l][0]) and "add_remove" in line
     bad = tmp_path / "bad.toml"
     bad.write_text("site_id = 1\n")
     assert main(["site", "check", "--config", str(bad)]) == 2
