@@ -218,11 +218,14 @@ def test_restart_keeps_contributions_and_status(federation):
     federation.start_round(federation.spec(quorum=2))
     first = federation.contribution("site-a", "r1", random_statistics(seed=1))
     federation.stub.Contribute(first)
+    expected = federation.manager.expected_noise("r1")
     federation.stop()
     federation.start()
     status = federation.coordinator.status("r1")
     assert status.state == pb.RoundStatus.OPEN
     assert [c.site_id for c in status.contributions] == ["site-a"]
+    # The noise each stored contribution declared is read back: one draw so far.
+    assert federation.manager.aggregated_statistics("r1").noise == expected
     # The replayed nonce is still known; the identical envelope is still a duplicate.
     assert federation.stub.Contribute(first).duplicate
     federation.stub.Contribute(federation.contribution("site-b", "r1", random_statistics(seed=2)))
@@ -231,6 +234,7 @@ def test_restart_keeps_contributions_and_status(federation):
     federation.start()
     assert federation.coordinator.status("r1").state == pb.RoundStatus.DONE
     assert json.loads(federation.coordinator.result("r1").summary_json)["n_total"] == 100
+    assert federation.manager.aggregated_statistics("r1").noise == expected + expected
 
 
 def test_health_service_serves(federation):
