@@ -104,15 +104,16 @@ class RunningTotal:
         with self._folding, self._queue:
             return self._values.count + len(self._pending)
 
-    def total(self) -> Statistics:
-        """The correctly rounded sum of everything added so far."""
+    def total(self, noise=None) -> Statistics:
+        """The correctly rounded sum of everything added so far, carrying ``noise`` (the
+        dpfed.noise description of the sum; None = unknown, the caller knows what was added)."""
         with self._folding:
             with self._queue:
                 rows, self._pending, n = self._pending, [], self.n
             try:
                 if rows:
                     self._values.add_rows(np.stack(rows))
-                return Statistics.from_upper(self.dim, n, self._values.result())
+                return Statistics.from_upper(self.dim, n, self._values.result(), noise)
             except ExactSumError as exc:
                 raise StatisticsError(str(exc)) from None
 
@@ -142,9 +143,10 @@ def encoded_n(data: bytes, dim: int) -> int:
     return n
 
 
-def exact_sum_encoded(encoded: Sequence[bytes]) -> Statistics:
+def exact_sum_encoded(encoded: Sequence[bytes], noise=None) -> Statistics:
     """``exact_sum`` straight from encodings (checked by ``encoded_n``), without decoding
-    every release into full matrices."""
+    every release into full matrices. The encodings carry no noise description: the caller
+    passes the sum's (``noise``, None = unknown)."""
     if not encoded:
         raise StatisticsError("nothing to sum")
     heads = [decode_header(e) for e in encoded]
@@ -153,12 +155,15 @@ def exact_sum_encoded(encoded: Sequence[bytes]) -> Statistics:
         raise StatisticsError("cannot sum statistics of different dimensions")
     running = RunningTotal(d)
     running.add_rows(np.stack([encoded_values(e) for e in encoded]), sum(h[1] for h in heads))
-    return running.total()
+    return running.total(noise=noise)
 
 
-def aggregate_encoded(releases: Sequence[bytes], public: bytes | None) -> Statistics:
-    """Sites' encoded releases plus the encoded public statistics (if any), summed exactly."""
-    return exact_sum_encoded(list(releases) + ([public] if public else []))
+def aggregate_encoded(releases: Sequence[bytes], public: bytes | None, *, noise=None
+                      ) -> Statistics:
+    """Sites' encoded releases plus the encoded public statistics (if any), summed exactly;
+    ``noise`` is the description of the sum (the releases' descriptions added; the public
+    statistics are exact), None = unknown."""
+    return exact_sum_encoded(list(releases) + ([public] if public else []), noise=noise)
 
 
 def aggregate(releases: Sequence[Statistics], public: Statistics | None) -> Statistics:
@@ -191,10 +196,23 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
         v = getattr(spec, name)
         if not (math.isfinite(v) and v > 0):
             problems.append(f"{name} must be > 0, got {v}")
+    # The mechanism: "" means the default (add/remove neighbours, exact Sxx sensitivity).
+    from dpfed.sensitivity import NEIGHBOURING, XTX_SENSITIVITIES
+    neighbouring = spec.neighbouring or "add_remove"
+    if neighbouring not in NEIGHBOURING:
+        problems.append(f"neighbouring must be one of {', '.join(NEIGHBOURING)}, got "
+                        f"{spec.neighbouring!r}")
+    if (spec.xtx_sensitivity or "exact") not in XTX_SENSITIVITIES:
+        problems.append(f"xtx_sensitivity must be one of {', '.join(XTX_SENSITIVITIES)}, got "
+                        f"{spec.xtx_sensitivity!r}")
     split = list(spec.budget_split)
-    if len(split) != 3 or not all(math.isfinite(p) and p > 0 for p in split) \
-            or abs(sum(split) - 1.0) > 1e-9:
-        problems.append(f"budget_split must be three positive shares summing to 1, got {split}")
+    parts = {"add_remove": 4, "replace_one": 3}.get(neighbouring)
+    if parts is not None and (len(split) != parts
+                              or not all(math.isfinite(p) and p > 0 for p in split)
+                              or abs(sum(split) - 1.0) > 1e-9):
+        what = "(Sxx, Sxy, Syy, n)" if parts == 4 else "(Sxx, Sxy, Syy)"
+        problems.append(f"budget_split must be {parts} positive shares {what} summing to 1 "
+                        f"under {neighbouring}, got {split}")
     if spec.HasField("preprocessing") and len(spec.preprocessing.x_mean) not in (0, d):
         problems.append(f"preprocessing has {len(spec.preprocessing.x_mean)} feature means "
                         f"for {d} features")

@@ -22,7 +22,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
+from google.protobuf import json_format
 
+from dpfed import noise as dpnoise
+from dpfed.sensitivity import expected_noise
 from dpfed.statistics import Statistics, StatisticsError, encoded_values
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
@@ -57,6 +60,35 @@ class AcceptedContribution:
     n: int
     epsilon: float
     received_ms: int
+    # The noise it declared (checked equal to the round's expected noise when admitted).
+    noise: dpnoise.NoiseDescription | None = None
+
+
+def round_expected_noise(spec: pb.RoundSpec) -> dpnoise.NoiseDescription:
+    """The NoiseDescription every contribution to ``spec`` must declare: one release of the
+    spec's mechanism (dpfed.sensitivity.expected_noise; "" = add_remove / exact). Raises
+    ValueError for a spec whose mechanism is invalid (validate_spec refuses those first)."""
+    return expected_noise(len(spec.feature_names), spec.epsilon, spec.x_bound, spec.y_bound,
+                          tuple(spec.budget_split),
+                          neighbouring=spec.neighbouring or "add_remove",
+                          xtx_sensitivity=spec.xtx_sensitivity or "exact")
+
+
+def _sum_noise(noises) -> dpnoise.NoiseDescription | None:
+    """Sum of independent releases' descriptions (K draws for K sites), starting from EXACT
+    (public statistics add no noise); None (unknown) if any is unknown."""
+    total = dpnoise.EXACT
+    for n in noises:
+        if n is None:
+            return None
+        total = total + n
+    return total
+
+
+def _stored_noise(payload: bytes) -> dpnoise.NoiseDescription | None:
+    """The noise description a stored contribution declared (None if it has none)."""
+    msg = _fast_contribution(payload) or parse_canonical(payload, "dpfed.v1.Contribution")
+    return dpnoise.from_proto(msg.noise) if msg.HasField("noise") else None
 
 
 @dataclass
@@ -76,6 +108,8 @@ class LiveRound:
     # fail at its deadline until they are durable and published (then ``deadline_due``).
     storing: dict[str, AcceptedContribution] = field(default_factory=dict)
     deadline_due: bool = False
+    # What every contribution must declare (round_expected_noise), computed once.
+    expected_noise: dpnoise.NoiseDescription | None = None
 
     @property
     def state(self) -> str:
@@ -105,7 +139,7 @@ class Admission:
 
 _CONTRIBUTION_FIELDS = {"round_id": str, "site_id": str, "statistics": str, "n": str,
                         "epsilon_spent": (int, float), "spec_digest": str,
-                        "timestamp_unix_ms": str, "nonce": str}
+                        "timestamp_unix_ms": str, "nonce": str, "noise": dict}
 
 
 _STATISTICS_KEY = b'"statistics":"'
@@ -158,16 +192,21 @@ def _fast_contribution(payload: bytes) -> pb.Contribution | None:
                               statistics=stats, n=n, epsilon_spent=eps,
                               spec_digest=obj.get("spec_digest", ""), timestamp_unix_ms=ts,
                               nonce=obj.get("nonce", ""))
+        noise = None
+        if "noise" in obj:  # a few terms: protobuf's own JSON mapping is cheap enough here
+            json_format.ParseDict(obj["noise"], msg.noise)
+            msg.noise.SetInParent()
+            noise = json_format.MessageToDict(msg.noise, preserving_proto_field_name=True)
         again = {k: v for k, v in (
             ("round_id", msg.round_id), ("site_id", msg.site_id),
             ("statistics", _PLACEHOLDER if stats else ""),
             ("n", str(n) if n else ""), ("epsilon_spent", eps if eps else None),
             ("spec_digest", msg.spec_digest), ("timestamp_unix_ms", str(ts) if ts else ""),
-            ("nonce", msg.nonce)) if v not in ("", None)}
+            ("nonce", msg.nonce), ("noise", noise)) if v not in ("", None)}
         canonical = json.dumps(again, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
                                allow_nan=False).encode("utf-8")
         return msg if canonical == rest else None
-    except (ValueError, TypeError, UnicodeDecodeError, binascii.Error):
+    except (ValueError, TypeError, UnicodeDecodeError, binascii.Error, json_format.ParseError):
         return None
 
 
@@ -249,7 +288,8 @@ class RoundManager:
                         env_c = _parse_envelope(c.envelope)
                         live.contributions[c.site_id] = AcceptedContribution(
                             env_c.payload, env_c.signature,
-                            c.statistics, c.n, c.epsilon, c.received_ms)
+                            c.statistics, c.n, c.epsilon, c.received_ms,
+                            _stored_noise(env_c.payload))
                     live.running = aggregate.RunningTotal(stored.dim)
                     if stored_contributions:
                         live.running.add_rows(
@@ -349,6 +389,11 @@ class RoundManager:
         now = self.now_ms()
         if spec.deadline_unix_ms and spec.deadline_unix_ms <= now:
             problems.append("deadline_unix_ms is in the past")
+        if not problems:
+            try:  # what every contribution must declare; also refuses degenerate scales
+                expected = round_expected_noise(spec)
+            except ValueError as exc:
+                problems.append(str(exc))
         if problems:
             raise Rejected("INVALID_ARGUMENT", "invalid round spec: " + "; ".join(problems))
         invited = sorted(spec.sites) if spec.sites else self.registry.site_ids()
@@ -361,7 +406,8 @@ class RoundManager:
             self.store.insert_round(stored)
             self._rounds[spec.round_id] = LiveRound(
                 stored, spec, envelope, frozenset(invited),
-                running=aggregate.RunningTotal(len(spec.feature_names)))
+                running=aggregate.RunningTotal(len(spec.feature_names)),
+                expected_noise=expected)
             for site_id, q in self._subscribers.values():
                 if site_id in invited:
                     q.put(spec.round_id)
@@ -537,8 +583,9 @@ class RoundManager:
         if not (math.isfinite(c.epsilon_spent) and c.epsilon_spent == live.spec.epsilon):
             raise Rejected("INVALID_ARGUMENT", f"epsilon_spent {c.epsilon_spent} differs from the "
                                                f"round's epsilon {live.spec.epsilon}")
+        noise = self._check_noise(c, live)
         accepted = AcceptedContribution(envelope.payload, envelope.signature, c.statistics, c.n,
-                                        c.epsilon_spent, self.now_ms())
+                                        c.epsilon_spent, self.now_ms(), noise)
         with self._lock:
             # Re-check under the lock: the round may have closed, or this site answered, while
             # the statistics were decoded. Then reserve the site's slot and the nonce.
@@ -580,6 +627,36 @@ class RoundManager:
         live.running.fold()
         return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=False,
                                   message=f"accepted ({count} of quorum {live.stored.quorum})")
+
+    def expected_noise(self, round_id: str) -> dpnoise.NoiseDescription:
+        """The noise description every contribution to ``round_id`` must declare."""
+        with self._lock:
+            live = self._round(round_id)
+        if live.expected_noise is None:
+            live.expected_noise = round_expected_noise(live.spec)
+        return live.expected_noise
+
+    def _check_noise(self, c: pb.Contribution, live: LiveRound) -> dpnoise.NoiseDescription:
+        """The contribution's declared noise, if it is exactly what the round's spec implies
+        (law, scale, draws and grid of every part); else Rejected. A missing description is a
+        disagreement: statistics of unknown noise are never summed as if known."""
+        expected = live.expected_noise
+        if expected is None:
+            expected = live.expected_noise = round_expected_noise(live.spec)
+        if not c.HasField("noise"):
+            raise Rejected("INVALID_ARGUMENT", "contribution declares no noise description; "
+                                               f"round {c.round_id!r} expects "
+                                               f"{expected.summary()}")
+        try:
+            declared = dpnoise.from_proto(c.noise)
+        except dpnoise.NoiseError as exc:
+            raise Rejected("INVALID_ARGUMENT", f"invalid noise description: {exc}") from None
+        if declared != expected:
+            raise Rejected("INVALID_ARGUMENT",
+                           f"noise description ({declared.summary()}) differs from what round "
+                           f"{c.round_id!r} specifies ({expected.summary()}): wrong mechanism, "
+                           f"relation, split or bounds")
+        return declared
 
     def _check_contribution(self, c: pb.Contribution, live: LiveRound,
                             envelope: pb.SignedEnvelope) -> None:
@@ -704,7 +781,7 @@ class RoundManager:
         t0 = time.perf_counter()
         try:
             public = aggregate.public_statistics(spec)
-            total = _with_public(running, spec)
+            total = _with_public(running, spec, _sum_noise(c.noise for _, c in parts))
             d = total.dim
             if self.skip_fit:
                 beta_mean, draws, diag = np.zeros(d), np.zeros((0, d)), {"skipped": True}
@@ -739,16 +816,24 @@ class RoundManager:
         with self._lock:
             live = self._round(round_id)
             if live.running is None:   # a finished round loaded from the store
-                parts = [c.statistics for c in self.store.contributions(round_id)]
+                stored = self.store.contributions(round_id)
+                parts = [c.statistics for c in stored]
                 if not parts and not live.spec.public_statistics:
                     return Statistics.zeros(live.stored.dim)
-                return aggregate.aggregate_encoded(parts, live.spec.public_statistics)
+                noise = _sum_noise(_stored_noise(_parse_envelope(c.envelope).payload)
+                                   for c in stored)
+                return aggregate.aggregate_encoded(parts, live.spec.public_statistics,
+                                                   noise=noise)
             running = live.running.copy()
-        return _with_public(running, live.spec)
+            noise = _sum_noise(c.noise for c in live.contributions.values())
+        return _with_public(running, live.spec, noise)
 
 
-def _with_public(running: aggregate.RunningTotal, spec: pb.RoundSpec) -> Statistics:
-    """``running`` (a copy: it is changed) plus the spec's public statistics, if any."""
+def _with_public(running: aggregate.RunningTotal, spec: pb.RoundSpec,
+                 noise: dpnoise.NoiseDescription | None) -> Statistics:
+    """``running`` (a copy: it is changed) plus the spec's public statistics, if any, carrying
+    ``noise``: the sum of the accepted contributions' descriptions (the public statistics are
+    exact and add none)."""
     if spec.public_statistics:
         running.add_encoded(spec.public_statistics)
-    return running.total()
+    return running.total(noise=noise)

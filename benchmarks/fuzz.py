@@ -175,11 +175,14 @@ class AggregatorFuzzer:
 
     def _contribution(self, site: str) -> bytes:
         from dpfed.wire.canonical import canonical_bytes
+        from dpfed.noise import to_proto
+        from dpfed.sensitivity import expected_noise
         stats = self.stats_factory(self.rng.randrange(10**6))
         return canonical_bytes(pb.Contribution(
             round_id=self.round_id, site_id=site, statistics=stats.to_bytes(), n=stats.n,
             epsilon_spent=2.0, spec_digest=self.spec_digests[self.round_id],
-            timestamp_unix_ms=self._now(), nonce=secrets.token_hex(16)))
+            timestamp_unix_ms=self._now(), nonce=secrets.token_hex(16),
+            noise=to_proto(expected_noise(self.dim, 1.0, 0.5, 1.0, (0.35, 0.6, 0.03, 0.02)))))
 
     def _refusal(self, site: str) -> bytes:
         from dpfed.wire.canonical import canonical_bytes
@@ -200,7 +203,7 @@ class AggregatorFuzzer:
         return canonical_bytes(pb.RoundSpec(
             round_id=f"fz-{secrets.token_hex(4)}", coordinator_id=self.coordinator_id,
             target="y", feature_names=[f"x{i}" for i in range(d)], epsilon=1.0, x_bound=0.5,
-            y_bound=1.0, budget_split=[0.35, 0.6, 0.05], quorum=1,
+            y_bound=1.0, budget_split=[0.35, 0.6, 0.03, 0.02], quorum=1,
             deadline_unix_ms=now + 600_000, created_unix_ms=now, fit_method="laplace",
             preprocessing=pb.Preprocessing(x_mean=[0.0] * d)))
 

@@ -69,18 +69,25 @@ def release(d: int, n: int, rng):
                       float(abs(rng.normal()) + n), n)
 
 
+BENCH_SPLIT = (0.35, 0.6, 0.03, 0.02)  # add/remove (the default relation)
+
+
 def sign_contributions(site_keys: dict, round_id: str, spec_digest: str, dim: int,
                        rng) -> list[bytes]:
     """One serialised SignedEnvelope per site (in ``site_keys`` order): a release-shaped
-    Contribution of n = 100 and epsilon 1 to ``round_id``, signed with the site's own key."""
+    Contribution of n = 100 and epsilon 1 to ``round_id``, signed with the site's own key,
+    declaring the noise of the benchmark's spec (eps 1, Bx 0.5, By 1, ``BENCH_SPLIT``)."""
+    from dpfed.noise import to_proto
+    from dpfed.sensitivity import expected_noise
     from dpfed.v1 import dpfed_pb2 as pb
+    noise = to_proto(expected_noise(dim, 1.0, 0.5, 1.0, BENCH_SPLIT))
     out = []
     for site, key in site_keys.items():
         stats = release(dim, 100, rng)
         out.append(key.sign(pb.Contribution(
             round_id=round_id, site_id=site, statistics=stats.to_bytes(), n=stats.n,
             epsilon_spent=1.0, spec_digest=spec_digest, timestamp_unix_ms=int(time.time() * 1000),
-            nonce=secrets.token_hex(16))).SerializeToString())
+            nonce=secrets.token_hex(16), noise=noise)).SerializeToString())
     return out
 
 
@@ -220,7 +227,7 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
         now = int(time.time() * 1000)
         spec = pb.RoundSpec(round_id=round_id, coordinator_id=BENCH_COORDINATOR, target="y",
                             feature_names=[f"x{i}" for i in range(dim)], epsilon=1.0,
-                            x_bound=0.5, y_bound=1.0, budget_split=[0.35, 0.6, 0.05],
+                            x_bound=0.5, y_bound=1.0, budget_split=list(BENCH_SPLIT),
                             quorum=sites, deadline_unix_ms=now + 600_000, created_unix_ms=now,
                             fit_method="laplace")
         spec_envelope = coordinator.sign(spec)

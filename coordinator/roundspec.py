@@ -19,10 +19,12 @@ from pathlib import Path
 import numpy as np
 
 from dpfed.preprocess import Preprocessing
+from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, NEIGHBOURING, XTX_SENSITIVITIES,
+                               default_budget_split)
 from dpfed.statistics import exact_statistics
 from dpfed.v1 import dpfed_pb2 as pb
 
-DEFAULT_SPLIT = (0.35, 0.60, 0.05)
+DEFAULT_SPLIT = DEFAULT_BUDGET_SPLIT  # replace-one; add/remove: dpfed.sensitivity.DEFAULT_SPLIT_ADD_REMOVE
 
 
 class RoundSpecError(ValueError):
@@ -124,13 +126,27 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     if not features:
         raise RoundSpecError("round.toml: features is empty")
     d = len(features)
+    neighbouring = str(config.get("neighbouring", "add_remove"))
+    xtx_rule = str(config.get("xtx_sensitivity", "exact"))
+    if neighbouring not in NEIGHBOURING:
+        raise RoundSpecError(f"round.toml: neighbouring must be one of {', '.join(NEIGHBOURING)}, "
+                             f"got {neighbouring!r}")
+    if xtx_rule not in XTX_SENSITIVITIES:
+        raise RoundSpecError(f"round.toml: xtx_sensitivity must be one of "
+                             f"{', '.join(XTX_SENSITIVITIES)}, got {xtx_rule!r}")
+    split = [float(p) for p in config.get("budget_split", default_budget_split(neighbouring))]
+    expected_parts = len(default_budget_split(neighbouring))
+    if len(split) != expected_parts:
+        raise RoundSpecError(f"round.toml: budget_split needs {expected_parts} shares under "
+                             f"{neighbouring} (Sxx, Sxy, Syy{', n' if expected_parts == 4 else ''}), "
+                             f"got {len(split)}")
     now_ms = int(time.time() * 1000) if now_ms is None else now_ms
     spec = pb.RoundSpec(
         round_id=str(config.get("round_id") or
                      f"r-{time.strftime('%Y%m%d-%H%M%S', time.gmtime(now_ms / 1000))}-"
                      f"{secrets.token_hex(3)}"),
         target=target, feature_names=features, epsilon=eps,
-        budget_split=[float(p) for p in config.get("budget_split", DEFAULT_SPLIT)],
+        budget_split=split, neighbouring=neighbouring, xtx_sensitivity=xtx_rule,
         quorum=default_quorum(config),
         deadline_unix_ms=now_ms + int(float(config.get("deadline_s", 600)) * 1000),
         sites=[str(s) for s in config.get("sites", [])],

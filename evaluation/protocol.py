@@ -51,10 +51,26 @@ class ProtocolConfig:
     n_public: int = 10
     min_lines: int = 400
     seed: int = 0
-    budget_split: tuple[float, float, float] = (0.35, 0.60, 0.05)
+    # None: the relation's default (dpfed.sensitivity): 4 shares (Sxx, Sxy, Syy, n) under
+    # add/remove, (0.35, 0.60, 0.05) under replace-one.
+    budget_split: tuple[float, ...] | None = None
     feature_names: tuple[str, ...] | None = None  # None: dpfed.datasets.default_feature_names()
+    # The mechanism of the sufficient-statistics methods (method.md section 9). eps under
+    # add/remove implies 2 eps under replace-one: compare with the paper's figures under
+    # neighbouring = "replace_one".
+    neighbouring: str = "add_remove"
+    xtx_sensitivity: str = "exact"
 
     def __post_init__(self):
+        from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
+                                       validate_privacy_parameters)
+        check_neighbouring(self.neighbouring)
+        check_xtx_rule(self.xtx_sensitivity)
+        split = self.budget_split if self.budget_split is not None else \
+            default_budget_split(self.neighbouring)
+        split = validate_privacy_parameters(1.0, 1.0, 1.0, split,
+                                            neighbouring=self.neighbouring)[3]
+        object.__setattr__(self, "budget_split", split)
         if any((not isinstance(n, int)) or n < 0 for n in self.sizes) or not self.sizes:
             raise ValueError(f"sizes must be non-negative integers, got {self.sizes!r}")
         if any(not (math.isfinite(e) and e > 0) for e in self.epsilons) or not self.epsilons:
@@ -182,8 +198,19 @@ def load_problem(drug: int, config: ProtocolConfig) -> Problem:
 def bounds_table(config: ProtocolConfig, d: int, *, cache_dir=None) -> dict[tuple[int, float], tuple[float, float]]:
     """(omega_x, omega_y) of ``choose_bounds(n_site, d, eps)`` for every site size and eps the
     grid needs (computed once, in the parent, and shipped to the workers)."""
+    import inspect
+
     from dpfed.bounds import choose_bounds
 
+    if "neighbouring" in inspect.signature(choose_bounds).parameters:
+        mechanism = dict(budget_split=config.budget_split, neighbouring=config.neighbouring,
+                         xtx_sensitivity=config.xtx_sensitivity)
+    else:
+        # A dpfed.bounds that still simulates only the paper's 3-share mechanism: give it the
+        # (Sxx, Sxy, Syy) shares, rescaled to sum to 1. The bounds are a utility heuristic
+        # (public, data-independent), not a privacy parameter, so this is safe, only less tuned.
+        shares = config.budget_split[:3]
+        mechanism = dict(budget_split=tuple(p / sum(shares) for p in shares))
     table = {}
     for eps in config.epsilons:
         for n in config.sizes:
@@ -193,7 +220,6 @@ def bounds_table(config: ProtocolConfig, d: int, *, cache_dir=None) -> dict[tupl
                 m = site_size(n, k)
                 if m < 2 or (m, eps) in table:
                     continue
-                choice = choose_bounds(m, d, eps, budget_split=config.budget_split,
-                                       cache_dir=cache_dir)
+                choice = choose_bounds(m, d, eps, cache_dir=cache_dir, **mechanism)
                 table[(m, eps)] = (float(choice.omega_x), float(choice.omega_y))
     return table

@@ -146,7 +146,9 @@ def run_task(task: Task) -> TaskResult:
                         om_x, om_y = task.bounds[key]
                         setting = PrivacySetting(eps, om_x * data.sigma_x, om_y * data.sigma_y,
                                                  budget_split=cfg.budget_split, n_sites=k,
-                                                 y_range=data.y_range)
+                                                 y_range=data.y_range,
+                                                 neighbouring=cfg.neighbouring,
+                                                 xtx_sensitivity=cfg.xtx_sensitivity)
                         try:
                             t_fit = time.perf_counter()
                             beta = timed(name, method.fit, training, setting,

@@ -69,6 +69,8 @@ class PolicyConfig:
     min_n: int = 20
     allowed_targets: tuple[str, ...] = ("*",)
     allowed_features: tuple[str, ...] = ("*",)
+    # A replace-one round releases n exactly (method.md section 9): only if the site opts in.
+    allow_replace_one: bool = False
 
 
 @dataclass(frozen=True)
@@ -175,7 +177,8 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
         trusted_coordinators=trusted_paths, max_epsilon_per_round=max_eps, total_epsilon=total_eps,
         min_n=min_n,
         allowed_targets=tuple(p.string_list("allowed_targets", default=["*"])),
-        allowed_features=tuple(p.string_list("allowed_features", default=["*"])))
+        allowed_features=tuple(p.string_list("allowed_features", default=["*"])),
+        allow_replace_one=p.boolean("allow_replace_one", default=False))
     explicit = frozenset([*(k for k in raw if not isinstance(raw[k], dict)),
                           *(f"{t}.{k}" for t in ("tls", "data", "policy")
                             if isinstance(raw.get(t), dict) for k in raw[t])])

@@ -35,7 +35,9 @@ from dpfed.v1 import dpfed_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 1
+# 2: releases.neighbouring (the relation each release was made under). A version-1 ledger is
+# migrated on open; its releases were all made under replace-one (the only mechanism then).
+SCHEMA_VERSION = 2
 # Floating-point slack on the budget check: 10 rounds of eps=0.1 must fit in a total of 1.0.
 _BUDGET_SLACK = 1e-9
 
@@ -46,6 +48,9 @@ CREATE TABLE IF NOT EXISTS meta (
 );
 -- One row per release ever made. The envelope is the exact signed Contribution that left
 -- (or will leave) the site: it is the only answer this site will ever give for round_id.
+-- (Or a signed Refusal: a release drawn, debited and then refused because its noisy n was
+-- below min_n, in site_node.node: from then on the refusal is the answer for round_id.)
+-- n is the released n (noisy under add_remove).
 CREATE TABLE IF NOT EXISTS releases (
     round_id        TEXT PRIMARY KEY,
     spec_digest     TEXT NOT NULL,
@@ -55,7 +60,8 @@ CREATE TABLE IF NOT EXISTS releases (
     created_unix_ms INTEGER NOT NULL,
     sent            INTEGER NOT NULL DEFAULT 0,
     acknowledged    INTEGER NOT NULL DEFAULT 0,
-    last_error      TEXT
+    last_error      TEXT,
+    neighbouring    TEXT NOT NULL DEFAULT 'replace_one'
 );
 -- The debit journal: spent = SUM(epsilon). Separate from releases so that other privacy
 -- costs (e.g. a DP estimate of a scale, method.md section 4) can be charged here too.
@@ -92,6 +98,13 @@ class StoredRelease:
     sent: bool
     acknowledged: bool
     last_error: str | None
+    neighbouring: str = "replace_one"
+
+    @property
+    def is_refusal(self) -> bool:
+        """A release drawn and debited, then refused (noisy n below min_n): the stored answer
+        is a signed Refusal, not a Contribution."""
+        return self.envelope.payload_type == "dpfed.v1.Refusal"
 
 
 @dataclass(frozen=True)
@@ -127,6 +140,8 @@ class PrivacyLedger:
             version = self._meta("schema_version")
             if version is None:
                 self._set_meta("schema_version", str(SCHEMA_VERSION))
+            elif int(version) == 1:
+                self._migrate_1_to_2()
             elif int(version) != SCHEMA_VERSION:
                 raise LedgerError(f"{self.path}: ledger schema {version}, this dpfed knows {SCHEMA_VERSION}")
             if site_id is not None:
@@ -138,6 +153,17 @@ class PrivacyLedger:
                                       f"not {site_id!r}")
             if total_epsilon is not None:
                 self._settle_total(float(total_epsilon))
+
+    def _migrate_1_to_2(self) -> None:
+        """Add releases.neighbouring, inside the opening transaction (all or nothing). Every
+        version-1 release was made under replace-one: the column's default says so."""
+        columns = {r[1] for r in self._conn.execute("PRAGMA table_info(releases)")}
+        if "neighbouring" not in columns:
+            self._conn.execute("ALTER TABLE releases ADD COLUMN neighbouring TEXT NOT NULL "
+                               "DEFAULT 'replace_one'")
+        self._set_meta("schema_version", "2")
+        log.info("privacy ledger %s: schema migrated from 1 to 2 (releases.neighbouring; "
+                 "earlier releases recorded as replace_one)", self.path)
 
     # -- transactions --------------------------------------------------------------------
     class _Tx:
@@ -225,17 +251,21 @@ class PrivacyLedger:
 
     # -- releases ------------------------------------------------------------------------
     def record_release(self, *, round_id: str, spec_digest: str, epsilon: float, n: int,
-                       envelope: pb.SignedEnvelope) -> RecordResult:
+                       envelope: pb.SignedEnvelope, neighbouring: str = "add_remove"
+                       ) -> RecordResult:
         """Debit ``epsilon`` and store the signed release, atomically, before it is sent.
 
         If a release for ``round_id`` already exists for the same spec, that stored release is
         returned (``fresh=False``) and nothing is debited: the caller must send the stored
         bytes and discard its own fresh noise, which has not left the site. Raises
         RoundConflict for a different spec and BudgetExhausted when the budget does not cover
-        ``epsilon``; in both cases nothing is written.
+        ``epsilon``; in both cases nothing is written. ``neighbouring`` is the relation the
+        release was made under ("add_remove" or "replace_one"), shown by ``dpfed site ledger``.
         """
         if not (epsilon > 0):
             raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
+        if neighbouring not in ("add_remove", "replace_one"):
+            raise ValueError(f"unknown neighbouring relation {neighbouring!r}")
         blob = envelope.SerializeToString()
         with self._transaction() as conn:
             existing = self._get(round_id)
@@ -253,7 +283,8 @@ class PrivacyLedger:
                                       f"{max(0.0, total - spent):g} (spent {spent:g} of {total:g})")
             now = _now_ms()
             self._debit(conn, round_id, float(epsilon), now)
-            self._store(conn, round_id, spec_digest, float(epsilon), int(n), blob, now)
+            self._store(conn, round_id, spec_digest, float(epsilon), int(n), blob, now,
+                        neighbouring)
             stored = self._get(round_id)
         return RecordResult(stored, fresh=True)
 
@@ -262,15 +293,17 @@ class PrivacyLedger:
         conn.execute("INSERT INTO debits(round_id, epsilon, reason, created_unix_ms) "
                      "VALUES(?, ?, 'release', ?)", (round_id, epsilon, now))
 
-    def _store(self, conn, round_id, spec_digest, epsilon, n, blob, now) -> None:
+    def _store(self, conn, round_id, spec_digest, epsilon, n, blob, now,
+               neighbouring="add_remove") -> None:
         conn.execute("INSERT INTO releases(round_id, spec_digest, epsilon, n, envelope, "
-                     "created_unix_ms) VALUES(?, ?, ?, ?, ?, ?)",
-                     (round_id, spec_digest, epsilon, n, blob, now))
+                     "created_unix_ms, neighbouring) VALUES(?, ?, ?, ?, ?, ?, ?)",
+                     (round_id, spec_digest, epsilon, n, blob, now, neighbouring))
 
     def _get(self, round_id: str) -> StoredRelease | None:
         row = self._conn.execute(
             "SELECT round_id, spec_digest, epsilon, n, envelope, created_unix_ms, sent, "
-            "acknowledged, last_error FROM releases WHERE round_id = ?", (round_id,)).fetchone()
+            "acknowledged, last_error, neighbouring FROM releases WHERE round_id = ?",
+            (round_id,)).fetchone()
         return None if row is None else _row_to_release(row)
 
     def get_release(self, round_id: str) -> StoredRelease | None:
@@ -279,13 +312,16 @@ class PrivacyLedger:
     def releases(self) -> list[StoredRelease]:
         rows = self._conn.execute(
             "SELECT round_id, spec_digest, epsilon, n, envelope, created_unix_ms, sent, "
-            "acknowledged, last_error FROM releases ORDER BY created_unix_ms, round_id").fetchall()
+            "acknowledged, last_error, neighbouring FROM releases "
+            "ORDER BY created_unix_ms, round_id").fetchall()
         return [_row_to_release(r) for r in rows]
 
     def unacknowledged(self) -> list[StoredRelease]:
         """Releases debited and stored but not (known to be) received by the aggregator and not
-        explicitly rejected by it: they are resent, byte for byte, on startup."""
-        return [r for r in self.releases() if not r.acknowledged and r.last_error is None]
+        explicitly rejected by it: they are resent, byte for byte, on startup. A refusal after
+        a drawn release (``is_refusal``) is not: it is sent when the round is pushed again."""
+        return [r for r in self.releases()
+                if not r.acknowledged and r.last_error is None and not r.is_refusal]
 
     def mark_sent(self, round_id: str) -> None:
         with self._transaction() as conn:
@@ -314,6 +350,8 @@ class PrivacyLedger:
             "remaining_epsilon": None if total is None else max(0.0, total - spent),
             "releases": [{"round_id": r.round_id, "spec_digest": r.spec_digest,
                           "epsilon": r.epsilon, "n": r.n, "created_unix_ms": r.created_unix_ms,
+                          "neighbouring": r.neighbouring,
+                          "refused": r.is_refusal,
                           "sent": r.sent, "acknowledged": r.acknowledged,
                           "last_error": r.last_error} for r in self.releases()],
         }
@@ -324,4 +362,4 @@ def _row_to_release(row) -> StoredRelease:
     env.ParseFromString(row[4])
     return StoredRelease(round_id=row[0], spec_digest=row[1], epsilon=float(row[2]), n=int(row[3]),
                          envelope=env, created_unix_ms=int(row[5]), sent=bool(row[6]),
-                         acknowledged=bool(row[7]), last_error=row[8])
+                         acknowledged=bool(row[7]), last_error=row[8], neighbouring=row[9])

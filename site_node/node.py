@@ -8,11 +8,19 @@ is the privacy argument:
 2. if this round id was already answered, return the stored envelope byte for byte, never
    fresh noise ("re-releasing is re-spending", method.md section 6); a different spec under
    the same round id is refused;
-3. check the policy (epsilon, budget, target/features, bounds, split, dimensions);
-4. load the data, check n >= min_n, apply the *public* pre-processing (method.md section 2,
-   step 1) and release with OpenDP's Laplace (site_node.release);
-5. sign the Contribution and debit + store it in one ledger transaction; only then is it
-   returned to be sent.
+3. check the policy (epsilon, budget, target/features, bounds, split, dimensions, the
+   neighbouring relation: replace_one only if ``policy.allow_replace_one``);
+4. load the data, apply the *public* pre-processing (method.md section 2, step 1) and release
+   with OpenDP's noise (site_node.release);
+5. min_n: under replace-one n is public by assumption and checked exactly, before the release.
+   Under add/remove the exact n is private, so it is never compared with anything: the
+   release (including its noisy n) is drawn first and the *noisy* n is compared with min_n.
+   A refusal then reveals only whether a DP value is below a public threshold
+   (post-processing), and it is paid for: the epsilon is debited and the signed Refusal is
+   stored in the ledger as this round's answer, so a retry gets the same refusal and never
+   fresh noise (docs/security.md);
+6. sign the Contribution (or that Refusal) and debit + store it in one ledger transaction;
+   only then is it returned to be sent.
 
 A crash after step 5 leaves a stored, unsent release that the client resends on startup;
 a crash before it leaves nothing debited and nothing sent.
@@ -26,6 +34,7 @@ import threading
 import time
 
 from dpfed import __version__
+from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire import limits
@@ -123,8 +132,11 @@ class SiteNode:
             total = self.ledger.total_epsilon or 0.0
             site_policy.check_spec(spec, self.config.policy, site_id=self.site_id,
                                    spent=self.ledger.spent, total=total, now_ms=now_ms())
+            neighbouring, xtx_rule = site_policy.round_mechanism(spec)
             data = load_round_data(self.config.data, list(spec.feature_names), spec.target)
-            site_policy.check_n(data.n, self.config.policy)
+            if neighbouring == "replace_one":
+                # n is public under replace-one: the exact check reveals nothing more.
+                site_policy.check_n(data.n, self.config.policy)
         except site_policy.PolicyViolation as exc:
             log.warning("refused round %s: %s", round_id, exc)
             return self.refusal(round_id, spec_digest, str(exc))
@@ -150,21 +162,31 @@ class SiteNode:
             stats, info = release_statistics(x, y, epsilon=spec.epsilon, x_bound=spec.x_bound,
                                              y_bound=spec.y_bound,
                                              budget_split=tuple(spec.budget_split),
-                                             return_info=True)
+                                             neighbouring=neighbouring,
+                                             xtx_sensitivity=xtx_rule, return_info=True)
         except ValueError as exc:
             log.error("refused round %s: release failed: %s", round_id, exc)
             return self.refusal(round_id, spec_digest, "release failed at the site (see site log)")
         # Charge what OpenDP certifies if it were ever more than the nominal epsilon.
         charge = max(float(spec.epsilon), float(info["epsilon_certified"]))
 
-        contribution = pb.Contribution(round_id=round_id, site_id=self.site_id,
-                                       statistics=stats.to_bytes(), n=stats.n,
-                                       epsilon_spent=charge, spec_digest=spec_digest,
-                                       timestamp_unix_ms=now_ms(), nonce=new_nonce())
-        signed = self.signing_key.sign(contribution)
+        refused = neighbouring == "add_remove" and stats.n < self.config.policy.min_n
+        if refused:
+            # Decided on the noisy n only; the noise was drawn, so the epsilon is debited and
+            # this refusal is stored as the round's answer (module docstring, step 5).
+            signed = self.refusal(round_id, spec_digest, site_policy.NOISY_MIN_N_REASON)
+        else:
+            # n = stats.n: the released n (noisy under add/remove, exact under replace-one).
+            contribution = pb.Contribution(round_id=round_id, site_id=self.site_id,
+                                           statistics=stats.to_bytes(), n=stats.n,
+                                           epsilon_spent=charge, spec_digest=spec_digest,
+                                           timestamp_unix_ms=now_ms(), nonce=new_nonce(),
+                                           noise=noise_to_proto(stats.noise))
+            signed = self.signing_key.sign(contribution)
         try:
             result = self.ledger.record_release(round_id=round_id, spec_digest=spec_digest,
-                                                epsilon=charge, n=stats.n, envelope=signed)
+                                                epsilon=charge, n=stats.n, envelope=signed,
+                                                neighbouring=neighbouring)
         except (BudgetExhausted, RoundConflict) as exc:
             # Another process got there first; our fresh noise is discarded unsent.
             log.warning("refused round %s: %s", round_id, exc)
@@ -172,8 +194,15 @@ class SiteNode:
         if not result.fresh:
             log.info("round %s was answered concurrently: returning that stored release", round_id)
             return result.release.envelope
-        log.info("released round %s: n=%d, epsilon=%g, remaining budget %g of %g", round_id,
-                 stats.n, charge, self.ledger.remaining, self.ledger.total_epsilon)
+        if refused:
+            log.warning("refused round %s after drawing its release: noisy n %d < min_n %d "
+                        "(epsilon %g debited; the refusal is stored as the round's answer)",
+                        round_id, stats.n, self.config.policy.min_n, charge)
+            return result.release.envelope
+        log.info("released round %s (%s, Sxx %s): n=%d%s, epsilon=%g, remaining budget %g of %g",
+                 round_id, neighbouring, xtx_rule, stats.n,
+                 " (noisy)" if neighbouring == "add_remove" else "", charge,
+                 self.ledger.remaining, self.ledger.total_epsilon)
         return result.release.envelope
 
     def run(self, stop=None) -> None:

@@ -18,7 +18,7 @@ from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import CanonicalError
 from dpfed.wire.signing import SignatureError, key_id, load_public_key, verify
 from site_node.config import PolicyConfig
-from site_node.sensitivity import validate_privacy_parameters
+from dpfed.sensitivity import NEIGHBOURING, XTX_SENSITIVITIES, validate_privacy_parameters
 
 ROUND_SPEC = "dpfed.v1.RoundSpec"
 
@@ -46,6 +46,20 @@ def verify_spec(envelope: pb.SignedEnvelope, trusted: dict[str, Ed25519PublicKey
         raise PolicyViolation(f"malformed round spec: {exc}") from None
 
 
+def round_mechanism(spec: pb.RoundSpec) -> tuple[str, str]:
+    """(neighbouring, xtx_sensitivity) of a spec: empty strings mean the defaults
+    ("add_remove", "exact"); an unknown value raises PolicyViolation (fail closed)."""
+    neighbouring = spec.neighbouring or "add_remove"
+    rule = spec.xtx_sensitivity or "exact"
+    if neighbouring not in NEIGHBOURING:
+        raise PolicyViolation(f"unknown neighbouring relation {spec.neighbouring!r}; this site "
+                              f"knows {', '.join(NEIGHBOURING)}")
+    if rule not in XTX_SENSITIVITIES:
+        raise PolicyViolation(f"unknown xtx_sensitivity {spec.xtx_sensitivity!r}; this site "
+                              f"knows {', '.join(XTX_SENSITIVITIES)}")
+    return neighbouring, rule
+
+
 def _allowed(name: str, allowed) -> bool:
     return "*" in allowed or name in allowed
 
@@ -60,8 +74,13 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
     if now_ms is not None and spec.deadline_unix_ms and now_ms > spec.deadline_unix_ms:
         raise PolicyViolation(f"round {spec.round_id} is past its deadline")
 
+    neighbouring, _ = round_mechanism(spec)
+    if neighbouring == "replace_one" and not policy.allow_replace_one:
+        raise PolicyViolation("a replace_one round releases n exactly; this site's policy does "
+                              "not allow it (policy.allow_replace_one = false)")
     try:
-        validate_privacy_parameters(spec.epsilon, spec.x_bound, spec.y_bound, list(spec.budget_split))
+        validate_privacy_parameters(spec.epsilon, spec.x_bound, spec.y_bound,
+                                    list(spec.budget_split), neighbouring=neighbouring)
     except ValueError as exc:
         raise PolicyViolation(f"invalid privacy parameters: {exc}") from None
     eps = spec.epsilon
@@ -96,9 +115,15 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
         raise PolicyViolation("preprocessing means must be finite")
 
 
+#: The reason of a min_n refusal under add/remove: fixed text, decided on the *noisy* n.
+NOISY_MIN_N_REASON = "the released (noisy) row count is below the policy's min_n"
+
+
 def check_n(n: int, policy: PolicyConfig) -> None:
     """Small sites are refused: too few records for the noise to leave anything useful, and
-    the policy says so."""
+    the policy says so. Under replace-one ``n`` is the exact (public by assumption) count;
+    under add/remove the site node passes the *noisy* n of the release it already drew
+    (site_node.node), so the refusal is post-processing of a DP value."""
     if n < policy.min_n:
         # The reason says only "fewer than min_n"; the exact n stays in the local log.
         raise PolicyViolation(f"fewer usable rows than the policy's min_n = {policy.min_n}")

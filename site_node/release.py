@@ -1,9 +1,10 @@
-"""The private release of a site's sufficient statistics (method.md section 2, steps 2-5).
+"""The private release of a site's sufficient statistics (method.md sections 2 and 9).
 
-``release_statistics`` is the whole mechanism of Honkela et al. (2018), section 4.2: project
-every value into the public bounds, compute X^T X, X^T y, y^T y, and add Laplace noise to
-each with the scales of ``site_node.sensitivity``. It is eps-DP under *bounded* DP
-(neighbours differ by replacing one record), so n is released exactly.
+``release_statistics`` is the mechanism of Honkela et al. (2018), section 4.2: project every
+value into the public bounds, compute X^T X, X^T y, y^T y, and add Laplace noise to each with
+the scales of ``dpfed.sensitivity``. Under add/remove neighbours (the default) n is private
+and released with discrete Laplace noise too; under replace-one (bounded DP, the paper's) n
+is public and released exactly.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import numpy as np
 
 from dpfed.statistics import (Statistics, exact_statistics, non_finite_error,
                               validate_shapes)
-from site_node.laplace import add_laplace_noise
-from site_node.sensitivity import (DEFAULT_BUDGET_SPLIT, noise_calibration,
-                                   validate_privacy_parameters)
+from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
+                               expected_noise, noise_calibration, validate_privacy_parameters)
+from site_node.laplace import add_count_noise, add_laplace_noise
 
 __all__ = ["release_statistics", "release_many", "exact_statistics", "clip", "clipped_statistics",
            "ReleaseInfo"]
@@ -137,95 +138,142 @@ def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
 
 
 class ReleaseInfo(dict):
-    """Accounting of one release: epsilon per part as certified by OpenDP and in total."""
+    """Accounting of one release: the relation, the Sxx rule, epsilon per part as certified
+    by OpenDP (``epsilon_n`` only under add/remove) and in total."""
+
+
+def _parameters(epsilon, x_bound, y_bound, budget_split, neighbouring, xtx_sensitivity):
+    """Checked public parameters (ValueError before anything is computed or drawn)."""
+    check_neighbouring(neighbouring)
+    check_xtx_rule(xtx_sensitivity)
+    if budget_split is None:
+        budget_split = default_budget_split(neighbouring)
+    return validate_privacy_parameters(epsilon, x_bound, y_bound, budget_split,
+                                       neighbouring=neighbouring)
+
+
+def _info(cal, epsilon, x_bound, y_bound, budget_split, n, d, eps_parts, **extra) -> ReleaseInfo:
+    eps_xx, eps_xy, eps_yy, eps_n = eps_parts
+    info = ReleaseInfo(
+        epsilon=float(epsilon), neighbouring=cal.neighbouring, xtx_sensitivity=cal.xtx_rule,
+        epsilon_xtx=eps_xx, epsilon_xty=eps_xy, epsilon_yty=eps_yy,
+        epsilon_certified=eps_xx + eps_xy + eps_yy + (eps_n or 0.0),
+        x_bound=float(x_bound), y_bound=float(y_bound),
+        budget_split=[float(p) for p in budget_split], n=int(n), dim=d, **extra)
+    if eps_n is not None:
+        info["epsilon_n"] = eps_n
+    return info
 
 
 def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
-                       budget_split=DEFAULT_BUDGET_SPLIT, return_info: bool = False):
+                       budget_split=None, neighbouring: str = "add_remove",
+                       xtx_sensitivity: str = "exact", return_info: bool = False):
     """Release eps-differentially private sufficient statistics of private data ``(x, y)``.
 
     Every value of ``x`` is clipped to [-x_bound, x_bound] and of ``y`` to [-y_bound, y_bound];
     then Laplace noise is added to the d(d+1)/2 upper-triangle entries of X^T X (mirrored, so
-    the result is exactly symmetric), to X^T y and to y^T y with scales
-    d(d+1)Bx^2/(p1 eps), 2dBxBy/(p2 eps) and By^2/(p3 eps) (method.md section 2).
+    the result is exactly symmetric), to X^T y and to y^T y, with scale sensitivity / (share of
+    epsilon) for the sensitivities of ``dpfed.sensitivity`` (method.md sections 2 and 9).
 
-    Privacy: eps-DP under *bounded* differential privacy, i.e. for neighbouring data sets of
-    the same size n that differ in one replaced record. ``n`` is released exactly; it is not
-    protected (under add/remove neighbours it would be, and the sensitivities would differ).
-    The bounds, the split and any pre-processing parameters must be public: the caller must
-    not derive them from ``(x, y)``.
+    ``neighbouring="add_remove"`` (default; unbounded DP, neighbours differ by the presence of
+    one record): ``budget_split`` has 4 shares (Sxx, Sxy, Syy, n; default
+    ``DEFAULT_SPLIT_ADD_REMOVE``) and n is released as n + discrete Laplace noise of scale
+    1/(p4 eps) from OpenDP (integer domain, CSPRNG), then clamped at 0. The clamp is
+    post-processing of the DP value, so it costs no privacy; it biases n up slightly when n is
+    within a few scales of 0. The returned ``Statistics.n`` is that noisy n.
+    ``neighbouring="replace_one"`` (bounded DP, the paper's): 3 shares and n released exactly;
+    it is not protected.
+    ``xtx_sensitivity``: "exact" (d(d+1)/2 Bx^2) or "paper" (d(d+1) Bx^2, twice the noise).
+
+    The returned statistics carry ``noise = dpfed.sensitivity.expected_noise(...)``. The
+    bounds, the split and any pre-processing parameters must be public: the caller must not
+    derive them from ``(x, y)``.
 
     Raises ValueError, releasing nothing, on invalid parameters or data.
     With ``return_info=True`` returns ``(Statistics, ReleaseInfo)``.
     """
     # Parameters first, then data: either failing raises before anything is computed.
-    epsilon, x_bound, y_bound, budget_split = validate_privacy_parameters(
-        epsilon, x_bound, y_bound, budget_split)
+    epsilon, x_bound, y_bound, budget_split = _parameters(
+        epsilon, x_bound, y_bound, budget_split, neighbouring, xtx_sensitivity)
     x, y = validate_shapes(x, y)
     d = x.shape[1]
-    cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split)
+    cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
+                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+    noise = expected_noise(d, epsilon, x_bound, y_bound, budget_split,
+                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
     # Raises on NaN/inf before any noise is drawn.
     sxx, sxy, syy = clipped_statistics(x, y, x_bound, y_bound)
     iu = np.triu_indices(d)
 
     # Large upper triangles are sampled in two concurrent pieces: the same mechanism with the
     # same certificate (site_node.laplace docstring), only faster on an idle multi-core host.
-    # Sxy and Syy (d + 1 values, under 1 ms) are sampled after it, in a fixed order.
+    # Sxy, Syy and n (d + 2 values, under 1 ms) are sampled after it, in a fixed order.
     xtx_upper, eps_xx = add_laplace_noise(sxx[iu], cal.xtx_sensitivity, cal.xtx_epsilon,
                                           chunks=2 if iu[0].size >= _CHUNKED_NOISE_MIN else 1)
     xty, eps_xy = add_laplace_noise(sxy, cal.xty_sensitivity, cal.xty_epsilon)
     yty, eps_yy = add_laplace_noise(np.array([syy]), cal.yty_sensitivity, cal.yty_epsilon)
+    n, eps_n = _release_counts([x.shape[0]], cal)
 
     # The noisy upper triangle is mirrored, so Sxx is exactly symmetric (method.md step 5).
-    stats = Statistics.from_upper(d, x.shape[0], np.concatenate([xtx_upper, xty, yty]))
+    stats = Statistics.from_upper(d, n[0], np.concatenate([xtx_upper, xty, yty]), noise)
     if not return_info:
         return stats
-    info = ReleaseInfo(epsilon=float(epsilon), epsilon_xtx=eps_xx, epsilon_xty=eps_xy,
-                       epsilon_yty=eps_yy, epsilon_certified=eps_xx + eps_xy + eps_yy,
-                       x_bound=float(x_bound), y_bound=float(y_bound),
-                       budget_split=[float(p) for p in budget_split], n=int(x.shape[0]), dim=d)
-    return stats, info
+    return stats, _info(cal, epsilon, x_bound, y_bound, budget_split, n[0], d,
+                        (eps_xx, eps_xy, eps_yy, eps_n))
+
+
+def _release_counts(counts: list[int], cal) -> tuple[list[int], float | None]:
+    """The released n of each count: exact under replace-one (public there, no epsilon); under
+    add/remove, OpenDP discrete Laplace with the n share, clamped at 0 (post-processing)."""
+    if cal.n_sensitivity is None:
+        return [int(c) for c in counts], None
+    noisy, certified = add_count_noise(counts, cal.n_epsilon)
+    return [max(0, v) for v in noisy], certified
 
 
 def release_many(blocks, *, epsilon: float, x_bound: float, y_bound: float,
-                 budget_split=DEFAULT_BUDGET_SPLIT, return_info: bool = False):
+                 budget_split=None, neighbouring: str = "add_remove",
+                 xtx_sensitivity: str = "exact", return_info: bool = False):
     """Release each ``(x, y)`` of ``blocks`` (K separate data sets, e.g. the K sites of the
-    federated evaluation, method.md section 3) exactly as ``release_statistics`` releases it,
-    but with the noise of all K releases drawn in three OpenDP calls instead of 3 K.
+    federated evaluation, method.md section 3) exactly as ``release_statistics`` releases it
+    (same ``neighbouring``, ``xtx_sensitivity`` and split), but with the noise of all K releases
+    drawn in one OpenDP call per part instead of K.
 
     Every block is clipped and its exact Sxx, Sxy, Syy computed (``clipped_statistics``; any
     invalid block raises ValueError before any noise is drawn). Then, per part (the upper
-    triangles of Sxx, the Sxy vectors, the Syy values), the K blocks' values are concatenated
-    and released by ONE ``add_laplace_noise`` call with the sensitivity and epsilon share of a
-    *single* release (d(d+1)Bx^2 / p1 eps etc., ``site_node.sensitivity``).
+    triangles of Sxx, the Sxy vectors, the Syy values, and under add/remove the counts n), the
+    K blocks' values are concatenated and released by ONE call with the sensitivity and
+    epsilon share of a *single* release (``dpfed.sensitivity``).
 
     Why this is the same mechanism, with the same guarantee per data set:
     - OpenDP's vector Laplace mechanism rounds each coordinate to the grid 2^k and adds i.i.d.
       discrete Laplace noise per coordinate; the grid k depends only on the sensitivity and the
       scale is one number for the whole vector. So the concatenated call gives every block
       independent noise with the per-coordinate distribution of a single release, and blocks
-      are independent of each other -- as K separate calls would be.
-    - Neighbouring inputs: each block is its own data set (a site); a neighbour replaces one
-      record of ONE block, which moves only that block's part by at most the single-release
-      L1 sensitivity Delta (the other blocks' values, and their rounding to the grid, are
-      unchanged). So Delta is the L1 sensitivity of the concatenated vector, and that is what
-      the measurement is calibrated for (not K Delta: the K blocks are not one data set).
+      are independent of each other -- as K separate calls would be. (The counts: integer
+      discrete Laplace, no grid, i.i.d. per coordinate.)
+    - Neighbouring inputs: each block is its own data set (a site); a neighbour changes one
+      record of ONE block (replaces it, or adds/removes it), which moves only that block's part
+      by at most the single-release L1 sensitivity Delta (the other blocks' values, and their
+      rounding to the grid, are unchanged). So Delta is the L1 sensitivity of the concatenated
+      vector, and that is what the measurement is calibrated for (not K Delta: the K blocks are
+      not one data set).
     - Grid-rounding slack: ``add_laplace_noise`` calibrates on the *whole* concatenated vector
       (size K m), i.e. OpenDP's privacy map charges the rounding slack K m 2^k of every
       coordinate, not only the changed block's m 2^k. The certified epsilon at distance Delta
       is therefore <= the share, and the scale is at least the single-release scale (larger by
       at most (K-1) m 2^k / Delta <= (K-1) m 2^-40 relative, ~5e-10 for K = 10, d = 10): never
       less noise than K separate releases.
-    Each block is eps-DP (bounded DP, n exact) with respect to its own records, as with
-    ``release_statistics``. The privacy loss of one data set does not grow with K.
+    Each block is eps-DP with respect to its own records, as with ``release_statistics``. The
+    privacy loss of one data set does not grow with K.
 
     All blocks must have the same number of columns d; rows may differ. Returns a list of
-    ``Statistics`` in block order; with ``return_info=True`` a list of
-    ``(Statistics, ReleaseInfo)`` where the epsilons are OpenDP's certificates of the
-    concatenated calls (which bound every block's loss).
+    ``Statistics`` (each with ``noise = expected_noise(...)``) in block order; with
+    ``return_info=True`` a list of ``(Statistics, ReleaseInfo)`` where the epsilons are
+    OpenDP's certificates of the concatenated calls (which bound every block's loss).
     """
-    epsilon, x_bound, y_bound, budget_split = validate_privacy_parameters(
-        epsilon, x_bound, y_bound, budget_split)
+    epsilon, x_bound, y_bound, budget_split = _parameters(
+        epsilon, x_bound, y_bound, budget_split, neighbouring, xtx_sensitivity)
     blocks = list(blocks)
     if not blocks:
         raise ValueError("release_many needs at least one (x, y) block")
@@ -234,7 +282,10 @@ def release_many(blocks, *, epsilon: float, x_bound: float, y_bound: float,
     if any(x.shape[1] != d for x, _ in shaped):
         raise ValueError("every block must have the same number of columns d, got "
                          f"{sorted({x.shape[1] for x, _ in shaped})}")
-    cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split)
+    cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
+                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+    noise = expected_noise(d, epsilon, x_bound, y_bound, budget_split,
+                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
     # All data validated and reduced before the first noise is drawn.
     exact = [clipped_statistics(x, y, x_bound, y_bound) for x, y in shaped]
     iu = np.triu_indices(d)
@@ -243,22 +294,21 @@ def release_many(blocks, *, epsilon: float, x_bound: float, y_bound: float,
     xx_all = np.concatenate([sxx[iu] for sxx, _, _ in exact])
     xy_all = np.concatenate([sxy for _, sxy, _ in exact])
     yy_all = np.array([syy for _, _, syy in exact])
-    # Same fixed part order as release_statistics: Sxx, then Sxy, then Syy.
+    # Same fixed part order as release_statistics: Sxx, Sxy, Syy, then n.
     xx_noisy, eps_xx = add_laplace_noise(
         xx_all, cal.xtx_sensitivity, cal.xtx_epsilon,
         chunks=2 if xx_all.size >= _CHUNKED_NOISE_MIN else 1)
     xy_noisy, eps_xy = add_laplace_noise(xy_all, cal.xty_sensitivity, cal.xty_epsilon)
     yy_noisy, eps_yy = add_laplace_noise(yy_all, cal.yty_sensitivity, cal.yty_epsilon)
+    ns, eps_n = _release_counts([x.shape[0] for x, _ in shaped], cal)
     out = []
-    for j, (x, _) in enumerate(shaped):
-        stats = Statistics.from_upper(d, x.shape[0], np.concatenate(
-            [xx_noisy[j * m:(j + 1) * m], xy_noisy[j * d:(j + 1) * d], yy_noisy[j:j + 1]]))
+    for j in range(k):
+        stats = Statistics.from_upper(d, ns[j], np.concatenate(
+            [xx_noisy[j * m:(j + 1) * m], xy_noisy[j * d:(j + 1) * d], yy_noisy[j:j + 1]]),
+            noise)
         if not return_info:
             out.append(stats)
             continue
-        out.append((stats, ReleaseInfo(
-            epsilon=float(epsilon), epsilon_xtx=eps_xx, epsilon_xty=eps_xy, epsilon_yty=eps_yy,
-            epsilon_certified=eps_xx + eps_xy + eps_yy, x_bound=float(x_bound),
-            y_bound=float(y_bound), budget_split=[float(p) for p in budget_split],
-            n=int(x.shape[0]), dim=d, blocks_per_call=k)))
+        out.append((stats, _info(cal, epsilon, x_bound, y_bound, budget_split, ns[j], d,
+                                 (eps_xx, eps_xy, eps_yy, eps_n), blocks_per_call=k)))
     return out

@@ -26,6 +26,7 @@ class Federation:
                     "coordinators": [{"coordinator_id": "coord", "public_key": "coordinator.pub"}],
                     **config}
         self.server = None
+        self._specs = {}   # round_id -> the last spec built for it (spec())
         self.start()
 
     def start(self):
@@ -55,12 +56,13 @@ class Federation:
         now = int(time.time() * 1000)
         fields = dict(round_id=round_id, coordinator_id="coord", target="y",
                       feature_names=[f"x{i}" for i in range(d)], epsilon=2.0, x_bound=0.5,
-                      y_bound=2.0, budget_split=[0.35, 0.6, 0.05], quorum=quorum,
+                      y_bound=2.0, budget_split=[0.35, 0.6, 0.03, 0.02], quorum=quorum,
                       deadline_unix_ms=now + int(deadline_s * 1000), created_unix_ms=now,
                       fit_method="laplace", fit_draws=200, fit_seed=1)
         spec = pb.RoundSpec(**{**fields, **kw})
         if public is not None:
             spec.public_statistics = public.to_bytes()
+        self._specs[round_id] = spec
         return spec
 
     def start_round(self, spec):
@@ -76,6 +78,14 @@ class Federation:
                       epsilon_spent=2.0,
                       spec_digest=digest if digest is not None else self.spec_digest(round_id),
                       timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16))
+        # The noise the round's spec implies, as an honest site declares it (from the spec
+        # built here, so it also works for an aggregator in another process).
+        from aggregator.rounds import round_expected_noise
+        from dpfed.noise import to_proto
+        if round_id in self._specs:
+            fields["noise"] = to_proto(round_expected_noise(self._specs[round_id]))
+        elif self.server is not None and round_id in self.manager._rounds:
+            fields["noise"] = to_proto(self.manager.expected_noise(round_id))
         fields.update(overrides)
         return (key or self.site_keys[site]).sign(pb.Contribution(**fields))
 

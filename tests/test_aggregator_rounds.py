@@ -62,11 +62,22 @@ def _contribution(**kw):
     return pb.Contribution(**fields)
 
 
+def _noise_proto(replace_one=False):
+    from dpfed.noise import to_proto
+    from dpfed.sensitivity import expected_noise
+    if replace_one:
+        return to_proto(expected_noise(3, 1.0, 0.5, 2.0, (0.35, 0.6, 0.05),
+                                       neighbouring="replace_one", xtx_sensitivity="paper"))
+    return to_proto(expected_noise(3, 1.0, 0.5, 2.0) + expected_noise(3, 2.0, 0.5, 2.0))
+
+
 @pytest.mark.parametrize("message", [
     _contribution(), _contribution(epsilon_spent=0.1 + 0.2), _contribution(n=0),
     _contribution(statistics=b""), _contribution(site_id="é\"\\x"), _contribution(epsilon_spent=1e300),
     _contribution(timestamp_unix_ms=-5), _contribution(statistics=b"\xff\xfe"),
-    pb.Contribution()])
+    pb.Contribution(),
+    _contribution(noise=_noise_proto()), _contribution(noise=pb.NoiseDescription()),
+    _contribution(noise=_noise_proto(replace_one=True))])
 def test_fast_contribution_decoder_matches_reference(message):
     data = canonical_bytes(message)
     assert _fast_contribution(data) == parse_canonical(data, "dpfed.v1.Contribution")
@@ -124,7 +135,7 @@ def test_fast_contribution_decoder_rejects_what_reference_rejects(mutate):
 
 def _spec(**kw):
     fields = dict(round_id="r", coordinator_id="c", target="y", feature_names=["a", "b"],
-                  epsilon=1.0, x_bound=1.0, y_bound=1.0, budget_split=[0.35, 0.6, 0.05],
+                  epsilon=1.0, x_bound=1.0, y_bound=1.0, budget_split=[0.35, 0.6, 0.03, 0.02],
                   quorum=2, deadline_unix_ms=1)
     fields.update(kw)
     return pb.RoundSpec(**fields)
@@ -137,8 +148,18 @@ def test_validate_spec():
     for bad in [_spec(epsilon=-1), _spec(x_bound=0), _spec(quorum=4), _spec(quorum=2, sites=["a"]),
                 _spec(feature_names=[]), _spec(budget_split=[0.2, 0.2, 0.2]),
                 _spec(public_statistics=b"junk"), _spec(fit_method="magic"),
-                _spec(public_statistics=random_statistics(d=3).to_bytes())]:
+                _spec(public_statistics=random_statistics(d=3).to_bytes()),
+                _spec(budget_split=[0.35, 0.6, 0.05]),  # 3 shares under add/remove
+                _spec(neighbouring="replace_one"),      # 4 shares under replace-one
+                _spec(neighbouring="bounded"), _spec(xtx_sensitivity="tight")]:
         assert aggregate.validate_spec(bad, sites), bad
+    # The relation decides the number of shares; "" means add/remove, exact.
+    assert aggregate.validate_spec(_spec(neighbouring="replace_one", xtx_sensitivity="paper",
+                                         budget_split=[0.35, 0.6, 0.05]), sites) == []
+    assert aggregate.validate_spec(_spec(neighbouring="add_remove", xtx_sensitivity="exact"),
+                                   sites) == []
+    problems = aggregate.validate_spec(_spec(neighbouring="bounded"), sites)
+    assert any("neighbouring must be one of add_remove, replace_one" in p for p in problems)
 
 
 def test_store_round_trip(tmp_path):
@@ -189,3 +210,10 @@ def test_canonical_base64_decoder_accepts_exactly_what_b64encode_produces(raw):
 def test_canonical_base64_decoder_rejects_non_canonical_forms(raw):
     from aggregator.rounds import _canonical_b64decode
     assert _canonical_b64decode(raw) is None
+
+
+def test_fast_contribution_decoder_takes_the_fast_path_with_a_noise_description():
+    data = canonical_bytes(_contribution(noise=_noise_proto()))
+    fast = _fast_contribution(data)
+    assert fast is not None and fast.HasField("noise")
+    assert fast == parse_canonical(data, "dpfed.v1.Contribution")

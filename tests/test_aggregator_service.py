@@ -218,11 +218,14 @@ def test_restart_keeps_contributions_and_status(federation):
     federation.start_round(federation.spec(quorum=2))
     first = federation.contribution("site-a", "r1", random_statistics(seed=1))
     federation.stub.Contribute(first)
+    expected = federation.manager.expected_noise("r1")
     federation.stop()
     federation.start()
     status = federation.coordinator.status("r1")
     assert status.state == pb.RoundStatus.OPEN
     assert [c.site_id for c in status.contributions] == ["site-a"]
+    # The noise each stored contribution declared is read back: one draw so far.
+    assert federation.manager.aggregated_statistics("r1").noise == expected
     # The replayed nonce is still known; the identical envelope is still a duplicate.
     assert federation.stub.Contribute(first).duplicate
     federation.stub.Contribute(federation.contribution("site-b", "r1", random_statistics(seed=2)))
@@ -231,6 +234,7 @@ def test_restart_keeps_contributions_and_status(federation):
     federation.start()
     assert federation.coordinator.status("r1").state == pb.RoundStatus.DONE
     assert json.loads(federation.coordinator.result("r1").summary_json)["n_total"] == 100
+    assert federation.manager.aggregated_statistics("r1").noise == expected + expected
 
 
 def test_health_service_serves(federation):
@@ -315,3 +319,75 @@ def test_a_contribution_whose_caller_gave_up_is_still_stored_and_counted(federat
         time.sleep(0.02)
     assert federation.stub.Contribute(envelope, timeout=10).duplicate
     assert [c.site_id for c in store.contributions("r1")] == ["site-a"]
+
+
+def _unsigned_noise_variant(federation, site, stats, noise):
+    """A signed contribution of ``site`` whose noise field is ``noise`` (None: field absent)."""
+    env = federation.contribution(site, "r1", stats)
+    from dpfed.wire.canonical import parse_canonical
+    c = parse_canonical(env.payload, "dpfed.v1.Contribution")
+    c.ClearField("noise")
+    if noise is not None:
+        c.noise.CopyFrom(noise)
+        c.noise.SetInParent()
+    return federation.site_keys[site].sign(c)
+
+
+def test_contribution_noise_must_match_the_spec(federation, monkeypatch):
+    """A contribution whose declared noise differs from what the spec implies (other
+    relation, other Sxx rule, other split, exact, missing, malformed) is rejected and leaves
+    the round untouched; the honest one is accepted, and the total handed to the fit carries
+    the sum of the accepted descriptions (K draws) -- public statistics add none."""
+    from dpfed import noise as dpnoise
+    from dpfed.sensitivity import expected_noise
+    from aggregator import aggregate
+
+    public = random_statistics(seed=9, n=10)
+    spec = federation.spec(quorum=3, public=public)
+    federation.start_round(spec)
+    expected = expected_noise(3, spec.epsilon, spec.x_bound, spec.y_bound,
+                              tuple(spec.budget_split))
+    assert federation.manager.expected_noise("r1") == expected
+    stats = random_statistics(seed=1)
+    wrong = {
+        "replace_one": expected_noise(3, spec.epsilon, spec.x_bound, spec.y_bound,
+                                      (0.35, 0.6, 0.05), neighbouring="replace_one"),
+        "paper rule": expected_noise(3, spec.epsilon, spec.x_bound, spec.y_bound,
+                                     tuple(spec.budget_split), xtx_sensitivity="paper"),
+        "other split": expected_noise(3, spec.epsilon, spec.x_bound, spec.y_bound,
+                                      (0.3, 0.6, 0.05, 0.05)),
+        "two draws": expected + expected,
+        "exact": dpnoise.EXACT,
+    }
+    before = federation.manager.aggregated_statistics("r1")
+    for name, noise in wrong.items():
+        env = _unsigned_noise_variant(federation, "site-a", stats, dpnoise.to_proto(noise))
+        with pytest.raises(grpc.RpcError) as info:
+            federation.stub.Contribute(env)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, name
+        assert "noise description" in info.value.details(), name
+    missing = _unsigned_noise_variant(federation, "site-a", stats, None)
+    with pytest.raises(grpc.RpcError) as info:
+        federation.stub.Contribute(missing)
+    assert "declares no noise description" in info.value.details()
+    bad_law = dpnoise.to_proto(expected)
+    bad_law.xty[0].law = "cauchy"
+    with pytest.raises(grpc.RpcError) as info:
+        federation.stub.Contribute(_unsigned_noise_variant(federation, "site-a", stats, bad_law))
+    assert "invalid noise description" in info.value.details()
+    assert federation.manager.aggregated_statistics("r1") == before
+    assert federation.manager.status("r1").contributions == []
+
+    fitted = []
+    real_fit = aggregate.fit
+    monkeypatch.setattr(aggregate, "fit", lambda total, *a: (fitted.append(total),
+                                                            real_fit(total, *a))[1])
+    for i, site in enumerate(federation.SITES):
+        assert federation.stub.Contribute(
+            federation.contribution(site, "r1", random_statistics(seed=i))).accepted
+    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    assert status.state == pb.RoundStatus.DONE, status.message
+    total = federation.manager.aggregated_statistics("r1")
+    assert total.noise == expected + expected + expected
+    assert total.noise.draws("xty") == 3 and total.noise.draws("n") == 3
+    assert [t.noise for t in fitted] == [expected + expected + expected]

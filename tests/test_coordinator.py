@@ -46,7 +46,9 @@ def test_build_round_spec_from_public_data(tmp_path):
     assert Statistics.from_bytes(spec.public_statistics) == exact_statistics(*pre.apply(x, y))
     assert (spec.x_bound, spec.y_bound, spec.quorum) == (0.3, 2.0, 2)
     assert spec.deadline_unix_ms == 31_000 and spec.fit_method == "laplace"
-    assert list(spec.budget_split) == [0.35, 0.60, 0.05]
+    # The default relation is add/remove (4 shares, the last for n) with the exact Sxx rule.
+    assert list(spec.budget_split) == [0.35, 0.60, 0.03, 0.02]
+    assert (spec.neighbouring, spec.xtx_sensitivity) == ("add_remove", "exact")
 
 
 def test_build_round_spec_errors(tmp_path):
@@ -108,3 +110,16 @@ def test_cli_round_wait_reports_failure(federation, tmp_path, capsys):
     assert code == 3
     status = json.loads(capsys.readouterr().out)
     assert status["state"] == "FAILED" and "site-a" in status["message"]
+
+
+def test_round_toml_neighbouring_and_xtx_sensitivity(tmp_path):
+    _public_csv(tmp_path / "public.csv")
+    spec = build_round_spec(_round_toml(neighbouring="replace_one", xtx_sensitivity="paper"),
+                            base_dir=tmp_path, now_ms=1000)
+    assert (spec.neighbouring, spec.xtx_sensitivity) == ("replace_one", "paper")
+    assert list(spec.budget_split) == [0.35, 0.60, 0.05]  # the replace-one default
+    for bad in (dict(neighbouring="bounded"), dict(xtx_sensitivity="tight"),
+                dict(budget_split=[0.35, 0.60, 0.05]),                       # 3 under add/remove
+                dict(neighbouring="replace_one", budget_split=[0.3, 0.6, 0.05, 0.05])):
+        with pytest.raises(RoundSpecError):
+            build_round_spec(_round_toml(**bad), base_dir=tmp_path, now_ms=1000)

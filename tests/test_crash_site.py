@@ -111,4 +111,4 @@ def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
         assert ledger.spent == pytest.approx(EPSILON * len(ledger.releases()))
     [held] = agg.store.contributions("crash-1")
     assert held.envelope == stored_envelope                # byte-identical: no fresh noise
-    assert status.contributions[0].n == 60
+    assert status.contributions[0].n == release.n       # the stored (noisy) n, not fresh

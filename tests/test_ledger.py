@@ -209,3 +209,77 @@ def test_processes_racing_cannot_overspend(tmp_path):
         assert fresh == 8  # 4.0 / 0.5: every fresh release was debited, none beyond the total
         debited_rounds = [r[0] for r in ledger._conn.execute("SELECT round_id FROM debits")]
         assert debited_rounds.count("shared") == 1
+
+
+def test_ledger_records_the_neighbouring_relation_of_each_release(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", site_id="s", total_epsilon=5.0)
+    ledger.record_release(round_id="a", spec_digest="d" * 64, epsilon=1.0, n=10,
+                          envelope=envelope("a"), neighbouring="add_remove")
+    ledger.record_release(round_id="b", spec_digest="d" * 64, epsilon=1.0, n=10,
+                          envelope=envelope("b"), neighbouring="replace_one")
+    assert [r.neighbouring for r in ledger.releases()] == ["add_remove", "replace_one"]
+    assert [r["neighbouring"] for r in ledger.summary()["releases"]] == ["add_remove",
+                                                                         "replace_one"]
+    with pytest.raises(ValueError, match="neighbouring"):
+        ledger.record_release(round_id="c", spec_digest="d" * 64, epsilon=1.0, n=10,
+                              envelope=envelope("c"), neighbouring="bounded")
+    assert ledger.spent == pytest.approx(2.0)
+    ledger.close()
+    reopened = PrivacyLedger(tmp_path / "l.sqlite")
+    assert reopened.get_release("a").neighbouring == "add_remove"
+
+
+def _version_1_ledger(path):
+    """A ledger file exactly as schema version 1 wrote it (no releases.neighbouring)."""
+    import sqlite3
+    conn = sqlite3.connect(str(path))
+    conn.executescript("""
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE releases (
+    round_id TEXT PRIMARY KEY, spec_digest TEXT NOT NULL,
+    epsilon REAL NOT NULL CHECK (epsilon > 0), n INTEGER NOT NULL, envelope BLOB NOT NULL,
+    created_unix_ms INTEGER NOT NULL, sent INTEGER NOT NULL DEFAULT 0,
+    acknowledged INTEGER NOT NULL DEFAULT 0, last_error TEXT);
+CREATE TABLE debits (id INTEGER PRIMARY KEY AUTOINCREMENT, round_id TEXT NOT NULL,
+    epsilon REAL NOT NULL CHECK (epsilon > 0), reason TEXT NOT NULL,
+    created_unix_ms INTEGER NOT NULL);
+INSERT INTO meta VALUES ('schema_version', '1'), ('site_id', 's'), ('total_epsilon', '5.0');
+INSERT INTO debits(round_id, epsilon, reason, created_unix_ms) VALUES ('old', 1.5, 'release', 1);
+""")
+    conn.execute("INSERT INTO releases(round_id, spec_digest, epsilon, n, envelope, "
+                 "created_unix_ms, acknowledged) VALUES ('old', ?, 1.5, 57, ?, 1, 1)",
+                 ("d" * 64, envelope("old").SerializeToString()))
+    conn.commit()
+    conn.close()
+
+
+def test_version_1_ledger_is_migrated_keeping_budget_and_releases(tmp_path):
+    path = tmp_path / "old.sqlite"
+    _version_1_ledger(path)
+    ledger = PrivacyLedger(path, site_id="s", total_epsilon=5.0)
+    assert ledger._meta("schema_version") == "2"
+    old = ledger.get_release("old")
+    # Every version-1 release was made under replace-one (n exact): recorded as such.
+    assert old.neighbouring == "replace_one" and old.n == 57 and old.acknowledged
+    assert old.envelope.SerializeToString() == envelope("old").SerializeToString()
+    assert ledger.spent == pytest.approx(1.5) and ledger.total_epsilon == 5.0
+    ledger.record_release(round_id="new", spec_digest="d" * 64, epsilon=1.0, n=10,
+                          envelope=envelope("new"), neighbouring="add_remove")
+    ledger.close()
+    again = PrivacyLedger(path, site_id="s")  # opening a migrated ledger again: no-op
+    assert [(r.round_id, r.neighbouring) for r in again.releases()] == [
+        ("old", "replace_one"), ("new", "add_remove")]
+    assert again.spent == pytest.approx(2.5)
+
+
+def test_ledger_of_an_unknown_future_schema_is_refused(tmp_path):
+    from site_node.ledger import LedgerError
+    path = tmp_path / "future.sqlite"
+    PrivacyLedger(path, site_id="s", total_epsilon=1.0).close()
+    import sqlite3
+    conn = sqlite3.connect(str(path))
+    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(LedgerError, match="schema 3"):
+        PrivacyLedger(path, site_id="s")

@@ -23,7 +23,7 @@ def _spec(d=3, **kw):
     now = int(time.time() * 1000)
     fields = dict(round_id="r-1", coordinator_id="coord", target="y",
                   feature_names=[f"x{i}" for i in range(d)], epsilon=1.0, x_bound=1.0,
-                  y_bound=1.0, budget_split=[0.35, 0.6, 0.05], quorum=1,
+                  y_bound=1.0, budget_split=[0.35, 0.6, 0.03, 0.02], quorum=1,
                   deadline_unix_ms=now + 60_000, created_unix_ms=now)
     fields.update(kw)
     return pb.RoundSpec(**fields)
@@ -40,7 +40,8 @@ def test_feature_count_boundary():
     ("feature_names", ["x0", ""]), ("feature_names", ["x" * 257]), ("sites", ["ok", "no way"]),
     ("epsilon", float("nan")), ("epsilon", 1e9), ("x_bound", float("inf")),
     ("fit_draws", 10**6), ("public_source", "p" * 2000), ("public_statistics", b"\x00" * 10),
-    ("budget_split", [0.25] * 4), ("deadline_unix_ms", 2**62)])
+    ("budget_split", [0.2] * 5), ("deadline_unix_ms", 2**62),
+    ("neighbouring", "n" * 300), ("xtx_sensitivity", "exact\n")])
 def test_spec_field_outside_limits(field, value):
     spec = _spec()
     if isinstance(value, list):
@@ -120,3 +121,17 @@ def test_site_refuses_oversized_spec_without_debit(tmp_path):
     answer = node.handle_round(coordinator.sign(spec))
     assert answer.payload_type == "dpfed.v1.Refusal"
     assert node.ledger.spent == 0 and node.ledger.releases() == []
+
+
+def test_contribution_noise_description_limits():
+    c = pb.Contribution(round_id="r", site_id="s", statistics=b"x", n=1, spec_digest="a" * 64,
+                        nonce="a" * 32, epsilon_spent=1.0)
+    limits.check_contribution(c)
+    for _ in range(limits.MAX_NOISE_TERMS + 1):
+        c.noise.xty.add(law="laplace", scale=1.0, draws=1)
+    with pytest.raises(limits.LimitError, match="noise.xty"):
+        limits.check_contribution(c)
+    c.noise.ClearField("xty")
+    c.noise.n.add(law="l" * 1000, scale=1.0, draws=1)
+    with pytest.raises(limits.LimitError, match="noise.n"):
+        limits.check_contribution(c)

@@ -18,7 +18,10 @@ from scipy import stats
 import site_node.release as release_mod
 from dpfed.statistics import Statistics, exact_statistics
 from site_node.laplace import laplace_scale
-from site_node.release import clip, release_statistics
+from site_node.release import clip, release_many, release_statistics
+from dpfed.noise import NoiseTerm
+from dpfed.sensitivity import DEFAULT_SPLIT_ADD_REMOVE, expected_noise
+from site_node.laplace import add_count_noise
 from site_node.sensitivity import noise_calibration
 
 Z = 5.0  # sigmas of tolerance for the mean and variance checks
@@ -55,7 +58,9 @@ def collect_noise(x, y, reps, **kw):
 
 def expected_scales(d, kw):
     cal = noise_calibration(d, kw["epsilon"], kw["x_bound"], kw["y_bound"],
-                            kw.get("budget_split", (0.35, 0.60, 0.05)))
+                            kw.get("budget_split"),
+                            neighbouring=kw.get("neighbouring", "add_remove"),
+                            xtx_sensitivity=kw.get("xtx_sensitivity", "exact"))
     m = d * (d + 1) // 2
     return (laplace_scale(m, cal.xtx_sensitivity, cal.xtx_epsilon),
             laplace_scale(d, cal.xty_sensitivity, cal.xty_epsilon),
@@ -91,9 +96,12 @@ def calibration_failures(noise: np.ndarray, b: float) -> list[str]:
 
 
 CONFIGS = [
-    dict(d=3, epsilon=1.0, x_bound=0.5, y_bound=1.0, budget_split=(0.35, 0.60, 0.05)),
-    dict(d=2, epsilon=2.0, x_bound=1.5, y_bound=0.3, budget_split=(0.2, 0.5, 0.3)),
-    dict(d=5, epsilon=0.3, x_bound=0.2, y_bound=2.0, budget_split=(0.5, 0.45, 0.05)),
+    dict(d=3, epsilon=1.0, x_bound=0.5, y_bound=1.0, budget_split=(0.35, 0.60, 0.05),
+         neighbouring="replace_one", xtx_sensitivity="paper"),
+    dict(d=2, epsilon=2.0, x_bound=1.5, y_bound=0.3, budget_split=(0.2, 0.5, 0.3),
+         neighbouring="replace_one"),
+    dict(d=5, epsilon=0.3, x_bound=0.2, y_bound=2.0, budget_split=(0.5, 0.4, 0.05, 0.05)),
+    dict(d=4, epsilon=1.0, x_bound=0.5, y_bound=1.0),  # the defaults: add/remove, exact
 ]
 
 
@@ -129,16 +137,21 @@ def test_calibration_check_rejects_wrong_scales(noise_sample):
         assert calibration_failures(part, b * 1.2), "noise at b/1.2 not detected"
         assert calibration_failures(part, b / 1.2), "noise at 1.2 b not detected"
     # A split mistake: the Sxx scale computed with p2 instead of p1 (and vice versa).
-    p1, p2, _ = cfg["budget_split"]
+    p1, p2 = cal.xtx_epsilon, cal.xty_epsilon
     assert calibration_failures(noise[0], scales[0] * p1 / p2)
     assert calibration_failures(noise[1], scales[1] * p2 / p1)
-    # Replace-one vs add/remove mistake: Sxy scale without the factor 2.
+    # Replace-one vs add/remove mistake: the Sxy scale with the other relation's factor 2.
     assert calibration_failures(noise[1], scales[1] / 2)
+    assert calibration_failures(noise[1], scales[1] * 2)
+    # The paper's vs the exact Sxx rule: a factor 2.
+    assert calibration_failures(noise[0], scales[0] / 2)
+    assert calibration_failures(noise[0], scales[0] * 2)
 
 
-def test_release_is_exactly_symmetric_and_keeps_n():
+def test_release_is_exactly_symmetric_and_keeps_n_under_replace_one():
     x, y = fixed_data(57, 6, seed=3)
-    s = release_statistics(x, y, epsilon=1.0, x_bound=0.8, y_bound=1.1)
+    s = release_statistics(x, y, epsilon=1.0, x_bound=0.8, y_bound=1.1,
+                           neighbouring="replace_one")
     assert np.array_equal(s.xtx, s.xtx.T)
     assert s.n == 57 and s.dim == 6
     # Two releases of the same data differ (fresh noise) ...
@@ -164,20 +177,32 @@ CERT_CASES = [
     (64, 0.1, 0.125, 3.0, (0.30, 0.65, 0.05)),
     (7, 1e-3, 13.0, 1e-3, (1 / 3, 1 / 3, 1 / 3)),
     (3, 50.0, 1e-4, 1e4, (0.05, 0.05, 0.90)),
+    (1, 1.0, 1.0, 1.0, (0.35, 0.60, 0.03, 0.02)),
+    (10, 2.0, 0.3, 1.7, None),
+    (7, 1e-3, 13.0, 1e-3, (0.25, 0.25, 0.25, 0.25)),
+    (3, 50.0, 1e-4, 1e4, (0.05, 0.05, 0.80, 0.1)),
 ]
 
 
 @pytest.mark.parametrize("d,eps,bx,by,split", CERT_CASES)
 def test_certified_epsilon_never_exceeds_request(d, eps, bx, by, split):
     x, y = fixed_data(20, d, seed=d)
+    relation = "replace_one" if split is not None and len(split) == 3 else "add_remove"
     _, info = release_statistics(x, y, epsilon=eps, x_bound=bx, y_bound=by, budget_split=split,
-                                 return_info=True)
-    total = info["epsilon_xtx"] + info["epsilon_xty"] + info["epsilon_yty"]
+                                 neighbouring=relation, return_info=True)
+    split = split or DEFAULT_SPLIT_ADD_REMOVE
+    keys = ("epsilon_xtx", "epsilon_xty", "epsilon_yty", "epsilon_n")[:len(split)]
+    total = sum(info[k] for k in keys)
     assert total <= eps * (1 + 1e-12)
+    assert info["epsilon_certified"] == pytest.approx(total, rel=1e-12)
     assert info["epsilon_certified"] <= eps * (1 + 1e-12)
-    for key, p in zip(("epsilon_xtx", "epsilon_xty", "epsilon_yty"), split):
+    for key, p in zip(keys, split):
         assert 0 < info[key] <= p * eps * (1 + 1e-12)
-    assert info["n"] == 20 and info["dim"] == d
+    assert info["neighbouring"] == relation and info["xtx_sensitivity"] == "exact"
+    assert ("epsilon_n" in info) == (relation == "add_remove")
+    if relation == "replace_one":
+        assert info["n"] == 20
+    assert info["dim"] == d
 
 
 # ---------------------------------------------------------------- bad input releases nothing
@@ -203,9 +228,13 @@ BAD_PARAMS = [
     dict(y_bound=0), dict(y_bound=-0.5), dict(y_bound=float("-inf")), dict(y_bound="big"),
     dict(x_bound=1e200), dict(epsilon=1e-320),
     dict(budget_split=(0.5, 0.5, 0.0)), dict(budget_split=(0.6, 0.6, -0.2)),
-    dict(budget_split=(0.5, 0.5)), dict(budget_split=(0.25, 0.25, 0.25, 0.25)),
+    dict(budget_split=(0.5, 0.5)),
+    dict(budget_split=(0.25, 0.25, 0.25, 0.25), neighbouring="replace_one"),
+    dict(budget_split=(0.35, 0.60, 0.05)),  # 3 shares under add/remove (the default)
+    dict(neighbouring="bounded"), dict(neighbouring=""), dict(neighbouring=None),
+    dict(xtx_sensitivity="tight"), dict(xtx_sensitivity=None),
     dict(budget_split=(0.3, 0.3, 0.3)), dict(budget_split=(0.35, 0.6, float("nan"))),
-    dict(budget_split=None), dict(budget_split="abc"), dict(budget_split=(0.35, None, 0.05)),
+    dict(budget_split=(0.3, 0.3, 0.3, 0.3)), dict(budget_split="abc"), dict(budget_split=(0.35, None, 0.05)),
 ]
 
 
@@ -248,7 +277,7 @@ def test_good_input_calls_the_sampler(sampler_calls):
 def test_numpy_scalars_are_accepted():
     x, y = fixed_data(10, 3)
     s = release_statistics(x, y, epsilon=np.float32(1.0), x_bound=np.int64(1), y_bound=np.float64(2),
-                           budget_split=np.array([0.35, 0.60, 0.05]))
+                           budget_split=np.array([0.35, 0.60, 0.03, 0.02]))
     assert s.dim == 3
 
 
@@ -391,3 +420,99 @@ def test_large_release_uses_two_pieces_and_stays_within_budget(sampler_calls):
     assert info["epsilon_certified"] <= 1.0 * (1 + 1e-12)
     assert len(sampler_calls) == 3
     assert sampler_calls[0][1].get("chunks") == 2 and sampler_calls[0][0][0].size == 1081
+
+
+# ---------------------------------------------------------------- add/remove: noisy n, description
+
+def discrete_laplace_pmf(k: np.ndarray, b: float) -> np.ndarray:
+    """P(e = k) = (1 - q) / (1 + q) q^|k|, q = exp(-1/b): the integer discrete Laplace."""
+    q = math.exp(-1.0 / b)
+    return (1 - q) / (1 + q) * q ** np.abs(k)
+
+
+def discrete_laplace_misfit(noise: np.ndarray, b: float) -> float:
+    """Chi-square p-value of integer ``noise`` against the discrete Laplace of scale ``b``
+    (bins |k| <= 3b, the two tails pooled)."""
+    edge = int(3 * b)
+    ks = np.arange(-edge, edge + 1)
+    observed = np.array([np.sum(noise < -edge)] + [np.sum(noise == k) for k in ks]
+                        + [np.sum(noise > edge)])
+    inner = discrete_laplace_pmf(ks, b)
+    tail = (1 - inner.sum()) / 2
+    expected = np.concatenate([[tail], inner, [tail]]) * noise.size
+    return stats.chisquare(observed, expected).pvalue
+
+
+def test_count_noise_is_discrete_laplace_of_the_intended_scale():
+    b = 5.0
+    noise = np.array(add_count_noise([1000] * 20000, 1 / b)[0]) - 1000
+    assert noise.dtype.kind == "i"
+    assert discrete_laplace_misfit(noise, b) > KS_ALPHA
+    # Power: the same test rejects a scale 15 % off either way.
+    assert discrete_laplace_misfit(noise, b * 1.15) < KS_ALPHA
+    assert discrete_laplace_misfit(noise, b / 1.15) < KS_ALPHA
+
+
+def test_released_n_is_noisy_integer_discrete_laplace_of_the_n_share():
+    """Through the release itself: 20,000 sites of 60 rows, noisy n - 60 against the discrete
+    Laplace of scale 1 / (p_n eps)."""
+    split = (0.3, 0.3, 0.15, 0.25)
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(60, 1))
+    y = rng.normal(size=60)
+    out = release_many([(x, y)] * 20000, epsilon=1.0, x_bound=1.0, y_bound=1.0,
+                       budget_split=split)
+    ns = np.array([s.n for s in out])
+    assert all(isinstance(s.n, int) for s in out[:100])
+    assert np.any(ns != 60) and np.any(ns == 60)
+    b = 1 / (split[3] * 1.0)
+    assert discrete_laplace_misfit(ns - 60, b) > KS_ALPHA
+    assert discrete_laplace_misfit(ns - 60, b * 1.15) < KS_ALPHA
+
+
+def test_release_statistics_n_is_noisy_and_changes_between_draws():
+    x, y = fixed_data(57, 3, seed=3)
+    ns = {release_statistics(x, y, epsilon=1.0, x_bound=0.8, y_bound=1.1).n for _ in range(30)}
+    assert len(ns) > 1  # fresh noise on n (scale 50: 30 equal draws have probability ~0)
+    assert all(isinstance(n, int) and n >= 0 for n in ns)
+
+
+def test_noisy_n_is_clamped_at_zero(monkeypatch):
+    monkeypatch.setattr(release_mod, "add_count_noise", lambda counts, eps: ([-7] * len(counts),
+                                                                              eps))
+    x, y = fixed_data(5, 2)
+    assert release_statistics(x, y, **GOOD).n == 0
+
+
+@pytest.mark.parametrize("kw", [
+    dict(), dict(xtx_sensitivity="paper"), dict(neighbouring="replace_one"),
+    dict(neighbouring="replace_one", xtx_sensitivity="paper", budget_split=(0.3, 0.6, 0.1)),
+    dict(budget_split=(0.3, 0.5, 0.1, 0.1)),
+])
+def test_released_noise_description_equals_expected_noise(kw):
+    x, y = fixed_data(30, 4)
+    s, info = release_statistics(x, y, epsilon=1.5, x_bound=0.7, y_bound=1.2, return_info=True,
+                                 **kw)
+    expected = expected_noise(4, 1.5, 0.7, 1.2, kw.get("budget_split"),
+                              neighbouring=kw.get("neighbouring", "add_remove"),
+                              xtx_sensitivity=kw.get("xtx_sensitivity", "exact"))
+    assert s.noise == expected
+    assert info["neighbouring"] == kw.get("neighbouring", "add_remove")
+    assert info["xtx_sensitivity"] == kw.get("xtx_sensitivity", "exact")
+    if info["neighbouring"] == "add_remove":
+        assert s.noise.n[0].law == "discrete_laplace" and s.noise.n[0].grid == 1.0
+    else:
+        assert s.noise.n == () and s.n == 30
+    many = release_many([(x, y), (x[:10], y[:10])], epsilon=1.5, x_bound=0.7, y_bound=1.2, **kw)
+    assert [m.noise for m in many] == [expected, expected]
+    # Two sites' releases sum to two draws per part.
+    assert (many[0] + many[1]).noise.draws("xty") == 2
+
+
+def test_add_remove_default_is_half_the_replace_one_sxy_scale():
+    """The default mechanism is add/remove with the exact Sxx rule: the Sxy noise scale is half
+    the replace-one one for the same Sxy share."""
+    a = expected_noise(3, 1.0, 1.0, 1.0, (0.35, 0.60, 0.03, 0.02))
+    b = expected_noise(3, 1.0, 1.0, 1.0, (0.35, 0.60, 0.05), neighbouring="replace_one")
+    assert a.xty[0].scale == pytest.approx(b.xty[0].scale / 2)
+    assert a.xtx[0].scale == pytest.approx(b.xtx[0].scale)

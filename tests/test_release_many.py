@@ -13,7 +13,20 @@ from site_node.laplace import _calibrated_measurement, laplace_scale
 from site_node.release import clipped_statistics, release_many, release_statistics
 from site_node.sensitivity import noise_calibration
 
-SPLIT = (0.35, 0.60, 0.05)
+SPLIT = (0.35, 0.60, 0.03, 0.02)          # add/remove, the default relation
+SPLIT_RO = (0.35, 0.60, 0.05)             # replace-one
+RO = dict(neighbouring="replace_one", budget_split=SPLIT_RO)
+
+
+class CountRecorder:
+    """Stands in for add_count_noise: records its arguments, adds no noise."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, counts, epsilon):
+        self.calls.append({"size": len(counts), "epsilon": epsilon})
+        return list(counts), epsilon
 
 
 class Recorder:
@@ -37,14 +50,20 @@ def test_each_block_gets_the_single_release_calibration(monkeypatch, sizes):
     K times either), in release_statistics' order, on the K blocks' values concatenated."""
     d, eps, bx, by = 4, 1.5, 0.4, 0.9
     single, many = Recorder(), Recorder()
+    single_n, many_n = CountRecorder(), CountRecorder()
     blocks = _blocks(np.random.default_rng(0), sizes, d)
     monkeypatch.setattr(site_node.release, "add_laplace_noise", single)
+    monkeypatch.setattr(site_node.release, "add_count_noise", single_n)
     for x, y in blocks:
         release_statistics(x, y, epsilon=eps, x_bound=bx, y_bound=by, budget_split=SPLIT)
     monkeypatch.setattr(site_node.release, "add_laplace_noise", many)
+    monkeypatch.setattr(site_node.release, "add_count_noise", many_n)
     out = release_many(blocks, epsilon=eps, x_bound=bx, y_bound=by, budget_split=SPLIT)
     k = len(sizes)
     assert [c["size"] for c in many.calls] == [k * d * (d + 1) // 2, k * d, k]
+    # n: one call for the K counts, with one release's n share.
+    assert [c["size"] for c in many_n.calls] == [k]
+    assert {c["epsilon"] for c in single_n.calls} == {many_n.calls[0]["epsilon"]} == {SPLIT[3] * eps}
     for part in range(3):
         per_site = single.calls[part::3]
         assert {c["sensitivity"] for c in per_site} == {many.calls[part]["sensitivity"]}
@@ -89,7 +108,7 @@ def test_brute_force_one_replaced_record_moves_the_vector_by_one_release_sensiti
     concatenated (K blocks) Sxx upper triangle, Sxy and Syy move in L1 by at most the
     single-release sensitivities the call is calibrated for (the other blocks do not move)."""
     d, bx, by, k = 2, 0.5, 0.8, 3
-    cal = noise_calibration(d, 1.0, bx, by, SPLIT)
+    cal = noise_calibration(d, 1.0, bx, by, SPLIT_RO, neighbouring="replace_one")
     rng = np.random.default_rng(2)
     blocks = _blocks(rng, [6, 5, 6], d)
     iu = np.triu_indices(d)
@@ -121,6 +140,36 @@ def test_brute_force_one_replaced_record_moves_the_vector_by_one_release_sensiti
     assert worst[1] == pytest.approx(cal.xty_sensitivity)
     assert worst[2] == pytest.approx(cal.yty_sensitivity)
     assert base[0].size == k * 3
+
+
+def test_brute_force_one_added_record_moves_the_vector_by_one_release_sensitivity():
+    """Add/remove: one record (a box corner, zero, or beyond the box) added to one site moves
+    the concatenated Sxx triangle, Sxy, Syy and the counts by at most one release's
+    sensitivities, and the bounds are reached."""
+    d, bx, by, k = 2, 0.5, 0.8, 3
+    cal = noise_calibration(d, 1.0, bx, by, SPLIT)
+    blocks = _blocks(np.random.default_rng(2), [6, 5, 6], d)
+    iu = np.triu_indices(d)
+
+    def parts(bs):
+        ex = [clipped_statistics(x, y, bx, by) for x, y in bs]
+        return (np.concatenate([e[0][iu] for e in ex]), np.concatenate([e[1] for e in ex]),
+                np.array([e[2] for e in ex]), np.array([x.shape[0] for x, _ in bs], float))
+
+    base = parts(blocks)
+    worst = np.zeros(4)
+    for site in range(k):
+        for row in itertools.product((-2 * bx, -bx, 0.0, bx), repeat=d):
+            for yv in (-by, 0.0, by, 3 * by):
+                new = list(blocks)
+                x, y = blocks[site]
+                new[site] = (np.vstack([x, row]), np.append(y, yv))
+                dist = [np.sum(np.abs(p - q)) for p, q in zip(base, parts(new))]
+                worst = np.maximum(worst, dist)
+    bounds = np.array([cal.xtx_sensitivity, cal.xty_sensitivity, cal.yty_sensitivity,
+                       cal.n_sensitivity])
+    assert np.all(worst <= bounds * (1 + 1e-12))
+    np.testing.assert_allclose(worst, bounds, rtol=1e-12)
 
 
 def test_noise_is_calibrated_laplace_independent_between_blocks():

@@ -1,7 +1,8 @@
-"""Brute-force checks of the L1 sensitivities in ``site_node.sensitivity``.
+"""Brute-force checks of the L1 sensitivities in ``dpfed.sensitivity``.
 
-Neighbours are of equal size and differ in one *replaced* record (bounded DP, method.md
-section 2). For each statistic we compute the exact clipped statistics of D and D' with the
+Two neighbouring relations (method.md section 9). Replace-one: neighbours are of equal size and
+differ in one *replaced* record (bounded DP). Add/remove: one data set has one more record
+(the tests at the end of this file, including n). For each statistic we compute the exact clipped statistics of D and D' with the
 release's own ``clip`` and assert (a) the L1 distance never exceeds the sensitivity and (b) the
 bound is attained for some neighbour, so a formula that is too small *or* too large fails.
 
@@ -21,8 +22,12 @@ from hypothesis import strategies as st
 
 from dpfed.statistics import exact_statistics
 from site_node.release import clip
-from site_node.sensitivity import (noise_calibration, xtx_sensitivity, xtx_sensitivity_tight,
-                                   xty_sensitivity, yty_sensitivity)
+from dpfed.sensitivity import (DEFAULT_SPLIT_ADD_REMOVE, expected_noise, noise_calibration,
+                               xtx_sensitivity, xtx_sensitivity_tight, xty_sensitivity,
+                               yty_sensitivity)
+from dpfed.noise import NoiseTerm
+
+RO = dict(neighbouring="replace_one")
 
 REL = 1e-9  # floating-point slack on "never exceeds" and "attained"
 
@@ -65,9 +70,13 @@ def test_xtx_sensitivity_brute_force_is_bounded_and_tight(d, bx):
     worst = pairwise_max_l1(upper)
     assert worst <= xtx_sensitivity_tight(d, bx) * (1 + REL)
     assert worst == pytest.approx(xtx_sensitivity_tight(d, bx), rel=REL)  # attained
-    # The release uses the paper's conservative bound: exactly twice the attainable maximum.
-    assert xtx_sensitivity(d, bx) == pytest.approx(2 * worst, rel=REL)
-    assert noise_calibration(d, 1.0, bx, 1.0).xtx_sensitivity == xtx_sensitivity(d, bx)
+    # The paper's conservative bound is exactly twice the attainable maximum; the default
+    # ("exact") is the maximum.
+    assert xtx_sensitivity(d, bx, rule="paper") == pytest.approx(2 * worst, rel=REL)
+    assert xtx_sensitivity(d, bx) == pytest.approx(worst, rel=REL)
+    assert noise_calibration(d, 1.0, bx, 1.0, **RO).xtx_sensitivity == xtx_sensitivity(d, bx)
+    assert noise_calibration(d, 1.0, bx, 1.0, **RO, xtx_sensitivity="paper"
+                             ).xtx_sensitivity == xtx_sensitivity(d, bx, rule="paper")
 
 
 @pytest.mark.parametrize("d", [1, 2, 3])
@@ -79,13 +88,15 @@ def test_xty_and_yty_sensitivity_brute_force_is_bounded_and_tight(d, bx, by):
     w = np.tile(ys, len(xs))
     _, xty, yty = row_parts(v, w, bx, by)
     worst_xy = pairwise_max_l1(xty)
-    assert worst_xy <= xty_sensitivity(d, bx, by) * (1 + REL)
-    assert worst_xy == pytest.approx(xty_sensitivity(d, bx, by), rel=REL)
+    assert worst_xy <= xty_sensitivity(d, bx, by, **RO) * (1 + REL)
+    assert worst_xy == pytest.approx(xty_sensitivity(d, bx, by, **RO), rel=REL)
     worst_yy = pairwise_max_l1(yty[:, None])
-    assert worst_yy <= yty_sensitivity(by) * (1 + REL)
-    assert worst_yy == pytest.approx(yty_sensitivity(by), rel=REL)
-    cal = noise_calibration(d, 2.0, bx, by)
-    assert (cal.xty_sensitivity, cal.yty_sensitivity) == (xty_sensitivity(d, bx, by), yty_sensitivity(by))
+    assert worst_yy <= yty_sensitivity(by, **RO) * (1 + REL)
+    assert worst_yy == pytest.approx(yty_sensitivity(by, **RO), rel=REL)
+    cal = noise_calibration(d, 2.0, bx, by, **RO)
+    assert (cal.xty_sensitivity, cal.yty_sensitivity) == (xty_sensitivity(d, bx, by, **RO),
+                                                          yty_sensitivity(by, **RO))
+    assert cal.n_sensitivity is None and cal.n_scale is None  # n public under replace-one
 
 
 @pytest.mark.parametrize("d", [2, 3, 5])
@@ -108,13 +119,13 @@ def test_sensitivity_on_whole_data_sets_with_extreme_and_random_rows(d):
     xx = np.array([p[0] for p in parts])
     xy = np.array([p[1] for p in parts])
     yy = np.array([p[2] for p in parts])
-    limits = [(xx, xtx_sensitivity_tight(d, bx)), (xy, xty_sensitivity(d, bx, by)),
-              (yy, yty_sensitivity(by))]
+    limits = [(xx, xtx_sensitivity_tight(d, bx)), (xy, xty_sensitivity(d, bx, by, **RO)),
+              (yy, yty_sensitivity(by, **RO))]
     for values, bound in limits:
         worst = pairwise_max_l1(values)
         assert worst <= bound * (1 + REL)
         assert worst == pytest.approx(bound, rel=1e-9)  # attained by the extreme rows
-    assert xtx_sensitivity(d, bx) == pytest.approx(2 * xtx_sensitivity_tight(d, bx))
+    assert xtx_sensitivity(d, bx, rule="paper") == pytest.approx(2 * xtx_sensitivity_tight(d, bx))
 
 
 def test_too_small_or_too_large_formulas_would_fail():
@@ -150,15 +161,17 @@ def test_property_replace_one_never_exceeds_sensitivity(d, bx, by, data):
     # Absolute slack: the sums of the other rows cancel only up to rounding.
     scale = max(bx, by) ** 2 * n * 1e-12
     assert np.abs(a[0] - b[0]).sum() <= xtx_sensitivity_tight(d, bx) * (1 + REL) + scale
-    assert np.abs(a[1] - b[1]).sum() <= xty_sensitivity(d, bx, by) * (1 + REL) + scale
-    assert np.abs(a[2] - b[2]).sum() <= yty_sensitivity(by) * (1 + REL) + scale
+    assert np.abs(a[1] - b[1]).sum() <= xty_sensitivity(d, bx, by, **RO) * (1 + REL) + scale
+    assert np.abs(a[2] - b[2]).sum() <= yty_sensitivity(by, **RO) * (1 + REL) + scale
 
 
 @pytest.mark.parametrize("split", [(0.35, 0.60, 0.05), (0.2, 0.3, 0.5)])
-def test_noise_calibration_scales(split):
+def test_noise_calibration_scales_replace_one(split):
     d, eps, bx, by = 4, 1.5, 0.5, 2.0
-    cal = noise_calibration(d, eps, bx, by, split)
+    cal = noise_calibration(d, eps, bx, by, split, **RO, xtx_sensitivity="paper")
     assert cal.xtx_scale == pytest.approx(d * (d + 1) * bx**2 / (split[0] * eps))
+    assert noise_calibration(d, eps, bx, by, split, **RO).xtx_scale == pytest.approx(
+        d * (d + 1) / 2 * bx**2 / (split[0] * eps))
     assert cal.xty_scale == pytest.approx(2 * d * bx * by / (split[1] * eps))
     assert cal.yty_scale == pytest.approx(by**2 / (split[2] * eps))
     assert cal.xtx_epsilon + cal.xty_epsilon + cal.yty_epsilon == pytest.approx(eps, rel=1e-12)
@@ -172,3 +185,143 @@ def test_noise_calibration_rejects_degenerate_scales(kwargs):
     args = dict(d=3, epsilon=1.0, x_bound=1.0, y_bound=1.0) | kwargs
     with pytest.raises(ValueError):
         noise_calibration(args["d"], args["epsilon"], args["x_bound"], args["y_bound"])
+
+
+# ---- add/remove neighbours (the default): one data set has one more record -----------------
+
+def add_remove_max(rows_upper, rows_xy, rows_yy):
+    """max over single rows of the L1 change of each part when that row is added or removed:
+    the change is the row's own contribution, whatever the other rows are."""
+    return (float(np.abs(rows_upper).sum(axis=1).max()), float(np.abs(rows_xy).sum(axis=1).max()),
+            float(np.abs(rows_yy).max()))
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 4])
+@pytest.mark.parametrize("bx,by", [(1.0, 1.0), (0.4, 2.0), (3.0, 0.7)])
+def test_add_remove_sensitivity_brute_force_is_bounded_and_tight(d, bx, by):
+    xs = grid_rows(d, bx)
+    ys = np.array([-3, -1, -0.5, 0, 0.5, 1, 3]) * by
+    v = np.repeat(xs, len(ys), axis=0)
+    w = np.tile(ys, len(xs))
+    worst_xx, worst_xy, worst_yy = add_remove_max(*row_parts(v, w, bx, by))
+    cal = noise_calibration(d, 1.0, bx, by)  # the default relation
+    assert cal.neighbouring == "add_remove" and cal.xtx_rule == "exact"
+    for worst, bound in ((worst_xx, cal.xtx_sensitivity), (worst_xy, cal.xty_sensitivity),
+                         (worst_yy, cal.yty_sensitivity)):
+        assert worst <= bound * (1 + REL)
+        assert worst == pytest.approx(bound, rel=REL)  # attained
+    assert cal.xtx_sensitivity == pytest.approx(d * (d + 1) / 2 * bx**2)
+    assert cal.xty_sensitivity == pytest.approx(d * bx * by)  # half the replace-one value
+    assert cal.yty_sensitivity == pytest.approx(by**2)
+    assert cal.n_sensitivity == 1.0
+
+
+@pytest.mark.parametrize("d", [2, 3, 5])
+def test_add_remove_on_whole_data_sets_including_n(d):
+    """Whole data sets: a random base set, then every candidate row added (and so removed);
+    Sxx, Sxy, Syy and n each move by at most their add/remove sensitivity, and the bound is
+    attained by an extreme row."""
+    rng = np.random.default_rng(10 + d)
+    bx, by = 0.7, 1.3
+    base_x = rng.normal(size=(5, d)) * bx * 2
+    base_y = rng.normal(size=5) * by * 2
+    signs = np.array(list(itertools.product([-1.0, 1.0], repeat=d)))
+    cand_x = np.vstack([signs * bx, signs * bx * 5, np.zeros((1, d)),
+                        rng.normal(size=(20, d)) * bx * 3])
+    cand_y = np.array([by, -by, 0.0, 4 * by, -4 * by, 0.3 * by])
+    cal = noise_calibration(d, 1.0, bx, by)
+    s0 = exact_statistics(clip(base_x, bx), clip(base_y, by))
+    iu = np.triu_indices(d)
+    worst = np.zeros(4)
+    for cx in cand_x:
+        for cy in cand_y:
+            s1 = exact_statistics(clip(np.vstack([base_x, cx]), bx),
+                                  clip(np.append(base_y, cy), by))
+            change = np.array([np.abs(s1.xtx[iu] - s0.xtx[iu]).sum(),
+                               np.abs(s1.xty - s0.xty).sum(), abs(s1.yty - s0.yty),
+                               abs(s1.n - s0.n)])
+            worst = np.maximum(worst, change)
+    bounds = np.array([cal.xtx_sensitivity, cal.xty_sensitivity, cal.yty_sensitivity,
+                       cal.n_sensitivity])
+    assert np.all(worst <= bounds * (1 + REL) + 1e-12)
+    np.testing.assert_allclose(worst, bounds, rtol=1e-9)  # attained
+
+
+def test_add_remove_wrong_formulas_would_fail():
+    """The replace-one Sxy value is too large under add/remove, the paper's Sxx too large,
+    and anything smaller than d Bx By too small."""
+    d, bx, by = 3, 1.0, 1.0
+    v = grid_rows(d, bx)
+    xx, xy, yy = add_remove_max(*row_parts(v, np.full(len(v), by), bx, by))
+    assert xy < xty_sensitivity(d, bx, by, **RO) and xy > (d - 1) * bx * by
+    assert xx < xtx_sensitivity(d, bx, rule="paper")
+
+
+@settings(max_examples=200, deadline=None)
+@given(d=st.integers(1, 5), bx=st.floats(0.01, 10), by=st.floats(0.01, 10), data=st.data())
+def test_property_add_remove_never_exceeds_sensitivity(d, bx, by, data):
+    n = data.draw(st.integers(1, 4))
+    x = np.array(data.draw(st.lists(st.lists(finite, min_size=d, max_size=d), min_size=n, max_size=n)))
+    y = np.array(data.draw(st.lists(finite, min_size=n, max_size=n)))
+    i = data.draw(st.integers(0, n - 1))
+    a = clipped_parts(x, y, bx, by)
+    if n == 1:
+        b = (np.zeros_like(a[0]), np.zeros_like(a[1]), np.zeros(1))
+    else:
+        b = clipped_parts(np.delete(x, i, axis=0), np.delete(y, i), bx, by)
+    cal = noise_calibration(d, 1.0, bx, by)
+    scale = max(bx, by) ** 2 * n * 1e-12
+    assert np.abs(a[0] - b[0]).sum() <= cal.xtx_sensitivity * (1 + REL) + scale
+    assert np.abs(a[1] - b[1]).sum() <= cal.xty_sensitivity * (1 + REL) + scale
+    assert np.abs(a[2] - b[2]).sum() <= cal.yty_sensitivity * (1 + REL) + scale
+
+
+def test_noise_calibration_add_remove_scales_and_default_split():
+    d, eps, bx, by = 4, 1.5, 0.5, 2.0
+    cal = noise_calibration(d, eps, bx, by)
+    p = DEFAULT_SPLIT_ADD_REMOVE
+    assert cal.xtx_scale == pytest.approx(d * (d + 1) / 2 * bx**2 / (p[0] * eps))
+    assert cal.xty_scale == pytest.approx(d * bx * by / (p[1] * eps))
+    assert cal.yty_scale == pytest.approx(by**2 / (p[2] * eps))
+    assert cal.n_scale == pytest.approx(1 / (p[3] * eps))
+    assert cal.epsilon == pytest.approx(eps, rel=1e-12)
+    paper = noise_calibration(d, eps, bx, by, xtx_sensitivity="paper")
+    assert paper.xtx_scale == pytest.approx(2 * cal.xtx_scale)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(budget_split=(0.35, 0.60, 0.05)), "4 numbers"),                       # 3 under add/remove
+    (dict(budget_split=(0.3, 0.6, 0.05, 0.05), neighbouring="replace_one"), "3 numbers"),
+    (dict(neighbouring="bounded"), "unknown neighbouring"),
+    (dict(neighbouring=""), "unknown neighbouring"),
+    (dict(xtx_sensitivity="tight"), "unknown xtx_sensitivity"),
+])
+def test_wrong_relation_rule_or_split_length_fails_closed(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        noise_calibration(3, 1.0, 1.0, 1.0, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        expected_noise(3, 1.0, 1.0, 1.0, **kwargs)
+
+
+def test_expected_noise_describes_one_release():
+    d, eps, bx, by = 3, 2.0, 0.5, 1.5
+    cal = noise_calibration(d, eps, bx, by)
+    noise = expected_noise(d, eps, bx, by)
+    assert noise.xtx == (NoiseTerm("laplace", cal.xtx_scale),)
+    assert noise.xty == (NoiseTerm("laplace", cal.xty_scale),)
+    assert noise.yty == (NoiseTerm("laplace", cal.yty_scale),)
+    assert noise.n == (NoiseTerm("discrete_laplace", cal.n_scale, 1, 1.0),)
+    ro = expected_noise(d, eps, bx, by, neighbouring="replace_one", xtx_sensitivity="paper")
+    cal_ro = noise_calibration(d, eps, bx, by, neighbouring="replace_one",
+                               xtx_sensitivity="paper")
+    assert ro.n == () and ro.xtx == (NoiseTerm("laplace", cal_ro.xtx_scale),)
+    assert ro.xty == (NoiseTerm("laplace", cal_ro.xty_scale),)
+
+
+def test_site_node_sensitivity_re_exports_the_core_module():
+    import dpfed.sensitivity as core
+    import site_node.sensitivity as old
+    for name in ("DEFAULT_BUDGET_SPLIT", "validate_privacy_parameters", "xtx_sensitivity",
+                 "xty_sensitivity", "noise_calibration", "expected_noise", "NEIGHBOURING",
+                 "XTX_SENSITIVITIES", "DEFAULT_SPLIT_ADD_REMOVE"):
+        assert getattr(old, name) is getattr(core, name)

@@ -19,13 +19,16 @@ from dpfed.wire.canonical import digest, parse_canonical
 from dpfed.wire.signing import SigningKey, verify
 from site_node.client import Backoff, SiteClient
 from site_node.config import load_config
+from dpfed.noise import from_proto
+from dpfed.sensitivity import expected_noise
 from site_node.node import SiteNode
+from site_node.policy import NOISY_MIN_N_REASON
 
 FEATURES = ["g1", "g2", "g3"]
 TARGET = "drug"
 
 
-def write_site(tmp_path: Path, *, n: int = 60, policy: str = "", data_text: str | None = None,
+def write_site(tmp_path: Path, *, n: int = 200, policy: str = "", data_text: str | None = None,
                aggregator: str = "127.0.0.1:1") -> tuple[Path, SigningKey, SigningKey]:
     """A site folder: keys, a CSV of n rows, and site.toml. Returns (config path, coordinator
     key, site key)."""
@@ -69,7 +72,9 @@ trusted_coordinators = ["keys/coord.pub"]
 def make_spec(round_id: str = "round-1", **overrides) -> pb.RoundSpec:
     fields = dict(round_id=round_id, coordinator_id="coordinator", target=TARGET,
                   feature_names=FEATURES, epsilon=1.0, x_bound=0.5, y_bound=2.0,
-                  budget_split=[0.35, 0.60, 0.05],
+                  # add/remove (the default relation): n gets 15 % (noise scale 6.7 at eps 1,
+                  # so 200 rows are never refused for min_n = 20 in these tests).
+                  budget_split=[0.30, 0.50, 0.05, 0.15],
                   preprocessing=pb.Preprocessing(x_mean=[0.0, 0.0, 0.0], y_mean=0.0,
                                                  normalize_rows=True),
                   quorum=1, created_unix_ms=int(time.time() * 1000))
@@ -96,11 +101,17 @@ def test_handle_round_releases_signed_contribution(site):
     answer = node.handle_round(envelope)
     c = contribution_of(node, answer, site_key)
     assert c.round_id == "round-1" and c.site_id == "hospital-a"
-    assert c.n == 60 and c.epsilon_spent == 1.0
+    assert c.epsilon_spent == 1.0
     assert c.spec_digest == digest(envelope.payload)
     assert len(c.nonce) == 32 and int(c.nonce, 16) >= 0
     stats = Statistics.from_bytes(c.statistics)
-    assert stats.dim == 3 and stats.n == 60
+    assert stats.dim == 3 and stats.n == c.n  # the noisy n, under add/remove
+    assert abs(c.n - 200) < 150
+    # The declared noise is what the spec implies (the aggregator checks the same).
+    assert from_proto(c.noise) == expected_noise(3, 1.0, 0.5, 2.0, (0.30, 0.50, 0.05, 0.15))
+    assert from_proto(c.noise).n[0].law == "discrete_laplace"
+    assert node.ledger.get_release("round-1").neighbouring == "add_remove"
+    assert node.ledger.summary()["releases"][0]["neighbouring"] == "add_remove"
     assert node.ledger.spent == pytest.approx(1.0)
     assert node.ledger.get_release("round-1").envelope.payload == answer.payload
 
@@ -162,10 +173,74 @@ def test_epsilon_too_large_refused(site):
     assert "max_epsilon_per_round" in refusal_reason(node, coordinator.sign(make_spec(epsilon=3.0)))
 
 
-def test_n_below_min_refused(tmp_path):
-    config_path, coordinator, _ = write_site(tmp_path, n=10)
+def test_n_is_exact_under_replace_one_when_the_policy_allows_it(tmp_path):
+    config_path, coordinator, site_key = write_site(tmp_path, policy="""
+max_epsilon_per_round = 2.0
+total_epsilon = 5.0
+min_n = 20
+allow_replace_one = true
+""")
     node = SiteNode(load_config(config_path))
-    assert "min_n" in refusal_reason(node, coordinator.sign(make_spec()))
+    spec = make_spec(neighbouring="replace_one", xtx_sensitivity="paper",
+                     budget_split=[0.35, 0.60, 0.05])
+    c = contribution_of(node, node.handle_round(coordinator.sign(spec)), site_key)
+    assert c.n == 200 and Statistics.from_bytes(c.statistics).n == 200
+    noise = from_proto(c.noise)
+    assert noise.n == () and noise == expected_noise(
+        3, 1.0, 0.5, 2.0, (0.35, 0.60, 0.05), neighbouring="replace_one", xtx_sensitivity="paper")
+    assert node.ledger.get_release("round-1").neighbouring == "replace_one"
+
+
+def test_replace_one_refused_unless_the_policy_allows_it(site):
+    node, coordinator, _ = site
+    spec = make_spec(neighbouring="replace_one", budget_split=[0.35, 0.60, 0.05])
+    reason = refusal_reason(node, coordinator.sign(spec))
+    assert "allow_replace_one" in reason and "n exactly" in reason
+
+
+@pytest.mark.parametrize("field,value", [("neighbouring", "bounded"),
+                                         ("xtx_sensitivity", "tight")])
+def test_unknown_relation_or_rule_refused(site, field, value):
+    node, coordinator, _ = site
+    assert "unknown" in refusal_reason(node, coordinator.sign(make_spec(**{field: value})))
+
+
+def test_n_below_min_refused_under_replace_one_exactly_and_debits_nothing(tmp_path):
+    config_path, coordinator, _ = write_site(tmp_path, n=10, policy="""
+max_epsilon_per_round = 2.0
+total_epsilon = 5.0
+min_n = 20
+allow_replace_one = true
+""")
+    node = SiteNode(load_config(config_path))
+    spec = make_spec(neighbouring="replace_one", budget_split=[0.35, 0.60, 0.05])
+    assert "min_n" in refusal_reason(node, coordinator.sign(spec))
+
+
+def test_noisy_n_below_min_refused_after_the_draw_debited_and_stored(tmp_path):
+    """Add/remove: the exact n (10) is never compared with min_n; the release is drawn, its
+    noisy n (scale 1/(0.15 * 100) = 0.07: 10 with near certainty) is below min_n = 20, so the
+    site refuses with a fixed reason, debits the epsilon and stores the refusal; a retry gets
+    the same bytes and no fresh noise."""
+    config_path, coordinator, _ = write_site(tmp_path, n=10, policy="""
+max_epsilon_per_round = 200.0
+total_epsilon = 500.0
+min_n = 20
+""")
+    node = SiteNode(load_config(config_path))
+    envelope = coordinator.sign(make_spec(epsilon=100.0))
+    answer = node.handle_round(envelope)
+    assert answer.payload_type == "dpfed.v1.Refusal"
+    refusal = parse_canonical(answer.payload, "dpfed.v1.Refusal")
+    assert refusal.reason == NOISY_MIN_N_REASON  # fixed text: no count in it
+    assert node.ledger.spent == pytest.approx(100.0)
+    stored = node.ledger.get_release("round-1")
+    assert stored.is_refusal and stored.neighbouring == "add_remove"
+    assert node.ledger.unacknowledged() == []  # never resent as a Contribution
+    assert node.ledger.summary()["releases"][0]["refused"] is True
+    again = node.handle_round(envelope)
+    assert again.SerializeToString() == answer.SerializeToString()
+    assert node.ledger.spent == pytest.approx(100.0)
 
 
 def test_target_and_feature_not_allowed_refused(tmp_path):
@@ -390,6 +465,10 @@ def test_cli_check_and_ledger(tmp_path, capsys):
     summary = json.loads(capsys.readouterr().out)
     assert summary["spent_epsilon"] == 1.5 and summary["remaining_epsilon"] == 3.5
     assert [r["round_id"] for r in summary["releases"]] == ["r1"]
+    assert summary["releases"][0]["neighbouring"] == "add_remove"
+    assert main(["site", "ledger", "--config", str(config_path)]) == 0
+    assert "round r1" in (line := [l for l in capsys.readouterr().out.splitlines()
+                                   if "round r1" in l][0]) and "add_remove" in line
     bad = tmp_path / "bad.toml"
     bad.write_text("site_id = 1\n")
     assert main(["site", "check", "--config", str(bad)]) == 2

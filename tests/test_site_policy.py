@@ -45,8 +45,13 @@ def test_signature_checked_first():
     (dict(epsilon=0.0), "epsilon"),
     (dict(x_bound=0.0), "x_bound"),
     (dict(y_bound=-1.0), "y_bound"),
-    (dict(budget_split=[0.5, 0.5, 0.5]), "sum to 1"),
-    (dict(budget_split=[0.5, 0.5]), "3 parts"),
+    (dict(budget_split=[0.5, 0.5, 0.5, 0.5]), "sum to 1"),
+    (dict(budget_split=[0.5, 0.5]), "4 numbers"),
+    (dict(budget_split=[0.35, 0.60, 0.05]), "4 numbers"),   # 3 shares under add/remove
+    (dict(budget_split=[]), "4 numbers"),
+    (dict(neighbouring="bounded"), "unknown neighbouring"),
+    (dict(xtx_sensitivity="tight"), "unknown xtx_sensitivity"),
+    (dict(neighbouring="replace_one", budget_split=[0.35, 0.60, 0.05]), "allow_replace_one"),
     (dict(target="other"), "allowed_targets"),
     (dict(target=""), "no target"),
     (dict(feature_names=[]), "no features"),
@@ -59,6 +64,17 @@ def test_signature_checked_first():
 def test_violations(overrides, match):
     with pytest.raises(PolicyViolation, match=match):
         check(make_spec(**overrides))
+
+
+def test_replace_one_needs_the_policy_opt_in_and_three_shares():
+    policy = PolicyConfig(**{**POLICY.__dict__, "allow_replace_one": True})
+    check(make_spec(neighbouring="replace_one", budget_split=[0.35, 0.60, 0.05]), policy=policy)
+    with pytest.raises(PolicyViolation, match="3 numbers"):
+        check(make_spec(neighbouring="replace_one"), policy=policy)  # 4 shares
+    # Empty strings are the defaults: add/remove, exact.
+    check(make_spec(neighbouring="", xtx_sensitivity=""))
+    check(make_spec(neighbouring="add_remove", xtx_sensitivity="paper"))
+    assert POLICY.allow_replace_one is False  # the default
 
 
 def test_budget():

@@ -85,10 +85,12 @@ def site_contribution(key: SigningKey, site_id: str, round_id: str, digest: str)
     rng = np.random.default_rng(1)
     a = rng.normal(size=(3, 3))
     stats = Statistics(a @ a.T, rng.normal(size=3), 40.0, 50)
+    from aggregator.rounds import round_expected_noise
+    from dpfed.noise import to_proto
     return key.sign(pb.Contribution(
         round_id=round_id, site_id=site_id, statistics=stats.to_bytes(), n=50, epsilon_spent=1.0,
         spec_digest=digest, timestamp_unix_ms=int(time.time() * 1000),
-        nonce=secrets.token_hex(16)))
+        nonce=secrets.token_hex(16), noise=to_proto(round_expected_noise(make_spec(round_id)))))
 
 
 def rpc_code(fn) -> grpc.StatusCode:
@@ -106,7 +108,7 @@ def _site_kit_with_data(ours, tmp_path, address):
     shutil.copytree(kit_dir(ours, "site", "site-a"), kit)
     rng = np.random.default_rng(0)
     rows = ["id,g1,g2,g3,drug"]
-    for i in range(60):
+    for i in range(200):  # far above min_n: the noisy n (add/remove) is never refused
         x = rng.normal(size=3)
         rows.append(f"{i},{x[0]:.4f},{x[1]:.4f},{x[2]:.4f},{x.sum() + rng.normal():.4f}")
     (kit / "data").mkdir()
@@ -138,7 +140,10 @@ def test_round_end_to_end_over_mutual_tls(pki, aggregator, tmp_path):
             start_round(pki, address, "tls-round")
             status = coordinator.wait("tls-round", 30, poll_s=0.05)
             assert status.state == pb.RoundStatus.DONE, status.message
-            assert [(c.site_id, c.n) for c in status.contributions] == [("site-a", 60)]
+            # n is the site's noisy n (add/remove): the one its ledger recorded.
+            assert [(c.site_id, c.n) for c in status.contributions] == [
+                ("site-a", node.ledger.get_release("tls-round").n)]
+            assert abs(status.contributions[0].n - 200) < 150
             result = coordinator.result("tls-round")
             assert result.dim == 3
     finally:

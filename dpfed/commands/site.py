@@ -148,7 +148,10 @@ def cmd_ledger(args) -> int:
         state = ("acknowledged" if r["acknowledged"] else
                  f"rejected: {r['last_error']}" if r["last_error"] else
                  "sent, unacknowledged" if r["sent"] else "stored, not sent")
-        print(f"  {when}  round {r['round_id']}  epsilon {r['epsilon']:g}  n {r['n']}  {state}")
+        if r.get("refused"):
+            state = "refused after the draw (noisy n below min_n)"
+        print(f"  {when}  round {r['round_id']}  epsilon {r['epsilon']:g}  n {r['n']}  "
+              f"{r['neighbouring']}  {state}")
     return exitcodes.OK
 
 

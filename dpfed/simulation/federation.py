@@ -23,7 +23,8 @@ import numpy as np
 from dpfed.simulation.problem import Problem, Split, site_ids
 
 COORDINATOR_ID = "coordinator"
-DEFAULT_BUDGET_SPLIT = (0.35, 0.60, 0.05)
+# The round's split: the add/remove default of dpfed.sensitivity (Sxx, Sxy, Syy, n).
+from dpfed.sensitivity import DEFAULT_SPLIT_ADD_REMOVE as DEFAULT_BUDGET_SPLIT  # noqa: E402
 
 Progress = Callable[[str], None]
 

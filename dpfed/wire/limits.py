@@ -132,8 +132,10 @@ def spec_problems(spec: pb.RoundSpec) -> list[str]:
     if not (spec.epsilon <= MAX_EPSILON):  # also catches NaN
         problems.append(f"epsilon {spec.epsilon} exceeds {MAX_EPSILON}")
     problems += [_finite(spec.x_bound, "x_bound"), _finite(spec.y_bound, "y_bound")]
-    if len(spec.budget_split) > 3:
+    if len(spec.budget_split) > 4:  # 4 under add/remove, 3 under replace-one
         problems.append(f"budget_split has {len(spec.budget_split)} shares")
+    problems += [_text(spec.neighbouring, "neighbouring", MAX_NAME_CHARS),
+                 _text(spec.xtx_sensitivity, "xtx_sensitivity", MAX_NAME_CHARS)]
     pre = spec.preprocessing
     if len(pre.x_mean) > MAX_FEATURES:
         problems.append(f"preprocessing has {len(pre.x_mean)} means (at most {MAX_FEATURES})")
@@ -152,6 +154,9 @@ def check_spec(spec: pb.RoundSpec) -> None:
     _raise(spec_problems(spec), "round spec")
 
 
+MAX_NOISE_TERMS = 8
+
+
 def check_contribution(c: pb.Contribution) -> None:
     """Field limits of a Contribution; the statistics length is checked against the round's
     dimension by aggregator.aggregate.encoded_n, here only against the largest possible."""
@@ -164,6 +169,14 @@ def check_contribution(c: pb.Contribution) -> None:
                         f"{encoded_length(MAX_FEATURES)} of {MAX_FEATURES} features")
     if not 1 <= c.n <= MAX_N:
         problems.append(f"n = {c.n} is outside 1..{MAX_N}")
+    # The noise description (dpfed.noise): a handful of terms per part; its meaning is checked
+    # against the round by the aggregator (it must equal what the spec implies).
+    for part in ("xtx", "xty", "yty", "n"):
+        terms = getattr(c.noise, part)
+        if len(terms) > MAX_NOISE_TERMS:
+            problems.append(f"noise.{part} has {len(terms)} terms (at most {MAX_NOISE_TERMS})")
+        elif any(_text(t.law, "noise law", MAX_NAME_CHARS) for t in terms):
+            problems.append(f"noise.{part}: a law name is too long or has control characters")
     _raise(problems, "contribution")
 
 

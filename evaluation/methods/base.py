@@ -6,9 +6,12 @@ DP mechanism) and public rows (used exactly), both already pre-processed with pu
 coefficient vector ``beta`` (d,) and predictions are ``x @ beta`` (no intercept: data are
 centred).
 
-Privacy model: *bounded* DP throughout (neighbouring data sets have the same size and differ in
-one replaced private record; Honkela et al. 2018, section 4.2), so the number of private rows is
-public. Every sensitivity in ``evaluation.methods`` is derived for replace-one neighbours.
+Privacy model: ``PrivacySetting.neighbouring`` (method.md section 9). The sufficient-statistics
+methods built on ``site_node.release`` (robust_private, private_unclipped) follow it: under
+add/remove (the default) each site's n is released with noise, under replace-one (bounded DP,
+Honkela et al. 2018, section 4.2) n is public. The other comparison methods (ADASSP, output
+perturbation, functional mechanism) are derived for replace-one neighbours only and ignore
+the field; compare them with the paper's figures, not with an add/remove run.
 
 Randomness: DP noise comes only from OpenDP (``site_node.laplace`` for Laplace, OpenDP's
 Gaussian for ADASSP), which draws from the operating system's CSPRNG and cannot be seeded, so
@@ -25,7 +28,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from site_node.sensitivity import DEFAULT_BUDGET_SPLIT, validate_privacy_parameters
+from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
+                               validate_privacy_parameters)
 
 __all__ = ["TrainingData", "PrivacySetting", "Method", "DEFAULT_DELTA", "POSTERIORS",
            "split_rows", "validate_posterior"]
@@ -124,8 +128,11 @@ class PrivacySetting:
 
     ``epsilon``: the privacy budget of each site's release (every method is eps-DP per site,
     ADASSP is (eps, delta)-DP). ``x_bound``/``y_bound``: the public projection thresholds Bx, By
-    (``dpfed.bounds.choose_bounds`` x public sigmas). ``budget_split``: (Sxx, Sxy, Syy) shares of
-    the sufficient-statistics methods. ``delta``: only ADASSP uses it; None means
+    (``dpfed.bounds.choose_bounds`` x public sigmas). ``budget_split``: shares of the
+    sufficient-statistics methods, (Sxx, Sxy, Syy, n) under add/remove, (Sxx, Sxy, Syy) under
+    replace-one; None takes the relation's default (``dpfed.sensitivity``).
+    ``neighbouring``: "add_remove" (default) or "replace_one"; ``xtx_sensitivity``: "exact"
+    (default) or "paper" (method.md sections 2 and 9). ``delta``: only ADASSP uses it; None means
     ``DEFAULT_DELTA`` (1e-5). ``n_sites``: the private rows are split into K contiguous,
     near-equal parts (``split_rows``), each released by its own site with the same epsilon, and
     the releases are summed (method.md section 3); methods that cannot be federated raise
@@ -145,15 +152,22 @@ class PrivacySetting:
     epsilon: float
     x_bound: float
     y_bound: float
-    budget_split: tuple = DEFAULT_BUDGET_SPLIT
+    budget_split: tuple | None = None
     delta: float | None = None
     n_sites: int = 1
     x_range: float = 1.0
     y_range: float | None = None
+    neighbouring: str = "add_remove"
+    xtx_sensitivity: str = "exact"
 
     def __post_init__(self):
+        check_neighbouring(self.neighbouring)
+        check_xtx_rule(self.xtx_sensitivity)
+        split = self.budget_split
+        if split is None:
+            split = default_budget_split(self.neighbouring)
         eps, bx, by, split = validate_privacy_parameters(self.epsilon, self.x_bound, self.y_bound,
-                                                         self.budget_split)
+                                                         split, neighbouring=self.neighbouring)
         object.__setattr__(self, "epsilon", eps)
         object.__setattr__(self, "x_bound", bx)
         object.__setattr__(self, "y_bound", by)

@@ -54,7 +54,9 @@ class PrivateUnclipped:
                   for rows in split_rows(data.n_private, setting.n_sites)]
         if blocks:  # K site releases, noise in 3 OpenDP calls (site_node.release.release_many)
             for site in release_many(blocks, epsilon=setting.epsilon, x_bound=setting.x_bound,
-                                     y_bound=setting.y_bound, budget_split=setting.budget_split):
+                                     y_bound=setting.y_bound, budget_split=setting.budget_split,
+                                     neighbouring=setting.neighbouring,
+                                     xtx_sensitivity=setting.xtx_sensitivity):
                 total = total + site
         return total
 

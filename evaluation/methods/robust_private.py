@@ -2,10 +2,11 @@
 method.md sections 2-3).
 
 Each of K sites projects its private rows into [-Bx, Bx] x [-By, By] and releases Sxx, Sxy, Syy
-with Laplace noise of scales d(d+1)Bx^2/(p1 eps), 2dBxBy/(p2 eps), By^2/(p3 eps)
-(``site_node.release.release_statistics``, the production mechanism with OpenDP noise; eps-DP
-per site under bounded DP, n exact; here via ``release_many``, which draws the K sites' noise in
-one OpenDP call per part with the same per-site mechanism). The aggregator sums the releases and adds the exact,
+with Laplace noise (``site_node.release.release_statistics``, the production mechanism with
+OpenDP noise, under the setting's neighbouring relation and Sxx rule: by default add/remove with
+noisy n, exact Sxx sensitivity; with ``neighbouring="replace_one"`` the paper's bounded DP, n
+exact; here via ``release_many``, which draws the K sites' noise in one OpenDP call per part with
+the same per-site mechanism). The aggregator sums the releases and adds the exact,
 unclipped statistics of the public rows (as ``coordinator.roundspec`` does), then fits the
 Gamma-prior model: by default the noise-aware posterior (method.md section 8), which knows
 the sum holds K independent release noises (``Statistics.noise``).
@@ -55,7 +56,9 @@ class RobustPrivate:
         # The K sites' releases, their noise drawn in 3 OpenDP calls (release_many: each
         # site's block gets exactly the mechanism and guarantee of release_statistics).
         for site in release_many(blocks, epsilon=setting.epsilon, x_bound=setting.x_bound,
-                                 y_bound=setting.y_bound, budget_split=setting.budget_split):
+                                 y_bound=setting.y_bound, budget_split=setting.budget_split,
+                                 neighbouring=setting.neighbouring,
+                                 xtx_sensitivity=setting.xtx_sensitivity):
             total = total + site
         return total
 

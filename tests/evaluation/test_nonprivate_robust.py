@@ -20,6 +20,8 @@ def test_is_robust_private_without_the_noise(problem, monkeypatch):
     data = problem.small(500)
     ours = NonPrivateRobust(posterior="fixed").statistics(data, setting)
     monkeypatch.setattr(site_node.release, "add_laplace_noise", Recorder().laplace)
+    # ... and without the noise on n (add/remove, the default relation).
+    monkeypatch.setattr(site_node.release, "add_count_noise", lambda c, eps: (list(c), eps))
     theirs = RobustPrivate(posterior="fixed").statistics(data, setting)
     assert ours.n == theirs.n
     np.testing.assert_allclose(ours.xtx, theirs.xtx, rtol=1e-12)

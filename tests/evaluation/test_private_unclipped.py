@@ -24,9 +24,10 @@ def test_release_uses_the_bounds_on_linearly_rescaled_data(problem, monkeypatch)
     setting = problem.setting(epsilon=2.0, x_bound=0.2, y_bound=0.7)
     FIXED.statistics(problem.small(300), setting)
     d = 5
+    # The default mechanism: add/remove, exact Sxx rule, split (0.35, 0.60, 0.03, 0.02).
     assert [c["sensitivity"] for c in rec.calls] == pytest.approx(
-        [d * (d + 1) * 0.2 ** 2, 2 * d * 0.2 * 0.7, 0.7 ** 2])
-    assert [c["epsilon"] for c in rec.calls] == pytest.approx([0.35 * 2, 0.6 * 2, 0.05 * 2])
+        [d * (d + 1) / 2 * 0.2 ** 2, d * 0.2 * 0.7, 0.7 ** 2])
+    assert [c["epsilon"] for c in rec.calls] == pytest.approx([0.35 * 2, 0.6 * 2, 0.03 * 2])
     (mx, my, bx, by), = seen
     # Linear rescaling, not projection: the whole public range lands inside the bounds.
     assert (bx, by) == (0.2, 0.7) and mx <= 0.2 and my <= 0.7

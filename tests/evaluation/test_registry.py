@@ -31,6 +31,9 @@ def test_get_method_options_and_errors():
 @pytest.mark.parametrize("kw", [
     {"epsilon": 0.0}, {"epsilon": float("nan")}, {"x_bound": -1.0}, {"y_bound": True},
     {"budget_split": (0.5, 0.5)}, {"budget_split": (0.3, 0.3, 0.3)}, {"delta": 0.0},
+    {"budget_split": (0.35, 0.60, 0.05)},                       # 3 shares under add/remove
+    {"budget_split": (0.3, 0.6, 0.05, 0.05), "neighbouring": "replace_one"},
+    {"neighbouring": "bounded"}, {"xtx_sensitivity": "tight"},
     {"delta": 1.0}, {"n_sites": 0}, {"n_sites": 1.5}, {"x_range": 0.0}, {"y_range": -2.0},
 ])
 def test_bad_privacy_settings_raise(kw):
@@ -59,3 +62,19 @@ def test_every_method_fits_public_rows_only(problem):
         method = get_method(name, posterior="fixed", draws=50) if bayesian else get_method(name)
         beta = method.fit(data, problem.setting(epsilon=1.0), seed=0)
         assert beta.shape == (5,) and np.all(np.isfinite(beta))
+
+
+def test_privacy_setting_and_protocol_default_split_follow_the_relation():
+    from evaluation.protocol import ProtocolConfig
+    base = {"epsilon": 1.0, "x_bound": 0.5, "y_bound": 1.0}
+    s = PrivacySetting(**base)
+    assert (s.neighbouring, s.xtx_sensitivity) == ("add_remove", "exact")
+    assert s.budget_split == (0.35, 0.60, 0.03, 0.02)
+    ro = PrivacySetting(**base, neighbouring="replace_one", xtx_sensitivity="paper")
+    assert ro.budget_split == (0.35, 0.60, 0.05)
+    assert ProtocolConfig().budget_split == (0.35, 0.60, 0.03, 0.02)
+    assert ProtocolConfig(neighbouring="replace_one").budget_split == (0.35, 0.60, 0.05)
+    with pytest.raises(ValueError):
+        ProtocolConfig(budget_split=(0.35, 0.60, 0.05))       # 3 shares under add/remove
+    with pytest.raises(ValueError):
+        ProtocolConfig(neighbouring="bounded")

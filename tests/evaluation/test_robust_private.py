@@ -28,20 +28,40 @@ def test_noise_is_there_at_small_epsilon(problem):
 
 
 @pytest.mark.parametrize("n_sites", [1, 3])
-def test_statistics_are_site_releases_plus_exact_public(problem, monkeypatch, n_sites):
+@pytest.mark.parametrize("relation", ["replace_one", "add_remove"])
+def test_statistics_are_site_releases_plus_exact_public(problem, monkeypatch, n_sites, relation):
     rec = Recorder()
+    counts = []
     monkeypatch.setattr(site_node.release, "add_laplace_noise", rec.laplace)
+    monkeypatch.setattr(site_node.release, "add_count_noise",
+                        lambda c, eps: (counts.append((list(c), eps)), (list(c), eps))[1])
     data = problem.small(301)
-    setting = problem.setting(epsilon=2.0, n_sites=n_sites, budget_split=(0.3, 0.65, 0.05))
+    d = 5
+    if relation == "replace_one":  # the paper's mechanism: bounded DP, its Sxx rule, n exact
+        setting = problem.setting(epsilon=2.0, n_sites=n_sites, budget_split=(0.3, 0.65, 0.05),
+                                  neighbouring="replace_one", xtx_sensitivity="paper")
+        bx, by = setting.x_bound, setting.y_bound
+        expected = [(d * (d + 1) * bx ** 2, 0.3 * 2.0), (2 * d * bx * by, 0.65 * 2.0),
+                    (by ** 2, 0.05 * 2.0)]
+    else:  # the default: add/remove, exact Sxx rule, noisy n
+        setting = problem.setting(epsilon=2.0, n_sites=n_sites,
+                                  budget_split=(0.3, 0.6, 0.05, 0.05))
+        bx, by = setting.x_bound, setting.y_bound
+        expected = [(d * (d + 1) / 2 * bx ** 2, 0.3 * 2.0), (d * bx * by, 0.6 * 2.0),
+                    (by ** 2, 0.05 * 2.0)]
     stats = FIXED.statistics(data, setting)
-    d, bx, by = 5, setting.x_bound, setting.y_bound
     # One OpenDP call per part for all K sites (site_node.release.release_many), each with a
     # SINGLE site's sensitivity and epsilon share, on the K sites' values concatenated.
-    expected = [(d * (d + 1) * bx ** 2, 0.3 * 2.0), (2 * d * bx * by, 0.65 * 2.0),
-                (by ** 2, 0.05 * 2.0)]
     assert [c["sensitivity"] for c in rec.calls] == pytest.approx([e[0] for e in expected])
     assert [c["epsilon"] for c in rec.calls] == pytest.approx([e[1] for e in expected])
     assert [c["size"] for c in rec.calls] == [n_sites * d * (d + 1) // 2, n_sites * d, n_sites]
+    if relation == "add_remove":  # the K counts in one call, with the n share
+        assert len(counts) == 1 and len(counts[0][0]) == n_sites
+        assert counts[0][1] == pytest.approx(0.05 * 2.0)
+        assert stats.noise.draws("n") == n_sites
+    else:
+        assert counts == [] and stats.noise.n == ()
+    assert stats.noise.draws("xty") == n_sites  # K site releases; the public part adds none
     # With the noise removed: clipped private + exact, unclipped public statistics.
     sxx, sxy, syy = clipped_statistics(data.x_private, data.y_private, bx, by)
     pub = exact_statistics(data.x_public, data.y_public)
