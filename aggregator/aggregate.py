@@ -270,9 +270,17 @@ def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
     from aggregator.posterior import fit_posterior
     from aggregator.quality import information_statement
 
+    from aggregator.posterior import PosteriorError
+
     if public is not None and public.n >= 1:
-        base = fit_posterior(public, draws=max(len(beta_draws), 1000), seed=seed).beta_draws
         reference = f"the {public.n} public rows alone"
+        try:
+            base = fit_posterior(public, draws=max(len(beta_draws), 1000), seed=seed).beta_draws
+        except (PosteriorError, ValueError) as exc:
+            # The comparison is a courtesy; a public-only fit that fails must not fail the
+            # round. Say so instead of guessing.
+            return {"verdict": "unknown", "reference": reference,
+                    "text": f"Could not compare with {reference}: {exc}"}
     else:
         rng = np.random.default_rng(seed)
         lam0 = rng.gamma(2.0, 0.5, size=4000)

@@ -172,6 +172,15 @@ def _log_prior(u: np.ndarray, d: int) -> tuple[float, np.ndarray]:
     return val, g
 
 
+# |log lambda| beyond this is outside any data's support (lambda = e^60): treated as zero
+# density so that an optimiser's trial step cannot overflow exp().
+_MAX_LOG_LAMBDA = 60.0
+
+
+def _in_range(u: np.ndarray, d: int) -> bool:
+    return bool(np.all(np.isfinite(u)) and abs(u[d]) <= _MAX_LOG_LAMBDA)
+
+
 def _log_prior_batch(u: np.ndarray, d: int) -> np.ndarray:
     beta, a = u[:, :d], u[:, d]
     s = np.einsum("ij,ij->i", beta, beta)
@@ -189,6 +198,8 @@ def draw_lam0(beta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
 def log_posterior_exact(u: np.ndarray, stats: Statistics) -> tuple[float, np.ndarray]:
     """Log joint density of method.md section 1 at u (exact statistics), and its gradient."""
     d = stats.dim
+    if not _in_range(u, d):
+        return -np.inf, np.zeros(d + 1)
     val, g = _log_prior(u, d)
     beta, a = u[:d], u[d]
     lam = np.exp(a)
@@ -228,6 +239,8 @@ def log_posterior_noise_aware(u: np.ndarray, inp: NoiseAwareInputs) -> tuple[flo
     Returns (-inf, zeros) where the covariance is not positive definite (cannot happen when
     some release variance is positive; kept as a guard)."""
     d = inp.dim
+    if not _in_range(u, d):
+        return -np.inf, np.zeros(d + 1)
     val, g = _log_prior(u, d)
     beta, a = u[:d], u[d]
     rho = float(np.exp(-a))
@@ -265,10 +278,11 @@ def log_posterior_noise_aware(u: np.ndarray, inp: NoiseAwareInputs) -> tuple[flo
 def log_posterior_exact_batch(u: np.ndarray, stats: Statistics) -> np.ndarray:
     """``log_posterior_exact`` at every row of ``u`` (S, d + 1), without gradients."""
     d = stats.dim
-    beta, a = u[:, :d], u[:, d]
+    beta, a = u[:, :d], np.clip(u[:, d], -_MAX_LOG_LAMBDA, _MAX_LOG_LAMBDA)
     quad = (np.einsum("ij,jk,ik->i", beta, stats.xtx, beta) - 2 * beta @ stats.xty + stats.yty)
-    return (_log_prior_batch(u, d) + 0.5 * stats.n * (a - _LOG_2PI)
-            - 0.5 * np.exp(a) * quad)
+    out = (_log_prior_batch(u, d) + 0.5 * stats.n * (a - _LOG_2PI) - 0.5 * np.exp(a) * quad)
+    out[np.abs(u[:, d]) > _MAX_LOG_LAMBDA] = -np.inf
+    return out
 
 
 def log_posterior_noise_aware_batch(u: np.ndarray, inp: NoiseAwareInputs) -> np.ndarray:

@@ -319,6 +319,10 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
             "dim": stats.dim}
     if stats.noise is not None:
         diag["noise"] = stats.noise.summary()
+    if model == "exact" and np.linalg.eigvalsh(stats.xtx)[0] < -1e-9 * max(
+            1.0, float(np.max(np.abs(stats.xtx)))):
+        raise PosteriorError("statistics said to be exact have an indefinite Sxx (no real "
+                             "rows give that): they are not exact statistics")
     if model == "plug-in":
         fitted, rep = repair_statistics(stats, eigen_floor=eigen_floor, rss_floor=rss_floor,
                                         project_xty=project_xty)

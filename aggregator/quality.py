@@ -12,8 +12,10 @@ there are none), both of beta, from their draws (pure function):
 - ``information_bits``: half the log2 ratio of the determinants of the two posterior
   covariances (the volume by which the private data shrank the posterior, in bits).
 
-Verdict: ``little`` when sd_ratio > 0.8 and shift_sd < 0.5 (the private statistics narrowed
-the intervals by less than a fifth and moved them by less than half a public-only sd);
+Verdict: ``little`` when sd_ratio > 1 (the round is *less* certain than the public rows
+alone: noisy or conflicting private statistics) or when sd_ratio > 0.8 and shift_sd < 0.5
+(the private statistics narrowed the intervals by less than a fifth and moved them by less
+than half a public-only sd);
 ``some`` when sd_ratio > 0.5; otherwise ``substantial``.
 """
 
@@ -47,19 +49,26 @@ def information_statement(round_draws: np.ndarray, public_draws: np.ndarray, *,
     shift = float(np.sqrt(np.mean(((a.mean(axis=0) - b.mean(axis=0))[ok] / sd_b[ok]) ** 2))) \
         if ok.any() else float("nan")
     bits = 0.5 * (_logdet_cov(b) - _logdet_cov(a)) / np.log(2.0)
-    if sd_ratio > LITTLE_SD_RATIO and shift < LITTLE_SHIFT:
+    change = (f"intervals {100 * (1 - sd_ratio):.0f} % narrower" if sd_ratio <= 1 else
+              f"intervals {100 * (sd_ratio - 1):.0f} % WIDER (the private statistics are noisy "
+              f"or disagree with {reference})")
+    if sd_ratio > 1:
+        verdict = "little"
+        text = (f"The private statistics did not make the result more certain than "
+                f"{reference}: {change}; means moved {shift:.2f} sd. Treat it with caution.")
+    elif sd_ratio > LITTLE_SD_RATIO and shift < LITTLE_SHIFT:
         verdict = "little"
         text = (f"The private statistics carried little information: the result is close to "
-                f"what {reference} give (intervals {100 * (1 - sd_ratio):.0f} % narrower, "
-                f"means moved {shift:.2f} sd). Do not read more into it than into "
+                f"what {reference} give ({change}, means moved {shift:.2f} sd). Do not read "
+                f"more into it than into "
                 f"{reference}.")
     elif sd_ratio > SOME_SD_RATIO:
         verdict = "some"
         text = (f"The private statistics added some information beyond {reference}: "
-                f"intervals {100 * (1 - sd_ratio):.0f} % narrower, means moved {shift:.2f} sd.")
+                f"{change}, means moved {shift:.2f} sd.")
     else:
         verdict = "substantial"
         text = (f"The private statistics added substantial information beyond {reference}: "
-                f"intervals {100 * (1 - sd_ratio):.0f} % narrower, means moved {shift:.2f} sd.")
+                f"{change}, means moved {shift:.2f} sd.")
     return {"verdict": verdict, "sd_ratio": sd_ratio, "shift_sd": shift,
             "information_bits": float(bits), "reference": reference, "text": text}

@@ -380,7 +380,7 @@ def test_contribution_noise_must_match_the_spec(federation, monkeypatch):
 
     fitted = []
     real_fit = aggregate.fit
-    monkeypatch.setattr(aggregate, "fit", lambda total, *a: (fitted.append(total),
+    monkeypatch.setattr(aggregate, "fit", lambda total, *a, **kw: (fitted.append(total),
                                                             real_fit(total, *a))[1])
     for i, site in enumerate(federation.SITES):
         assert federation.stub.Contribute(

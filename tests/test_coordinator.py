@@ -86,7 +86,7 @@ def test_cli_round_start_wait_result_and_sites(federation, tmp_path, capsys):
     assert "DONE" in capsys.readouterr().out
     assert main(["round", "result", "cli-1", *conf]) == 0
     table = capsys.readouterr().out
-    assert "97.5%" in table and "n = 120" in table  # 2 x 50 private + 20 public rows
+    assert "95%" in table and "n = 120" in table  # 2 x 50 private + 20 public rows
     assert main(["round", "result", "cli-1", "--json", *conf]) == 0
     assert json.loads(capsys.readouterr().out)["n_public"] == 20
     assert main(["sites", "list", "--json", *conf]) == 0

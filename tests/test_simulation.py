@@ -98,7 +98,7 @@ def test_model_from_result_and_feature_table():
     assert np.array_equal(model.beta_draws, draws)
     table = sim.feature_table(model, ["a", "b"])
     assert [r["feature"] for r in table] == ["b", "a"]
-    assert table[0]["ci95"][0] < -3.0 < table[0]["ci95"][1]
+    assert table[0]["ci90"][0] < -3.0 < table[0]["ci90"][1]
 
 
 def test_written_files_follow_the_interfaces(tmp_path, nutlin):

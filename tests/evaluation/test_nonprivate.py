@@ -5,7 +5,7 @@ from evaluation.methods.nonprivate import NonPrivate
 
 
 def test_recovers_beta_and_is_the_exact_fit(problem):
-    method = NonPrivate(posterior="fixed", draws=20_000)
+    method = NonPrivate(posterior="plug-in-fixed", draws=20_000)
     beta = method.fit(problem.data, problem.setting(), seed=0)
     assert problem.spearman(beta) > 0.9
     d = problem.data
@@ -17,7 +17,7 @@ def test_recovers_beta_and_is_the_exact_fit(problem):
 
 
 def test_deterministic_given_seed_and_ignores_bounds(problem):
-    method = NonPrivate(posterior="fixed", draws=100)
+    method = NonPrivate(posterior="plug-in-fixed", draws=100)
     a = method.fit(problem.small(300), problem.setting(x_bound=0.01), seed=4)
     b = method.fit(problem.small(300), problem.setting(x_bound=5.0), seed=4)
     np.testing.assert_array_equal(a, b)

@@ -13,7 +13,7 @@ METHODS = {
     "adassp": AdaSSP(),
     "functional_mechanism": FunctionalMechanism(),
     "output_perturbation": OutputPerturbation(),
-    "private_unclipped": PrivateUnclipped(posterior="fixed", draws=200),
+    "private_unclipped": PrivateUnclipped(posterior="plug-in-fixed", draws=200),
 }
 
 

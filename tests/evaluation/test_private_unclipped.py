@@ -7,7 +7,7 @@ from evaluation.methods.private_unclipped import PrivateUnclipped
 
 from .conftest import Recorder
 
-FIXED = PrivateUnclipped(posterior="fixed", draws=200)
+FIXED = PrivateUnclipped(posterior="plug-in-fixed", draws=200)
 
 
 def test_release_uses_the_bounds_on_linearly_rescaled_data(problem, monkeypatch):
@@ -40,8 +40,8 @@ def test_beta_is_in_original_units(problem, monkeypatch):
     # original units; 20000 draws bring the Monte Carlo error of the mean to ~0.01.)
     monkeypatch.setattr(site_node.release, "add_laplace_noise", Recorder().laplace)
     setting = problem.setting(x_bound=0.1, y_bound=0.05)
-    ours = PrivateUnclipped(posterior="fixed", draws=20_000).fit(problem.data, setting, seed=0)
-    plain = NonPrivate(posterior="fixed", draws=200).fit(problem.data, setting, seed=0)
+    ours = PrivateUnclipped(posterior="plug-in-fixed", draws=20_000).fit(problem.data, setting, seed=0)
+    plain = NonPrivate(posterior="plug-in-fixed", draws=200).fit(problem.data, setting, seed=0)
     np.testing.assert_allclose(ours, plain, rtol=0.05, atol=0.05)
 
 

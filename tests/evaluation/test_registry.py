@@ -17,11 +17,11 @@ def test_registry_lists_exactly_the_seven_methods():
 
 def test_get_method_options_and_errors():
     assert get_method("adassp") is METHODS["adassp"]
-    assert get_method("robust_private", posterior="fixed").posterior == "fixed"
+    assert get_method("robust_private", posterior="plug-in-fixed").posterior == "plug-in-fixed"
     with pytest.raises(ValueError, match="unknown method"):
         get_method("ssp")
     with pytest.raises(ValueError, match="bad options"):
-        get_method("adassp", posterior="fixed")
+        get_method("adassp", posterior="plug-in-fixed")
     with pytest.raises(ValueError, match="posterior"):
         get_method("nonprivate", posterior="mcmc")
     with pytest.raises(ValueError, match="draws"):
@@ -59,7 +59,7 @@ def test_every_method_fits_public_rows_only(problem):
     for name in NAMES:
         bayesian = name in {"robust_private", "nonprivate", "nonprivate_robust",
                             "private_unclipped"}
-        method = get_method(name, posterior="fixed", draws=50) if bayesian else get_method(name)
+        method = get_method(name, posterior="plug-in-fixed", draws=50) if bayesian else get_method(name)
         beta = method.fit(data, problem.setting(epsilon=1.0), seed=0)
         assert beta.shape == (5,) and np.all(np.isfinite(beta))
 

@@ -9,7 +9,7 @@ from site_node.release import clipped_statistics
 
 from .conftest import Recorder
 
-FIXED = RobustPrivate(posterior="fixed", draws=200)
+FIXED = RobustPrivate(posterior="plug-in-fixed", draws=200)
 
 
 def test_recovers_beta_at_generous_epsilon(problem):
@@ -73,7 +73,7 @@ def test_statistics_are_site_releases_plus_exact_public(problem, monkeypatch, n_
 
 def test_bad_settings_raise(problem):
     with pytest.raises(ValueError):
-        RobustPrivate(posterior="laplace")
+        RobustPrivate(posterior="advi")  # only "plug-in-advi" exists
     with pytest.raises(ValueError):
         get_method("robust_private", draws=-1)
 
