@@ -36,7 +36,8 @@ from evaluation.scoring import TestRanks
 __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_grid",
            "DEFAULT_METHODS"]
 
-ROW_FIELDS = ("drug", "repeat", "method", "epsilon", "n_private", "sites", "spearman",
+ROW_FIELDS = ("drug", "repeat", "method", "epsilon", "n_private", "sites", "neighbouring",
+              "spearman",
               "converged", "error")
 
 DEFAULT_METHODS = ("robust_private", "nonprivate", "nonprivate_robust", "private_unclipped",
@@ -78,10 +79,11 @@ def plan_tasks(drugs: Sequence[int], config: ProtocolConfig, methods: Sequence[s
     return tasks
 
 
-def _row(data: RepeatData, method: str, eps, n: int, k: int, **kw) -> dict:
+def _row(data: RepeatData, method: str, eps, n: int, k: int, neighbouring: str, **kw) -> dict:
     row = dict(drug=data.drug, repeat=data.repeat, method=method,
                epsilon=None if eps is None else float(eps), n_private=int(n), sites=int(k),
-               spearman=float("nan"), converged=None, error=None)
+               neighbouring=neighbouring, spearman=float("nan"), converged=None,
+               error=None)
     row.update(kw)
     return row
 
@@ -115,7 +117,7 @@ def run_task(task: Task) -> TaskResult:
         # n = 0: public only, the same Gamma-prior posterior of the public lines for every
         # method (no private data: nothing to protect), fitted once, reported for each.
         if 0 in cfg.sizes:
-            row = _row(data, "_public_only", None, 0, 1)
+            row = _row(data, "_public_only", None, 0, 1, cfg.neighbouring)
             try:
                 t_fit = time.perf_counter()
                 beta = timed("_public_only", posterior_beta,
@@ -140,7 +142,8 @@ def run_task(task: Task) -> TaskResult:
                     for k in site_counts:
                         m = site_size(n, k)
                         key = (m, float(eps))
-                        row = _row(data, name, None if name in _EPS_FREE else eps, n, k)
+                        row = _row(data, name, None if name in _EPS_FREE else eps, n, k,
+                                   cfg.neighbouring)
                         if m < 2 or key not in task.bounds:
                             continue  # fewer than 2 rows per site: no release to make
                         om_x, om_y = task.bounds[key]

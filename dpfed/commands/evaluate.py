@@ -94,6 +94,8 @@ def evaluate(args) -> int:
     options["epsilons"] = args.epsilons
     options["sites"] = args.sites
     options["seed"] = args.seed
+    options["neighbouring"] = args.neighbouring
+    options["xtx_sensitivity"] = args.xtx_sensitivity
     try:
         config = ProtocolConfig(**options)
         methods = args.methods or DEFAULT_METHODS
@@ -174,6 +176,12 @@ def register(subparsers) -> None:
                    help="site counts K for robust_private (default 1,3,10)")
     p.add_argument("--epsilons", type=_floats, default=(1.0, 2.0), metavar="E,E,...",
                    help="privacy budgets per site (default 1,2)")
+    p.add_argument("--neighbouring", choices=("add_remove", "replace_one"), default="add_remove",
+                   help="neighbouring relation of the releases (default add_remove; "
+                        "replace_one is the paper's, for comparison with its figures: eps "
+                        "under add/remove implies 2 eps under replace-one)")
+    p.add_argument("--xtx-sensitivity", choices=("exact", "paper"), default="exact",
+                   help="Sxx sensitivity rule (default exact; paper: twice the noise)")
     p.add_argument("--seed", type=int, default=0, help="seed of the splits and fits (default 0)")
     p.add_argument("--out", default="results/evaluate", help="output folder")
     p.add_argument("--executor", choices=("local", "dask", "serial"), default="local",
