@@ -5,7 +5,7 @@ The pure numpy functions of ``aggregator.noise_aware`` stay the reference: they 
 tested against the PyMC model (tests/test_noise_aware.py). The functions here compute the same
 quantities with the same formulas, written as loops over the (d + 1) x (d + 1) matrices with a
 hand-written Cholesky factorisation (numpy's per-call overhead dominated at these sizes:
-~30 us per density + gradient at d = 10, against ~2 us here); tests/test_noise_aware_jit.py
+30-70 us per density + gradient at d = 10, against ~2 us here); tests/test_noise_aware_jit.py
 checks that they agree with the numpy ones to ~1e-10 relative. Differences from the numpy
 code are floating-point only:
 
