@@ -16,7 +16,8 @@ Methods (``method=``):
 
 - ``"auto"`` (default) = ``"laplace"``: Laplace approximation with importance sampling
   (``aggregator.laplace.laplace_importance``) of the posterior of (beta, log lambda) with
-  lambda0 integrated out; numpy only, milliseconds. Works for every model.
+  lambda0 integrated out; compiled with Numba (aggregator.noise_aware_jit; the numpy
+  reference in aggregator.noise_aware), milliseconds. Works for every model.
 - ``"nuts"``: PyMC's NUTS on the PyMC definition of the model (the reference).
 - ``"advi"``, ``"fixed"``: the paper's mean-field ADVI and the fixed-precision closed form,
   for the exact and plug-in models only (they have no noise-aware form here).
@@ -59,8 +60,8 @@ METHODS = ("auto", "laplace", "nuts", "advi", "fixed")
 MODELS = ("noise-aware", "exact", "plug-in")
 # Importance sampling with fewer effective draws than this is refused (use NUTS).
 _MIN_ESS = 50
-# Proposals tried in turn (scale of the Laplace covariance, t degrees of freedom, draws).
-_PROPOSALS = ((1.2, 5.0, 4000), (2.0, 3.0, 16000))
+# Proposals tried in turn: the default (aggregator.laplace), then a wider, heavier-tailed t.
+_WIDER_PROPOSALS = ({}, dict(scale=2.0, df=3.0, proposals=16000, max_proposals=16000))
 
 
 class UnknownNoiseError(ValueError):
@@ -367,6 +368,36 @@ def _start(stats: Statistics, xtx: np.ndarray, ridge: float) -> np.ndarray:
     return np.concatenate([beta, [np.log(lam)]])
 
 
+#: How ``_fit_laplace`` evaluates the densities: "numba" (compiled twins in
+#: ``aggregator.noise_aware_jit``, damped Newton for the mode) or "numpy" (the reference
+#: functions of ``aggregator.noise_aware``, BFGS). Same model and algorithm either way.
+LAPLACE_BACKEND = "numba"
+
+
+def _laplace_functions(stats, public, model):
+    """(f, f_batch, u0, newton, neg_hessian) of the exact or noise-aware model for
+    ``aggregator.laplace.laplace_importance``, compiled unless LAPLACE_BACKEND == "numpy"."""
+    from aggregator import noise_aware as na
+
+    inp = na.noise_aware_inputs(stats, public) if model == "noise-aware" else None
+    if model == "noise-aware":
+        u0 = _start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
+    else:
+        u0 = _start(stats, stats.xtx, 1.0)
+    if LAPLACE_BACKEND == "numba":
+        from aggregator.noise_aware_jit import target_for
+
+        t = target_for(model, stats, inp)
+        return t.logp_grad, t.logp_batch, u0, t.newton, t.neg_hessian
+    if model == "noise-aware":
+        f = lambda u: na.log_posterior_noise_aware(u, inp)  # noqa: E731
+        fb = lambda u: na.log_posterior_noise_aware_batch(u, inp)  # noqa: E731
+    else:
+        f = lambda u: na.log_posterior_exact(u, stats)  # noqa: E731
+        fb = lambda u: na.log_posterior_exact_batch(u, stats)  # noqa: E731
+    return f, fb, u0, None, None
+
+
 def _fit_laplace(stats, public, model, rep, diag, ss, draws) -> Posterior:
     """Laplace approximation + importance sampling (aggregator.laplace) of the exact or the
     noise-aware model, lambda0 integrated out and drawn given beta afterwards."""
@@ -374,21 +405,13 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws) -> Posterior:
     from aggregator.laplace import laplace_importance
 
     d = stats.dim
-    if model == "noise-aware":
-        inp = na.noise_aware_inputs(stats, public)
-        f = lambda u: na.log_posterior_noise_aware(u, inp)  # noqa: E731
-        fb = lambda u: na.log_posterior_noise_aware_batch(u, inp)  # noqa: E731
-        u0 = _start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
-    else:
-        f = lambda u: na.log_posterior_exact(u, stats)  # noqa: E731
-        fb = lambda u: na.log_posterior_exact_batch(u, stats)  # noqa: E731
-        u0 = _start(stats, stats.xtx, 1.0)
+    f, fb, u0, newton, neg_hessian = _laplace_functions(stats, public, model)
     rng = np.random.default_rng(ss)
     # A proposal too narrow for the target shows as a small effective sample size; widen it
-    # (heavier tails, more draws) before giving up.
-    for attempt, (scale, df, proposals) in enumerate(_PROPOSALS):
-        res = laplace_importance(f, fb, u0, draws=draws, rng=rng, scale=scale, df=df,
-                                 proposals=proposals)
+    # (heavier tails, more draws) before giving up. The Laplace step is repeated (cheap).
+    for attempt, wider in enumerate(_WIDER_PROPOSALS):
+        res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
+                                 neg_hessian=neg_hessian, **wider)
         if not res.laplace.converged or res.ess >= _MIN_ESS:
             break
     diag["importance_attempts"] = attempt + 1
@@ -396,7 +419,8 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws) -> Posterior:
     diag.update(converged=bool(lap.converged and res.ess >= _MIN_ESS),
                 iterations=lap.iterations, gradient_norm=lap.gradient_norm,
                 importance_ess=res.ess, importance_proposals=res.proposals,
-                laplace_message=lap.message)
+                laplace_message=lap.message, optimiser=lap.optimiser,
+                newton_iterations=lap.newton_iterations)
     if not lap.converged:
         raise ConvergenceError(f"Laplace approximation failed: {lap.message}", diag)
     if res.ess < _MIN_ESS:

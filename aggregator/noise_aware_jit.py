@@ -1,0 +1,561 @@
+"""Compiled (Numba) twins of the densities of ``aggregator.noise_aware`` and a damped Newton
+optimiser for their mode, for ``aggregator.laplace`` (the fast path of ``fit_posterior``).
+
+The pure numpy functions of ``aggregator.noise_aware`` stay the reference: they are the ones
+tested against the PyMC model (tests/test_noise_aware.py). The functions here compute the same
+quantities with the same formulas, written as loops over the (d + 1) x (d + 1) matrices with a
+hand-written Cholesky factorisation (numpy's per-call overhead dominated at these sizes:
+30-70 us per density + gradient at d = 10, against ~2 us here); tests/test_noise_aware_jit.py
+checks that they agree with the numpy ones to ~1e-10 relative. Differences from the numpy
+code are floating-point only:
+
+- the gradient's C^-1 comes from the Cholesky factor (L^-T L^-1) instead of ``np.linalg.inv``;
+- the batch density solves with the factor row by row instead of ``np.linalg.solve``.
+
+The machine code is cached on disk (``cache=True``; Numba's cache next to this file, or in
+``NUMBA_CACHE_DIR``), so a new process loads it instead of compiling it again.
+
+``kind`` selects the model in the shared entry points: ``EXACT`` (method.md section 1, the
+arguments are Sxx, Sxy, Syy, n and the variances are ignored) or ``NOISE_AWARE`` (module
+docstring of ``aggregator.noise_aware``: R_xx = A_post, R_xy, R_yy, n, Abar and the four
+variances).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numba
+import numpy as np
+
+from aggregator import noise_aware as na
+from dpfed.statistics import Statistics
+
+__all__ = ["EXACT", "NOISE_AWARE", "Target", "target_for", "warm_up"]
+
+EXACT = 0
+NOISE_AWARE = 1
+
+_LOG_2PI = math.log(2.0 * math.pi)
+_SHAPE = float(na.PRIOR_SHAPE)
+_RATE = float(na.PRIOR_RATE)
+
+# Reassociation (vectorised sums) and fused multiply-add; no nnan/ninf, so the tests for
+# non-finite values and for non-positive pivots keep their meaning.
+_jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+
+
+@_jit
+def _cholesky(a, low):
+    """Lower Cholesky factor of the symmetric ``a`` (lower triangle read) into ``low``;
+    False when ``a`` is not positive definite (a pivot <= 0 or NaN), as LAPACK's potrf."""
+    k = a.shape[0]
+    for j in range(k):
+        lj = low[j]
+        s = a[j, j]
+        for p in range(j):
+            s -= lj[p] * lj[p]
+        if not s > 0.0:
+            return False
+        ljj = math.sqrt(s)
+        lj[j] = ljj
+        for p in range(j + 1, k):
+            lj[p] = 0.0
+        rj = 1.0 / ljj
+        for i in range(j + 1, k):
+            li = low[i]
+            s = a[i, j]
+            for p in range(j):
+                s -= li[p] * lj[p]
+            li[j] = s * rj
+    return True
+
+
+@_jit
+def _prior(u, d, const, g):
+    """Student-t prior of beta and Gamma(a, b) prior of lambda on log lambda (with the
+    Jacobian); writes its gradient into ``g``, returns its value (``noise_aware._log_prior``).
+    ``const`` = _t_const(d) + _GAMMA_CONST."""
+    s = 0.0
+    for i in range(d):
+        s += u[i] * u[i]
+    kk = _SHAPE + 0.5 * d
+    den = _RATE + 0.5 * s
+    lam = math.exp(u[d])
+    for i in range(d):
+        g[i] = -kk * u[i] / den
+    g[d] = _SHAPE - _RATE * lam
+    return const - kk * math.log(den) + _SHAPE * u[d] - _RATE * lam
+
+
+@_jit
+def _prior_value(u, d, const):
+    s = 0.0
+    for i in range(d):
+        s += u[i] * u[i]
+    return (const - (_SHAPE + 0.5 * d) * math.log(_RATE + 0.5 * s) + _SHAPE * u[d]
+            - _RATE * math.exp(u[d]))
+
+
+@_jit
+def _exact_logp_grad(u, xtx, xty, yty, n, const, g):
+    """``noise_aware.log_posterior_exact``: value, gradient into ``g``."""
+    d = xty.shape[0]
+    val = _prior(u, d, const, g)
+    lam = math.exp(u[d])
+    quad = yty
+    for i in range(d):
+        sb = 0.0
+        for j in range(d):
+            sb += xtx[i, j] * u[j]
+        quad += u[i] * sb - 2.0 * u[i] * xty[i]
+        g[i] += -lam * (sb - xty[i])
+    val += 0.5 * n * (u[d] - _LOG_2PI) - 0.5 * lam * quad
+    g[d] += 0.5 * n - 0.5 * lam * quad
+    return val
+
+
+@_jit
+def _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb):
+    """Residual ``r`` and the lower triangle of the covariance ``c`` of the noise-aware
+    likelihood at u (``noise_aware._likelihood_parts``); also fills Abar beta, Rxx beta.
+    Returns |beta|^2."""
+    d = rxy.shape[0]
+    rho = math.exp(-u[d])
+    s = 0.0
+    s4 = 0.0
+    for i in range(d):
+        b2 = u[i] * u[i]
+        s += b2
+        s4 += b2 * b2
+    bab = 0.0
+    brb = 0.0
+    for i in range(d):
+        ai = abar[i]
+        xi = rxx[i]
+        sa = 0.0
+        sr = 0.0
+        for j in range(d):
+            sa += ai[j] * u[j]
+            sr += xi[j] * u[j]
+        ab[i] = sa
+        rb[i] = sr
+        bab += u[i] * sa
+        brb += u[i] * sr
+    # The lower triangle only: _cholesky reads no more (C is symmetric).
+    for i in range(d):
+        bi = u[i]
+        ci = c[i]
+        ai = abar[i]
+        for j in range(i):
+            ci[j] = rho * ai[j] + vxx * (bi * u[j])
+        ci[i] = rho * ai[i] + vxy + vxx * s
+        c[d, i] = 2.0 * rho * ab[i] + vxx * bi * (2.0 * s - bi * bi)
+        r[i] = rxy[i] - rb[i]
+    c[d, d] = 4.0 * rho * bab + (2.0 * n + vn) * rho * rho + vyy + vxx * (2.0 * s * s - s4)
+    r[d] = ryy - brb - n * rho
+    return s
+
+
+@_jit
+def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, const, g):
+    """``noise_aware.log_posterior_noise_aware``: value, gradient into ``g``; -inf and a zero
+    gradient where the covariance is not positive definite."""
+    d = rxy.shape[0]
+    k = d + 1
+    r = np.empty(k)
+    c = np.empty((k, k))
+    low = np.empty((k, k))
+    ab = np.empty(d)
+    rb = np.empty(d)
+    s = _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb)
+    if not _cholesky(c, low):
+        for i in range(k):
+            g[i] = 0.0
+        return -np.inf
+    val = _prior(u, d, const, g)
+    rho = math.exp(-u[d])
+    # inv = L^-1 (lower), then W = C^-1 = inv^T inv (stored in c), alpha = W r.
+    # Row by row, so that the inner loops run along contiguous rows.
+    inv = np.zeros((k, k))
+    logdet = 0.0
+    for i in range(k):
+        ri = inv[i]
+        li = low[i]
+        ri[i] = 1.0
+        for p in range(i):
+            cp = li[p]
+            rp = inv[p]
+            for j in range(p + 1):
+                ri[j] -= cp * rp[j]
+        dinv = 1.0 / li[i]
+        for j in range(i + 1):
+            ri[j] *= dinv
+        logdet += math.log(li[i])
+    w = c  # W[i, j] = sum_p inv[p, i] inv[p, j], lower triangle, then mirrored
+    for i in range(k):
+        wi = w[i]
+        for j in range(i + 1):
+            wi[j] = 0.0
+    for p in range(k):
+        rp = inv[p]
+        for i in range(p + 1):
+            cpi = rp[i]
+            wi = w[i]
+            for j in range(i + 1):
+                wi[j] += cpi * rp[j]
+    for i in range(k):
+        for j in range(i):
+            w[j, i] = w[i, j]
+    alpha = np.empty(k)
+    quad = 0.0
+    for i in range(k):
+        wi = w[i]
+        t = 0.0
+        for j in range(k):
+            t += wi[j] * r[j]
+        alpha[i] = t
+        quad += r[i] * t
+    val += -logdet - 0.5 * quad - 0.5 * k * _LOG_2PI
+    # G = (alpha alpha^T - W) / 2, blocks g11 (d x d), g12 (d), g22; gradient as in numpy.
+    a2 = alpha[d]
+    g22 = 0.5 * (a2 * a2 - w[d, d])
+    tr11 = 0.0
+    g11_abar = 0.0
+    g12_ab = 0.0
+    g12_b = 0.0
+    bab = 0.0
+    g12 = np.empty(d)
+    for i in range(d):
+        g12[i] = 0.5 * (alpha[i] * a2 - w[i, d])
+        tr11 += 0.5 * (alpha[i] * alpha[i] - w[i, i])
+        g12_ab += g12[i] * ab[i]
+        g12_b += g12[i] * u[i]
+        bab += u[i] * ab[i]
+    grad_a = -a2 * n * rho
+    for i in range(d):
+        bi = u[i]
+        b2i = bi * bi
+        ali = alpha[i]
+        wi = w[i]
+        xi = rxx[i]
+        ai = abar[i]
+        # mean part: Rxx a1 + 2 a2 Rxx beta
+        t_rx = 0.0
+        t_g11b = 0.0
+        t_ag = 0.0
+        for j in range(d):
+            gij = 0.5 * (ali * alpha[j] - wi[j])
+            t_rx += xi[j] * alpha[j]
+            t_g11b += gij * u[j]
+            t_ag += ai[j] * g12[j]
+            g11_abar += gij * ai[j]
+        g11ii = 0.5 * (alpha[i] * alpha[i] - w[i, i])
+        gb = t_rx + 2.0 * a2 * rb[i]
+        gb += vxx * (2.0 * bi * tr11 + 2.0 * t_g11b - 2.0 * bi * g11ii)
+        gb += 4.0 * rho * t_ag + 2.0 * vxx * (4.0 * bi * g12_b + g12[i] * (2.0 * s - 3.0 * b2i))
+        gb += g22 * (8.0 * rho * ab[i] + vxx * (8.0 * s * bi - 4.0 * bi * b2i))
+        g[i] += gb
+    grad_a += (-rho * g11_abar - 4.0 * rho * g12_ab
+               + g22 * (-4.0 * rho * bab - 2.0 * (2.0 * n + vn) * rho * rho))
+    g[d] += grad_a
+    return val
+
+
+@_jit
+def _na_logp_batch(us, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, const, out):
+    """``noise_aware.log_posterior_noise_aware_batch`` into ``out`` (-inf where C is not PD)."""
+    m = us.shape[0]
+    d = rxy.shape[0]
+    k = d + 1
+    r = np.empty(k)
+    c = np.empty((k, k))
+    low = np.empty((k, k))
+    ab = np.empty(d)
+    rb = np.empty(d)
+    base = -0.5 * k * _LOG_2PI
+    for row in range(m):
+        u = us[row]
+        _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb)
+        if not _cholesky(c, low):
+            out[row] = -np.inf
+            continue
+        # z = L^-1 r (forward substitution), |z|^2 = r^T C^-1 r.
+        # log det / 2 = log prod L_ii, the product taken in pieces that cannot overflow.
+        logdet = 0.0
+        prod = 1.0
+        zz = 0.0
+        for i in range(k):
+            li = low[i]
+            t = r[i]
+            for p in range(i):
+                t -= li[p] * r[p]
+            t /= li[i]
+            r[i] = t
+            zz += t * t
+            prod *= li[i]
+            if prod > 1e100 or prod < 1e-100:
+                logdet += math.log(prod)
+                prod = 1.0
+        logdet += math.log(prod)
+        out[row] = _prior_value(u, d, const) - logdet - 0.5 * zz + base
+
+
+@_jit
+def _exact_logp_batch(us, xtx, xty, yty, n, const, out):
+    """``noise_aware.log_posterior_exact_batch`` into ``out``."""
+    m = us.shape[0]
+    d = xty.shape[0]
+    for row in range(m):
+        u = us[row]
+        quad = yty
+        for i in range(d):
+            xi = xtx[i]
+            sb = 0.0
+            for j in range(d):
+                sb += xi[j] * u[j]
+            quad += u[i] * sb - 2.0 * u[i] * xty[i]
+        out[row] = (_prior_value(u, d, const) + 0.5 * n * (u[d] - _LOG_2PI)
+                    - 0.5 * math.exp(u[d]) * quad)
+
+
+@_jit
+def _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, g):
+    if kind == EXACT:
+        return _exact_logp_grad(u, a, b, c0, n, const, g)
+    return _na_logp_grad(u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, g)
+
+
+@_jit
+def _logp_batch(kind, us, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, out):
+    if kind == EXACT:
+        _exact_logp_batch(us, a, b, c0, n, const, out)
+    else:
+        _na_logp_batch(us, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, out)
+
+
+@_jit
+def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step, central, g_u,
+                 h):
+    """Minus the Hessian at u by differences of the gradient, symmetrised, into ``h``:
+    central differences with steps ``step * max(1, |u_i|)`` (``aggregator.laplace.hessian``,
+    2k gradients) or, with ``central=False``, forward differences from ``g_u`` (the gradient
+    at u; k gradients, for Newton steps). False when a gradient was not finite."""
+    k = u.shape[0]
+    up = u.copy()
+    gp = np.empty(k)
+    gm = np.empty(k)
+    for i in range(k):
+        e = step * max(1.0, abs(u[i]))
+        up[i] = u[i] + e
+        vp = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, gp)
+        if central:
+            up[i] = u[i] - e
+            vm = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, gm)
+            if not (math.isfinite(vp) and math.isfinite(vm)):
+                return False
+            for j in range(k):
+                h[i, j] = -(gp[j] - gm[j]) / (2.0 * e)
+        else:
+            if not math.isfinite(vp):
+                return False
+            for j in range(k):
+                h[i, j] = -(gp[j] - g_u[j]) / e
+        up[i] = u[i]
+    for i in range(k):
+        for j in range(i):
+            t = 0.5 * (h[i, j] + h[j, i])
+            h[i, j] = t
+            h[j, i] = t
+    return True
+
+
+@_jit
+def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, tol, max_iterations,
+            max_step, step, mode, grad, prec):
+    """Mode of the log density by Newton's method with Levenberg damping and a backtracking
+    (Armijo) line search, from ``u0``. Stops when max |gradient| <= ``tol``.
+
+    Each step solves (H + mu I) p = g, H = minus the forward-difference Hessian, mu = 0 when H
+    is positive definite and otherwise the smallest of 1e-8, 1e-7, ... times max |H_ii| that
+    makes it so; p is shortened to at most ``max_step`` per coordinate; then halved until
+    f(u + t p) >= f(u) + 1e-4 t g^T p. Writes the last point into ``mode``, its gradient into
+    ``grad`` and minus the central-difference Hessian there into ``prec``.
+
+    Returns (status, value, iterations): status 0 converged, 1 iteration limit, 2 line search
+    found no increase (at the limit of floating point, or a bad direction), 3 the density or
+    a Hessian was not finite, 4 no damping made H positive definite.
+    """
+    k = u0.shape[0]
+    u = mode
+    for i in range(k):
+        u[i] = u0[i]
+    g = grad
+    f = _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, g)
+    if not math.isfinite(f):
+        return 3, f, 0
+    h = np.empty((k, k))
+    m = np.empty((k, k))
+    low = np.empty((k, k))
+    p = np.empty(k)
+    un = np.empty(k)
+    gn = np.empty(k)
+    it = 0
+    status = 1
+    while it < max_iterations:
+        gmax = 0.0
+        for i in range(k):
+            gmax = max(gmax, abs(g[i]))
+        if gmax <= tol:
+            status = 0
+            break
+        it += 1
+        if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step,
+                            False, g, h):
+            status = 3
+            break
+        hscale = 0.0
+        for i in range(k):
+            hscale = max(hscale, abs(h[i, i]))
+        hscale = max(hscale, 1e-300)
+        mu = 0.0
+        ok = False
+        while mu <= 1e8 * hscale:
+            for i in range(k):
+                for j in range(k):
+                    m[i, j] = h[i, j]
+                m[i, i] += mu
+            if _cholesky(m, low):
+                ok = True
+                break
+            mu = 1e-8 * hscale if mu == 0.0 else 10.0 * mu
+        if not ok:
+            status = 4
+            break
+        # p = (L L^T)^-1 g
+        for i in range(k):
+            t = g[i]
+            for q in range(i):
+                t -= low[i, q] * p[q]
+            p[i] = t / low[i, i]
+        for i in range(k - 1, -1, -1):
+            t = p[i]
+            for q in range(i + 1, k):
+                t -= low[q, i] * p[q]
+            p[i] = t / low[i, i]
+        pmax = 0.0
+        for i in range(k):
+            pmax = max(pmax, abs(p[i]))
+        if pmax > max_step:
+            for i in range(k):
+                p[i] *= max_step / pmax
+        slope = 0.0
+        for i in range(k):
+            slope += g[i] * p[i]
+        t = 1.0
+        accepted = False
+        for _ in range(60):
+            for i in range(k):
+                un[i] = u[i] + t * p[i]
+            fn = _logp_grad(kind, un, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, gn)
+            if math.isfinite(fn) and fn >= f + 1e-4 * t * slope:
+                accepted = True
+                break
+            t *= 0.5
+        if not accepted:
+            status = 2
+            break
+        for i in range(k):
+            u[i] = un[i]
+            g[i] = gn[i]
+        f = fn
+    if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step, True, g,
+                        prec):
+        for i in range(k):
+            for j in range(k):
+                prec[i, j] = np.nan
+        if status == 0:
+            status = 3
+    return status, f, it
+
+
+@dataclass(frozen=True)
+class Target:
+    """One model's log density on u = (beta, log lambda), compiled: its arguments packed once.
+
+    ``logp_grad(u)`` -> (value, gradient), ``logp_batch(us)`` -> values at the rows of ``us``,
+    ``neg_hessian(u)`` (central differences, as ``aggregator.laplace.hessian``), ``newton``.
+    """
+
+    kind: int
+    args: tuple  # (a, b, c0, n, abar, vxx, vxy, vyy, vn, const)
+
+    @property
+    def dim(self) -> int:
+        return self.args[1].shape[0] + 1
+
+    def logp_grad(self, u: np.ndarray) -> tuple[float, np.ndarray]:
+        u = np.ascontiguousarray(u, dtype=np.float64)
+        g = np.empty(u.shape[0])
+        return float(_logp_grad(self.kind, u, *self.args, g)), g
+
+    def logp_batch(self, us: np.ndarray) -> np.ndarray:
+        us = np.ascontiguousarray(us, dtype=np.float64)
+        out = np.empty(us.shape[0])
+        _logp_batch(self.kind, us, *self.args, out)
+        return out
+
+    def neg_hessian(self, u: np.ndarray, step: float = 1e-5) -> np.ndarray:
+        u = np.ascontiguousarray(u, dtype=np.float64)
+        h = np.empty((u.shape[0], u.shape[0]))
+        if not _neg_hessian(self.kind, u, *self.args, step, True, u, h):
+            h[:] = np.nan
+        return h
+
+    def newton(self, u0: np.ndarray, *, tol: float, max_iterations: int = 100,
+               max_step: float = 10.0, step: float = 1e-5):
+        """``_newton`` from u0: (status, mode, value, gradient, minus Hessian, iterations)."""
+        u0 = np.ascontiguousarray(u0, dtype=np.float64)
+        k = u0.shape[0]
+        mode, grad, prec = np.empty(k), np.empty(k), np.empty((k, k))
+        status, val, it = _newton(self.kind, u0, *self.args, float(tol), int(max_iterations),
+                                  float(max_step), float(step), mode, grad, prec)
+        return int(status), mode, float(val), grad, prec, int(it)
+
+
+def _const(d: int) -> float:
+    return float(na._t_const(d) + na._GAMMA_CONST)
+
+
+def _f64(a) -> np.ndarray:
+    return np.ascontiguousarray(a, dtype=np.float64)
+
+
+def target_for(model: str, stats: Statistics,
+               inp: "na.NoiseAwareInputs | None" = None) -> Target:
+    """The compiled ``Target`` of ``model`` ("exact": ``stats``; "noise-aware": ``inp``)."""
+    d = stats.dim
+    if model == "noise-aware":
+        if inp is None:
+            raise ValueError("the noise-aware target needs its NoiseAwareInputs")
+        return Target(NOISE_AWARE, (_f64(inp.rxx), _f64(inp.rxy), float(inp.ryy), float(inp.n),
+                                    _f64(inp.abar), float(inp.v_xx), float(inp.v_xy),
+                                    float(inp.v_yy), float(inp.v_n), _const(d)))
+    xtx = _f64(stats.xtx)
+    return Target(EXACT, (xtx, _f64(stats.xty), float(stats.yty), float(stats.n), xtx, 0.0, 0.0,
+                          0.0, 0.0, _const(d)))
+
+
+def warm_up() -> None:
+    """Compile (or load from the disk cache) every entry point, on a tiny problem."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((20, 2))
+    s = Statistics(x.T @ x, x.T @ x[:, 0], float(x[:, 0] @ x[:, 0]), 20)
+    inp = na.NoiseAwareInputs(s.xtx, s.xty, s.yty, 20.0, s.xtx, 0.1, 0.1, 0.1, 0.1)
+    for t in (target_for("exact", s), target_for("noise-aware", s, inp)):
+        u = np.zeros(3)
+        t.logp_grad(u)
+        t.logp_batch(u[None, :])
+        t.neg_hessian(u)
+        t.newton(u, tol=1e-6)
