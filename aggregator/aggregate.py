@@ -119,7 +119,8 @@ class RunningTotal:
 
 
 def exact_sum(parts: Sequence[Statistics]) -> Statistics:
-    """Correctly rounded sum of statistics of one dimension (n summed as integers)."""
+    """Correctly rounded sum of statistics of one dimension (n summed as integers); the
+    noise descriptions are summed too (unknown if any part's is unknown)."""
     if not parts:
         raise StatisticsError("nothing to sum")
     d = parts[0].dim
@@ -127,7 +128,9 @@ def exact_sum(parts: Sequence[Statistics]) -> Statistics:
         raise StatisticsError("cannot sum statistics of different dimensions")
     running = RunningTotal(d)
     running.add_rows(np.stack([p.upper_values() for p in parts]), sum(p.n for p in parts))
-    return running.total()
+    noises = [p.noise for p in parts]
+    noise = None if any(x is None for x in noises) else sum(noises[1:], noises[0])
+    return running.total().with_noise(noise)
 
 
 def encoded_n(data: bytes, dim: int) -> int:

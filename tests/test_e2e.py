@@ -114,15 +114,23 @@ def test_aggregate_is_exactly_site_releases_plus_public_statistics(run):
     public = Statistics.from_bytes(spec.public_statistics)
     assert public == sim.training_statistics(problem, split.public, prep)
 
-    parts = [Statistics.from_bytes(b) for b in releases.values()]
+    # Each release's public noise description follows from the signed spec alone.
+    from dpfed.noise import EXACT
+    from dpfed.sensitivity import expected_noise
+    noise = expected_noise(len(spec.feature_names), spec.epsilon, spec.x_bound, spec.y_bound,
+                           list(spec.budget_split), neighbouring=spec.neighbouring,
+                           xtx_sensitivity=spec.xtx_sensitivity)
+    public = public.with_noise(EXACT)
+    parts = [Statistics.from_bytes(b, noise) for b in releases.values()]
     total = exact_sum(parts + [public])
     naive = sum(parts) + public
     assert total.n == result["n_total"] == sum(s["n"] for s in result["sites"]) + 10
     np.testing.assert_allclose(total.xtx, naive.xtx, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(total.xty, naive.xty, rtol=1e-12, atol=1e-12)
-    # The fixed-precision posterior mean is a deterministic function of the total: the
-    # aggregator fitted on exactly this sum.
-    beta_mean, _, _ = fit(total, "fixed", 400, SEED)
+    # The noise-aware posterior is a deterministic function of the total, its noise
+    # description and the seed: the aggregator fitted on exactly this sum.
+    assert total.noise.draws("xty") == N_SITES
+    beta_mean, _, _ = fit(total, "laplace", 400, SEED, public=public)
     assert np.array_equal(np.asarray(result["beta_mean"]), beta_mean)
     # And the private statistics are noisy: no site released its exact statistics.
     for name, rows in zip(sim.site_ids(N_SITES), split.sites):
@@ -136,7 +144,7 @@ def test_posterior_is_finite_and_predicts(run):
     beta = np.asarray(result["beta_mean"])
     assert beta.shape == (10,) and np.all(np.isfinite(beta))
     for row in result["top_features"]:
-        lo, hi = row["ci95"]
+        lo, hi = row["ci90"]
         assert lo <= row["mean"] <= hi
     problem = sim.gdsc_problem(1047)
     split = sim.split_rows(problem.n, n_sites=N_SITES, n_public=10, n_test=100, seed=SEED)

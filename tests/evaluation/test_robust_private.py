@@ -81,7 +81,7 @@ def test_bad_settings_raise(problem):
 @pytest.mark.slow
 def test_advi_fit_recovers_beta(problem):
     # The default path of the evaluation: ADVI as in the paper (first call compiles the graph).
-    method = RobustPrivate(posterior="advi", draws=1000)
+    method = RobustPrivate(posterior="plug-in-advi", draws=1000)
     beta = method.fit(problem.data, problem.setting(epsilon=50.0), seed=3)
     assert problem.spearman(beta) > 0.9
     fixed = FIXED.fit(problem.data, problem.setting(epsilon=50.0), seed=3)
