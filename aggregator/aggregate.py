@@ -275,6 +275,9 @@ def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
 
     from aggregator.posterior import PosteriorError
 
+    m = None
+    if public is not None and public.n >= 2:
+        m = public.xtx / public.n
     if public is not None and public.n >= 1:
         reference = f"the {public.n} public rows alone"
         try:
@@ -289,7 +292,7 @@ def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
         lam0 = rng.gamma(2.0, 0.5, size=4000)
         base = rng.standard_normal((4000, dim)) / np.sqrt(lam0)[:, None]
         reference = "the prior alone"
-    return information_statement(beta_draws, base, reference=reference)
+    return information_statement(beta_draws, base, m, reference=reference)
 
 
 def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, float]],

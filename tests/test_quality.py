@@ -1,8 +1,8 @@
-"""aggregator.quality: how much the private statistics moved the posterior, in plain words."""
+"""aggregator.quality: how much the private statistics told us, in plain words."""
 
 import numpy as np
 
-from aggregator.quality import information_statement
+from aggregator.quality import information_statement, prediction_snr
 from dpfed.commands.round import format_result_table
 from dpfed.simulation.report import format_report
 
@@ -11,25 +11,32 @@ def _draws(rng, mean, sd, n=4000):
     return rng.standard_normal((n, len(mean))) * sd + np.asarray(mean)
 
 
-def test_verdicts_follow_the_narrowing_and_the_shift():
+def test_verdicts_follow_the_signal_to_noise_of_predictions():
     rng = np.random.default_rng(0)
-    public = _draws(rng, [0, 0, 0], 1.0)
-    little = information_statement(_draws(rng, [0.1, 0, 0], 0.95), public)
-    some = information_statement(_draws(rng, [0.3, 0, 0], 0.7), public)
-    much = information_statement(_draws(rng, [1.0, -1.0, 0], 0.2), public)
-    assert little["verdict"] == "little" and "little information" in little["text"]
-    assert some["verdict"] == "some"
-    assert much["verdict"] == "substantial"
-    assert little["information_bits"] < some["information_bits"] < much["information_bits"]
-    assert 0.9 < little["sd_ratio"] < 1.0 and much["sd_ratio"] < 0.25
-    # A big move alone (same width) is not "little".
-    moved = information_statement(_draws(rng, [2.0, 0, 0], 1.0), public)
-    assert moved["verdict"] != "little"
+    public = _draws(rng, [0.5, 0, 0], 1.0)               # snr about 0.3
+    little = information_statement(_draws(rng, [0.6, 0, 0], 0.9), public)
+    some = information_statement(_draws(rng, [1.0, 0.5, 0], 0.5), public)
+    much = information_statement(_draws(rng, [2.0, -2.0, 1.0], 0.3), public)
+    assert [x["verdict"] for x in (little, some, much)] == ["little", "some", "substantial"]
+    assert "little information" in little["text"]
+    assert little["snr"] < some["snr"] < much["snr"]
+    assert 0.9 < little["agreement"] <= 1.0 and much["agreement"] < 0.7
+
+
+def test_scale_free_so_clipped_coefficients_compare_with_public_ones():
+    rng = np.random.default_rng(1)
+    draws = _draws(rng, [1.0, -0.5, 0.2], 0.3)
+    m = np.array([[1.0, 0.2, 0.0], [0.2, 0.5, 0.1], [0.0, 0.1, 2.0]])
+    assert abs(prediction_snr(draws, m) - prediction_snr(10 * draws, m)) < 1e-12
+    a = information_statement(draws, _draws(rng, [0.1, 0, 0], 1.0), m)
+    b = information_statement(10 * draws, _draws(rng, [0.1, 0, 0], 1.0), m)
+    assert abs(a["snr"] - b["snr"]) < 1e-9 and abs(a["agreement"] - b["agreement"]) < 0.05
 
 
 def test_reports_warn_when_the_private_data_said_little():
     info = information_statement(np.random.default_rng(1).standard_normal((500, 2)),
                                  np.random.default_rng(2).standard_normal((500, 2)))
+    assert info["verdict"] == "little"
     summary = {"round_id": "r1", "dim": 2, "n_total": 110, "n_public": 10, "sites": [{}],
                "beta_mean": [0.1, 0.2], "beta_sd": [1, 1], "beta_ci90": [[-1, 1], [-1, 1]],
                "feature_names": ["a", "b"], "model": "noise-aware", "noise": "xty sd 3",
