@@ -28,8 +28,9 @@ def test_scale_free_so_clipped_coefficients_compare_with_public_ones():
     draws = _draws(rng, [1.0, -0.5, 0.2], 0.3)
     m = np.array([[1.0, 0.2, 0.0], [0.2, 0.5, 0.1], [0.0, 0.1, 2.0]])
     assert abs(prediction_snr(draws, m) - prediction_snr(10 * draws, m)) < 1e-12
-    a = information_statement(draws, _draws(rng, [0.1, 0, 0], 1.0), m)
-    b = information_statement(10 * draws, _draws(rng, [0.1, 0, 0], 1.0), m)
+    public = _draws(rng, [0.1, 0, 0], 1.0)
+    a = information_statement(draws, public, m)
+    b = information_statement(10 * draws, public, m)
     assert abs(a["snr"] - b["snr"]) < 1e-9 and abs(a["agreement"] - b["agreement"]) < 0.05
 
 
