@@ -41,10 +41,16 @@ def public_sigmas(preprocessing: Preprocessing, x_public: np.ndarray,
 
 
 def round_bounds(n_per_site: int, d: int, epsilon: float, sigma_x: float,
-                 sigma_y: float) -> tuple[float, float]:
+                 sigma_y: float, *, neighbouring: str = "add_remove",
+                 xtx_sensitivity: str = "exact") -> tuple[float, float]:
     """Clipping bounds from ``dpfed.bounds.choose_bounds`` (synthetic data of the same n, d,
-    eps; method.md section 4) scaled by the public sigmas. Uses only public numbers."""
+    eps; method.md section 4) for the round's mechanism (relation, Sxx rule, default split),
+    scaled by the public sigmas. Uses only public numbers."""
     from dpfed.bounds import choose_bounds
+    from dpfed.sensitivity import default_budget_split
 
-    x_bound, y_bound = choose_bounds(int(n_per_site), int(d), float(epsilon)).bounds(sigma_x, sigma_y)
+    choice = choose_bounds(int(n_per_site), int(d), float(epsilon),
+                           budget_split=default_budget_split(neighbouring),
+                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+    x_bound, y_bound = choice.bounds(sigma_x, sigma_y)
     return float(x_bound), float(y_bound)

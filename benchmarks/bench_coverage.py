@@ -1,6 +1,6 @@
 """Coverage of 90 % credible intervals on synthetic data from the model's prior (issue 9).
 
-    python benchmarks/coverage.py [--reps 200] [--out docs/coverage.md]
+    python benchmarks/bench_coverage.py [--reps 200] [--out docs/coverage.md]
 
 Grid: d in {5, 10}, n in {100, 500, 2000}, eps in {0.5, 1, 2}, K in {1, 10}; the noise-aware
 fit (default) and the plug-in fit side by side (evaluation.coverage); then a clipped case.
