@@ -244,7 +244,7 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
 
 
 def fit(stats: Statistics, method: str, draws: int, seed: int | None,
-        public: Statistics | None = None):
+        public: Statistics | None = None, x_bound: float | None = None):
     """(beta_mean, beta_draws (draws x d), diagnostics) of the posterior given ``stats``.
 
     ``method`` is a round spec's fit_method (FIT_METHODS; empty means "auto"). With
@@ -257,7 +257,7 @@ def fit(stats: Statistics, method: str, draws: int, seed: int | None,
     draws = int(draws or 5000)
     plug_in = method.startswith("plug-in-")
     post = fit_posterior(stats, method=method.removeprefix("plug-in-"), draws=draws,
-                         seed=seed, public=public, plug_in=plug_in)
+                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in)
     diagnostics = dict(post.diagnostics)
     diagnostics["model"] = post.model
     diagnostics["information"] = information(post.beta_draws, public, stats.dim, seed)

@@ -9,8 +9,9 @@ writes down a model of the *release*, with the noise variances that the public
 Model (parameters theta = (beta, lambda, lambda0) with the priors of method.md section 1):
 
 1. Design. The true Sxx = A is unknown. Its prior is normal per entry, centred at
-   A0 = Sxx_public + n_private M (M: the second moments E[x x^T] of the public rows, shrunk
-   half-way to isotropic) with sd 0.5 n_private sqrt(M_jj M_kk) (``design_prior``); its
+   A0 = Sxx_public + n_private M (M: the second moments E[x x^T] of the public rows, clipped
+   like the private rows (diagonal at most Bx^2, correlations kept), shrunk half-way to
+   isotropic) with sd 0.5 n_private sqrt(M_jj M_kk) (``design_prior``); its
    release is R_xx = A + E_xx with noise variance v_xx per upper-triangle entry. So
    A | R_xx is normal per entry (precision-weighted mean A_post, variance v_post). A proper
    prior matters: with a flat one, when E_xx dwarfs A the model lets A be as large as the
@@ -111,21 +112,35 @@ def psd_estimate(rxx: np.ndarray, v_xx: float) -> np.ndarray:
 DESIGN_PRIOR_RELATIVE_SD = 0.5
 
 
-def design_prior(stats: Statistics, public: Statistics | None) -> tuple[np.ndarray, np.ndarray]:
+def design_prior(stats: Statistics, public: Statistics | None,
+                 x_bound: float | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Prior mean A0 and per-entry variance of the true Sxx (module docstring, step 1).
 
-    Reads only public quantities: the exact public statistics and the released n (with no
-    public rows, the released diagonal of Sxx sets an isotropic scale: post-processing)."""
+    The private rows were clipped to [-x_bound, x_bound] before their Sxx was computed, the
+    public rows were not; so the public second moments M are clipped too before they
+    describe a private row: each diagonal entry to at most x_bound^2, the correlations kept
+    (``x_bound=None``: no clipping known). Reads only public quantities: the exact public
+    statistics, the public bound and the released n (with no public rows, the released
+    diagonal of Sxx sets an isotropic scale: post-processing)."""
     d = stats.dim
     n_pub = public.n if public is not None else 0
     n_priv = max(float(stats.n) - n_pub, 1.0)
     if public is not None and public.n >= 2:
         m = public.xtx / public.n
+        if x_bound is not None:
+            # Scale feature j by sqrt(min(1, Bx^2 / M_jj)): the diagonal becomes
+            # min(M_jj, Bx^2), the correlations stay (a feature never seen is left alone).
+            diag = np.diag(m)
+            shrink = np.sqrt(np.minimum(1.0, float(x_bound) ** 2
+                                        / np.where(diag > 0, diag, np.inf)))
+            m = m * np.outer(shrink, shrink)
         iso = np.trace(m) / d
         m = 0.5 * m + 0.5 * iso * np.eye(d)
         base = public.xtx
     else:
         iso = max(float(np.mean(np.diag(stats.xtx))) / max(float(stats.n), 1.0), 1e-12)
+        if x_bound is not None:
+            iso = min(iso, float(x_bound) ** 2)
         m = iso * np.eye(d)
         base = np.zeros((d, d))
     diag = np.maximum(np.diag(m), 1e-12 * max(iso, 1e-300))
@@ -133,13 +148,15 @@ def design_prior(stats: Statistics, public: Statistics | None) -> tuple[np.ndarr
     return base + n_priv * m, sd * sd
 
 
-def noise_aware_inputs(stats: Statistics, public: Statistics | None = None) -> NoiseAwareInputs:
+def noise_aware_inputs(stats: Statistics, public: Statistics | None = None,
+                       x_bound: float | None = None) -> NoiseAwareInputs:
     """The inputs of the noise-aware density for statistics with a known, noisy description;
-    ``public`` are the exact public statistics included in ``stats`` (None if there are none)."""
+    ``public`` are the exact public statistics included in ``stats`` (None if there are none),
+    ``x_bound`` the public clipping bound of the private features (``design_prior``)."""
     if stats.noise is None:
         raise ValueError("the noise of these statistics is unknown")
     v = stats.noise.variances()
-    a0, va = design_prior(stats, public)
+    a0, va = design_prior(stats, public, x_bound)
     if v["xtx"] > 0:
         w = va / (va + v["xtx"])
         a_post = w * stats.xtx + (1 - w) * a0

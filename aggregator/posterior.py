@@ -265,7 +265,8 @@ def _seed_sequence(seed) -> tuple[np.random.SeedSequence, int]:
 
 
 def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics | None = None,
-                  plug_in: bool = False, draws: int = 5000, seed=None,
+                  x_bound: float | None = None, plug_in: bool = False, draws: int = 5000,
+                  seed=None,
                   lam: float = 1.0, lam0: float = 1.0,
                   max_iterations: int = 40_000, learning_rate: float = 0.01,
                   window: int = 1000, grad_tol: float = 0.1, min_windows: int = 2,
@@ -277,7 +278,9 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
     """Fit the posterior of beta to ``stats`` and return a ``Posterior`` (module docstring).
 
     ``public``: the exact public statistics that ``stats`` includes (their second moments set
-    the noise-aware model's prior on the private design; optional). ``plug_in=True`` fits
+    the noise-aware model's prior on the private design; optional). ``x_bound``: the public
+    clipping bound of the private features (the design prior clips the public moments like
+    the private rows were clipped; give it whenever the release was clipped). ``plug_in=True`` fits
     noisy or unknown-noise statistics as if exact (the paper's fit; intervals ignore the
     noise). ``draws``: posterior draws of beta; ``seed`` makes the computation
     deterministic (None: fresh entropy, recorded in ``diagnostics["seed"]``).
@@ -331,7 +334,7 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
         fitted, rep = stats, _no_repair(stats)
     diag["repair"] = rep.to_dict()
     if method == "laplace":
-        post = _fit_laplace(fitted, public, model, rep, diag, ss, draws)
+        post = _fit_laplace(fitted, public, model, rep, diag, ss, draws, x_bound)
     elif method == "fixed":
         post = _fit_fixed(fitted, rep, diag, ss, draws, lam, lam0)
     elif method == "advi":
@@ -339,7 +342,7 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
                          learning_rate=learning_rate, window=window, grad_tol=grad_tol,
                          min_windows=min_windows, init=init, mode=mode)
     elif model == "noise-aware":
-        post = _fit_nuts_noise_aware(fitted, public, rep, diag, ss, draws, tune=tune,
+        post = _fit_nuts_noise_aware(fitted, public, rep, diag, ss, draws, x_bound=x_bound, tune=tune,
                                      chains=chains, target_accept=target_accept,
                                      rhat_max=rhat_max)
     else:
@@ -374,12 +377,12 @@ def _start(stats: Statistics, xtx: np.ndarray, ridge: float) -> np.ndarray:
 LAPLACE_BACKEND = "numba"
 
 
-def _laplace_functions(stats, public, model):
+def _laplace_functions(stats, public, model, x_bound=None):
     """(f, f_batch, u0, newton, neg_hessian) of the exact or noise-aware model for
     ``aggregator.laplace.laplace_importance``, compiled unless LAPLACE_BACKEND == "numpy"."""
     from aggregator import noise_aware as na
 
-    inp = na.noise_aware_inputs(stats, public) if model == "noise-aware" else None
+    inp = na.noise_aware_inputs(stats, public, x_bound) if model == "noise-aware" else None
     if model == "noise-aware":
         u0 = _start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
     else:
@@ -398,14 +401,14 @@ def _laplace_functions(stats, public, model):
     return f, fb, u0, None, None
 
 
-def _fit_laplace(stats, public, model, rep, diag, ss, draws) -> Posterior:
+def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None) -> Posterior:
     """Laplace approximation + importance sampling (aggregator.laplace) of the exact or the
     noise-aware model, lambda0 integrated out and drawn given beta afterwards."""
     from aggregator import noise_aware as na
     from aggregator.laplace import laplace_importance
 
     d = stats.dim
-    f, fb, u0, newton, neg_hessian = _laplace_functions(stats, public, model)
+    f, fb, u0, newton, neg_hessian = _laplace_functions(stats, public, model, x_bound)
     rng = np.random.default_rng(ss)
     # A proposal too narrow for the target shows as a small effective sample size; widen it
     # (heavier tails, more draws) before giving up. The Laplace step is repeated (cheap).
@@ -434,7 +437,7 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws) -> Posterior:
                      _summary(lam0_draws), diag, rep, stats, model)
 
 
-def _fit_nuts_noise_aware(stats, public, rep, diag, ss, draws, *, tune, chains,
+def _fit_nuts_noise_aware(stats, public, rep, diag, ss, draws, *, x_bound=None, tune, chains,
                           target_accept, rhat_max) -> Posterior:
     """NUTS on ``aggregator.model.build_noise_aware_model`` (the reference sampler)."""
     import arviz as az
@@ -444,7 +447,7 @@ def _fit_nuts_noise_aware(stats, public, rep, diag, ss, draws, *, tune, chains,
     from aggregator import noise_aware as na
     from aggregator.model import build_noise_aware_model
 
-    inp = na.noise_aware_inputs(stats, public)
+    inp = na.noise_aware_inputs(stats, public, x_bound)
     chains = int(chains)
     per_chain = int(math.ceil(draws / chains))
     seed_int = int(ss.generate_state(1, dtype=np.uint32)[0])

@@ -787,7 +787,8 @@ class RoundManager:
                 beta_mean, draws, diag = np.zeros(d), np.zeros((0, d)), {"skipped": True}
             else:
                 beta_mean, draws, diag = aggregate.fit(total, spec.fit_method, spec.fit_draws,
-                                                       spec.fit_seed or None, public=public)
+                                                       spec.fit_seed or None, public=public,
+                                                       x_bound=spec.x_bound or None)
             fit_s = time.perf_counter() - t0
             summary = aggregate.summarize(
                 spec=spec, contributions=[(s, c.n, c.epsilon) for s, c in parts], total=total,

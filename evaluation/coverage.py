@@ -79,8 +79,8 @@ def coverage(d: int, n: int, eps: float, k: int, reps: int, *, plug_in: bool = F
     for r in range(reps):
         p = prior_problem(rng, d, n, eps, k, clip=clip)
         try:
-            post = fit_posterior(p.release + p.public, public=p.public, plug_in=plug_in,
-                                 draws=draws, seed=r)
+            post = fit_posterior(p.release + p.public, public=p.public, x_bound=1.0,
+                                 plug_in=plug_in, draws=draws, seed=r)
         except PosteriorError:
             failed += 1   # refused fits are counted, not hidden
             continue

@@ -140,8 +140,14 @@ def test_refusal_reasons_name_columns_never_values(tmp_path, cell):
 
 
 def test_small_site_refusal_does_not_reveal_its_n(tmp_path):
+    # Replace-one (n public by assumption, so the site checks its exact n before any noise):
+    # the refusal names the rule, not the count. (Under add/remove the check uses the noisy
+    # n: tests/test_site_node.py.)
     config_path, coordinator, _ = write_site(tmp_path, n=13)
+    config_path.write_text(config_path.read_text().replace(
+        "min_n = 20", "min_n = 20\nallow_replace_one = true"))
     node = SiteNode(load_config(config_path))
-    answer = node.handle_round(coordinator.sign(make_spec()))
+    spec = make_spec(neighbouring="replace_one", budget_split=[0.35, 0.60, 0.05])
+    answer = node.handle_round(coordinator.sign(spec))
     reason = parse_canonical(answer.payload, "dpfed.v1.Refusal").reason
     assert "min_n" in reason and "13" not in reason

@@ -17,14 +17,15 @@ from dpfed.statistics import Statistics
 
 
 def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
-                   public: Statistics | None = None) -> np.ndarray:
+                   public: Statistics | None = None, x_bound: float | None = None) -> np.ndarray:
     """The paper's predictor (eq. (8)): the posterior mean of ``beta``, so ``x @ beta`` is the
     average of x^T beta over the posterior. ``posterior`` is one of
     ``evaluation.methods.base.POSTERIORS``; ``public`` the exact public statistics included
-    in ``stats`` (the noise-aware model's design prior)."""
+    in ``stats`` and ``x_bound`` the private rows' clipping bound (the noise-aware model's
+    design prior)."""
     plug_in = posterior.startswith("plug-in-")
     post = fit_posterior(stats, method=posterior.removeprefix("plug-in-"), draws=draws,
-                         seed=seed, public=public, plug_in=plug_in)
+                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in)
     return np.array(post.beta_draws.mean(axis=0))
 
 

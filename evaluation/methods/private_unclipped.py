@@ -65,5 +65,6 @@ class PrivateUnclipped:
         public = (exact_statistics(data.x_public * sx, data.y_public * sy)
                   if data.n_public else None)
         beta_scaled = posterior_beta(self.statistics(data, setting), posterior=self.posterior,
-                                     draws=self.draws, seed=seed, public=public)
+                                     draws=self.draws, seed=seed, public=public,
+                                     x_bound=setting.x_bound)
         return beta_scaled * (sx / sy)

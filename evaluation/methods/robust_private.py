@@ -64,4 +64,5 @@ class RobustPrivate:
 
     def fit(self, data: TrainingData, setting: PrivacySetting, *, seed: int) -> np.ndarray:
         return posterior_beta(self.statistics(data, setting), posterior=self.posterior,
-                              draws=self.draws, seed=seed, public=public_statistics(data))
+                              draws=self.draws, seed=seed, public=public_statistics(data),
+                              x_bound=setting.x_bound)
