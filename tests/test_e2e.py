@@ -54,6 +54,12 @@ def test_simulate_exits_zero_and_prints_one_json_object(run):
     for key in ("spearman_private", "spearman_nonprivate", "spearman_public_only"):
         assert -1.0 <= result["metrics"][key] <= 1.0
     assert set(result["timings"]) >= {"round_s", "fit_s"}
+    # The forecast made before the round (public inputs only) travels with the result, and
+    # the result says how much the private statistics added (issue 9).
+    assert set(result["forecast"]["gain"]) >= {"mean", "q10", "q90"}
+    assert result["forecast"]["gain"]["q10"] <= result["forecast"]["gain"]["mean"]
+    assert result["information"]["verdict"] in ("little", "some", "substantial")
+    assert result["model"] == "noise-aware"
     # The known signal: TP53-mutant lines resist Nutlin-3a (the private model's sign is left
     # to chance: its noise is drawn from a CSPRNG and cannot be seeded).
     assert result["metrics"]["spearman_nonprivate"] > 0.3

@@ -35,6 +35,13 @@ def format_report(result: dict) -> str:
         f"    public lines only         {_fmt(m['spearman_public_only'])}",
         "",
     ]
+    forecast = (result.get("forecast") or {}).get("gain")
+    if forecast and forecast.get("mean") is not None:
+        realised = m["spearman_private"] - m["spearman_public_only"]
+        lines += [f"  gain over public lines only: realised {realised:+.3f}; forecast before the "
+                  f"round {forecast['mean']:+.3f}",
+                  f"    (10-90 % {forecast['q10']:+.3f} to {forecast['q90']:+.3f}; `dpfed plan`, "
+                  "public inputs only)", ""]
     info = result.get("information") or {}
     if info.get("text"):
         lines += [f"  {'WARNING: ' if info.get('verdict') == 'little' else ''}{info['text']}", ""]

@@ -81,6 +81,18 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     progress(f"choosing bounds for n={n_bounds}, d={problem.dim}, eps={options.epsilon}")
     x_bound, y_bound = round_bounds(n_bounds, problem.dim, options.epsilon, sigma_x, sigma_y)
 
+    # What the round is expected to buy, from public inputs only (dpfed.forecast), computed
+    # before any budget is spent and shown beside the realised result.
+    from dpfed.forecast import forecast_round
+
+    forecast = forecast_round(x_public=problem.x[split.public], y_public=problem.y[split.public],
+                              feature_names=problem.feature_names, preprocessing=prep,
+                              n_per_site=list(split.site_sizes), epsilons=[options.epsilon],
+                              bounds=(x_bound, y_bound), seed=options.seed)
+    expected = forecast["per_epsilon"][0]["gain"]
+    progress(f"forecast gain over the public lines alone: {expected['mean']:+.3f} "
+             f"(10-90 %: {expected['q10']:+.3f} to {expected['q90']:+.3f})")
+
     keep = options.workdir is not None
     root = Path(options.workdir) if keep else Path(tempfile.mkdtemp(prefix="dpfed-simulate-"))
     root.mkdir(parents=True, exist_ok=True)
@@ -172,5 +184,9 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
         "model": summary.get("model", ""),
         "noise": summary.get("noise", ""),
         "information": summary.get("information", {}),
+        "forecast": {"gain": expected, "fit": forecast["fit"],
+                     "spearman_public_only": forecast["per_epsilon"][0]["spearman_public_only"],
+                     "spearman_private_public":
+                         forecast["per_epsilon"][0]["spearman_private_public"]},
         "workdir": str(layout.root) if keep else None,
     }
