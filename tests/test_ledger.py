@@ -112,11 +112,11 @@ def test_budget_fits_exactly_despite_float_sums(tmp_path):
 def test_total_increase_in_config_refuses_to_open_until_recorded(tmp_path):
     """Issue 11, finding 2 (c): a larger total_epsilon in the config stops the ledger (and
     the site) from opening; only an explicit raise, kept with who and when, changes it."""
-    from site_node.ledger import BudgetRaise, LedgerError
+    from site_node.ledger import LedgerError
     path = tmp_path / "l.sqlite"
     with PrivacyLedger(path, site_id="s", total_epsilon=2.0) as ledger:
         record(ledger, "r1", 2.0)
-    with pytest.raises(BudgetRaise, match="--raise-total"):
+    with pytest.raises(LedgerError, match="--raise-total"):
         PrivacyLedger(path, site_id="s", total_epsilon=100.0)
     with PrivacyLedger(path, site_id="s") as ledger:
         assert ledger.total_epsilon == 2.0 and ledger.remaining == 0.0
@@ -132,14 +132,14 @@ def test_total_increase_in_config_refuses_to_open_until_recorded(tmp_path):
 
 
 def test_total_decrease_in_config_tightens_for_good(tmp_path):
-    from site_node.ledger import BudgetRaise
+    from site_node.ledger import LedgerError
     path = tmp_path / "l.sqlite"
     with PrivacyLedger(path, site_id="s", total_epsilon=5.0):
         pass
     with PrivacyLedger(path, site_id="s", total_epsilon=3.0) as ledger:
         assert ledger.total_epsilon == 3.0
         assert [e["kind"] for e in ledger.budget_events()] == ["created", "lowered"]
-    with pytest.raises(BudgetRaise):   # going back up is a raise
+    with pytest.raises(LedgerError, match="--raise-total"):   # going back up is a raise
         PrivacyLedger(path, site_id="s", total_epsilon=5.0)
     with PrivacyLedger(path, site_id="s") as ledger:
         assert ledger.total_epsilon == 3.0

@@ -22,6 +22,7 @@ from site_node.config import load_config
 from dpfed.noise import from_proto
 from dpfed.sensitivity import expected_noise
 from site_node.node import SiteNode
+from site_node.ledger import LedgerError
 from site_node.policy import NOISY_MIN_N_REASON
 
 FEATURES = ["g1", "g2", "g3"]
@@ -286,7 +287,6 @@ def test_config_total_increase_refused_at_start_until_recorded(tmp_path, capsys)
     start (`dpfed site serve` exits 4 saying why) until `dpfed site ledger --raise-total`
     records the raise with who and when; lowering needs nothing."""
     from dpfed import cli, exitcodes
-    from site_node.ledger import BudgetRaise
     config_path, coordinator, _ = write_site(tmp_path)
     node = SiteNode(load_config(config_path))
     node.handle_round(coordinator.sign(make_spec("r0", epsilon=2.0)))
@@ -294,7 +294,7 @@ def test_config_total_increase_refused_at_start_until_recorded(tmp_path, capsys)
     node.ledger.close()
     config_path.write_text(config_path.read_text().replace("total_epsilon = 5.0",
                                                            "total_epsilon = 50.0"))
-    with pytest.raises(BudgetRaise, match="--raise-total"):
+    with pytest.raises(LedgerError, match="--raise-total"):
         SiteNode(load_config(config_path))
     code = cli.main(["--log-level", "ERROR", "site", "serve", "--config", str(config_path)])
     err = capsys.readouterr().err
