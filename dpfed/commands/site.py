@@ -367,6 +367,12 @@ def cmd_check(args) -> int:
             with PrivacyLedger(config.state_db) as ledger:
                 print(f"ledger: {config.state_db}: spent {ledger.spent:g} of "
                       f"{ledger.total_epsilon:g}")
+                if ledger.total_epsilon is not None and \
+                        config.policy.total_epsilon > ledger.total_epsilon:
+                    problems.append(f"policy.total_epsilon = {config.policy.total_epsilon:g} is "
+                                    f"larger than the ledger's {ledger.total_epsilon:g}: the "
+                                    f"site will not start until `dpfed site ledger "
+                                    f"--raise-total` records the raise")
         except (LedgerError, TypeError) as exc:
             problems.append(f"state_db: {exc}")
     else:
