@@ -66,6 +66,13 @@ class Registry:
     def coordinator_of_key(self, kid: str) -> str | None:
         return self._coordinator_by_key.get(kid)
 
+    def key_of_coordinator(self, coordinator_id: str) -> str | None:
+        """The registered key id of ``coordinator_id`` (None if it is not registered)."""
+        for kid, cid in self._coordinator_by_key.items():
+            if cid == coordinator_id:
+                return kid
+        return None
+
     def site_ids(self) -> list[str]:
         return sorted(self.sites)
 

@@ -33,6 +33,7 @@ from dpfed.wire.signing import SignatureError, verify, verify_signature
 from dpfed.wire import limits
 
 from aggregator import aggregate, identity
+from aggregator.budget import SiteBudgets
 from aggregator.registry import Registry
 from aggregator.store import RoundStore, StoredContribution, StoredResult, StoredRound
 
@@ -99,6 +100,8 @@ class LiveRound:
     invited: frozenset[str]
     contributions: dict[str, AcceptedContribution] = field(default_factory=dict)
     refusals: dict[str, str] = field(default_factory=dict)
+    # Epsilon a refusing site debited (Refusal.epsilon_spent; only those > 0).
+    refusal_epsilons: dict[str, float] = field(default_factory=dict)
     timer: threading.Timer | None = None
     # Exact sum of the accepted releases, updated as each is accepted so that closing the
     # round costs no pass over them (aggregator.exact_sum; equal to summing at close).
@@ -265,6 +268,8 @@ class RoundManager:
         # One fit at a time: PyMC is CPU-bound and the machine small; rounds queue up.
         self._fit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
         self._closed = False
+        # Each site's recorded spend, declared total and trusted coordinators (aggregator.budget).
+        self.budgets = SiteBudgets(store)
 
     def now_ms(self) -> int:
         return int(self.clock() * 1000)
@@ -296,6 +301,7 @@ class RoundManager:
                             np.stack([encoded_values(c.statistics) for c in stored_contributions]),
                             sum(c.n for c in stored_contributions))
                 live.refusals = dict(self.store.refusals(stored.round_id))
+                live.refusal_epsilons = self.store.refusal_epsilons(stored.round_id)
                 self._rounds[stored.round_id] = live
                 if stored.state == OPEN:
                     reopen.append(stored.round_id)
@@ -417,45 +423,114 @@ class RoundManager:
         self._arm_deadline(spec.round_id)
         return self.status(spec.round_id)
 
-    def status(self, round_id: str) -> pb.RoundStatus:
+    def _reader(self, peer: identity.PeerIdentity | None) -> tuple[str | None, str | None]:
+        """(reader, its key id) for the visibility rules (aggregator.budget.SiteBudgets.hidden):
+        (None, None) without TLS; a peer that is not a coordinator reads as trusted by no-one."""
+        if peer is None:
+            return None, None
+        if peer.kind != identity.COORDINATOR:
+            return str(peer), None
+        return peer.party_id, self.registry.key_of_coordinator(peer.party_id)
+
+    def status(self, round_id: str, peer: identity.PeerIdentity | None = None) -> pb.RoundStatus:
+        """The round's status as ``peer`` may see it: the n, epsilon and refusal reason of a
+        site that does not trust the reading coordinator are hidden (aggregator.budget)."""
         _check_fields(limits.check_round_query, round_id)
+        reader, reader_kid = self._reader(peer)
         with self._lock:
             live = self._rounds.get(round_id)
             if live is None:
                 raise Rejected("NOT_FOUND", f"unknown round {round_id!r}")
             s = live.stored
-            return pb.RoundStatus(
+            contributions = sorted(live.contributions.items())
+            refusals = sorted(live.refusals.items())
+            status = pb.RoundStatus(
                 round_id=round_id, state=STATE_TO_PB[s.state], quorum=s.quorum,
                 deadline_unix_ms=s.deadline_ms, message=s.message, spec_digest=s.spec_digest,
-                round_seconds=s.round_s, fit_seconds=s.fit_s, missing_sites=live.missing(),
-                contributions=[pb.SiteContribution(site_id=k, n=c.n, epsilon_spent=c.epsilon,
-                                                   received_unix_ms=c.received_ms)
-                               for k, c in sorted(live.contributions.items())],
-                refusals=[pb.SiteRefusalInfo(site_id=k, reason=r)
-                          for k, r in sorted(live.refusals.items())])
+                round_seconds=s.round_s, fit_seconds=s.fit_s, missing_sites=live.missing())
+            refusal_eps = dict(live.refusal_epsilons)
+        starter = live.spec.coordinator_id
+        for k, c in contributions:
+            hidden = self.budgets.hidden(k, reader, reader_kid, starter)
+            status.contributions.append(
+                pb.SiteContribution(site_id=k, hidden=hidden) if hidden else
+                pb.SiteContribution(site_id=k, n=c.n, epsilon_spent=c.epsilon,
+                                    received_unix_ms=c.received_ms))
+        for k, r in refusals:
+            hidden = self.budgets.hidden(k, reader, reader_kid, starter)
+            status.refusals.append(
+                pb.SiteRefusalInfo(site_id=k, hidden=hidden) if hidden else
+                pb.SiteRefusalInfo(site_id=k, reason=r, epsilon_spent=refusal_eps.get(k, 0.0)))
+        return status
 
-    def result(self, round_id: str) -> pb.RoundResult:
+    def result(self, round_id: str, peer: identity.PeerIdentity | None = None) -> pb.RoundResult:
+        """The round's result as ``peer`` may see it. The posterior is shown to the round's
+        own coordinator (every contributing site trusted it: it answered its signed spec) and
+        to any coordinator every contributing site trusts; another coordinator gets
+        PERMISSION_DENIED. Per-site rows of a site that (no longer) trusts the reader are
+        hidden, and then n_total too (it would give the hidden n by subtraction)."""
         status = self.status(round_id)
         if status.state != pb.RoundStatus.DONE:
             state = pb.RoundStatus.State.Name(status.state)
             raise Rejected("FAILED_PRECONDITION", f"round {round_id!r} has no result: it is "
                                                   f"{state}{': ' + status.message if status.message else ''}")
         res = self.store.get_result(round_id)
-        return pb.RoundResult(round_id=round_id, summary_json=res.summary_json,
+        summary_json = res.summary_json
+        reader, reader_kid = self._reader(peer)
+        if reader is not None:
+            starter = self._rounds[round_id].spec.coordinator_id
+            hidden = {c.site_id: self.budgets.hidden(c.site_id, reader, reader_kid, starter)
+                      for c in status.contributions}
+            hidden = {k: v for k, v in hidden.items() if v}
+            if hidden and reader != starter:
+                raise Rejected("PERMISSION_DENIED",
+                               f"the result of round {round_id!r} is post-processing of the "
+                               f"releases of site(s) {', '.join(sorted(hidden))}, which do not "
+                               f"trust coordinator {reader!r}")
+            if hidden:
+                summary = json.loads(summary_json)
+                summary["sites"] = [{"site_id": r["site_id"], "hidden": hidden[r["site_id"]]}
+                                    if r.get("site_id") in hidden else r
+                                    for r in summary.get("sites", [])]
+                summary["n_total"] = None
+                summary_json = json.dumps(summary, sort_keys=True)
+        return pb.RoundResult(round_id=round_id, summary_json=summary_json,
                               beta_draws=res.beta_draws, draws=res.draws, dim=res.dim)
 
-    def list_sites(self) -> pb.ListSitesReply:
-        return pb.ListSitesReply(sites=[
-            pb.SiteInfo(site_id=r.site_id, key_id=r.key_id, connected=r.connected_streams > 0,
-                        last_seen_unix_ms=r.last_seen_unix_ms) for r in self.registry.snapshot()])
+    def list_sites(self, peer: identity.PeerIdentity | None = None) -> pb.ListSitesReply:
+        """Every registered site; its details (key, connection, spend, declared total) only
+        to a coordinator it trusts: others get the site id (membership) and why."""
+        reader, reader_kid = self._reader(peer)
+        reply = pb.ListSitesReply()
+        for r in self.registry.snapshot():
+            hidden = self.budgets.hidden(r.site_id, reader, reader_kid)
+            if hidden:
+                reply.sites.append(pb.SiteInfo(site_id=r.site_id, hidden=hidden))
+                continue
+            b = self.budgets.view(r.site_id)
+            reply.sites.append(pb.SiteInfo(
+                site_id=r.site_id, key_id=r.key_id, connected=r.connected_streams > 0,
+                last_seen_unix_ms=r.last_seen_unix_ms, spent_epsilon=b.spent,
+                declared_total_epsilon=b.declared_total))
+        return reply
 
     # ---- site side ----
-    def hello(self, envelope: pb.SignedEnvelope, peer: identity.PeerIdentity | None = None) -> str:
-        """Authenticate a SiteHello; returns the site id."""
+    def hello(self, envelope: pb.SignedEnvelope, peer: identity.PeerIdentity | None = None,
+              *, declare: bool = True) -> str:
+        """Authenticate a SiteHello; returns the site id. ``declare``: record the total budget
+        and trusted coordinators it declares (Subscribe; not GetSiteHistory)."""
         hello = self._verify_site(envelope, "dpfed.v1.SiteHello", peer)
         self._check_fresh(hello.timestamp_unix_ms, "SiteHello")
         self._take_nonce(envelope.key_id, hello.nonce, hello.timestamp_unix_ms, "SiteHello")
+        if declare:
+            self.budgets.declare(hello, envelope, self.now_ms())
         return hello.site_id
+
+    def site_history(self, envelope: pb.SignedEnvelope,
+                     peer: identity.PeerIdentity | None = None) -> pb.SiteHistory:
+        """The aggregator's record of the spending of the site whose signed SiteHello this is
+        (GetSiteHistory): only that site may ask, over its own TLS identity."""
+        return self.budgets.history(self.hello(envelope, peer, declare=False))
 
     def _take_nonce(self, kid: str, nonce: str, timestamp_ms: int, what: str,
                     persist: bool = True) -> None:
@@ -595,6 +670,10 @@ class RoundManager:
                                                       f"reached)")
             self._take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
                              persist=False)
+            # The site's recorded spend must stay within the total it declared.
+            beyond = self.budgets.reserve(site, c.epsilon_spent, c.round_id)
+            if beyond:
+                raise Rejected("FAILED_PRECONDITION", beyond)
             live.storing[site] = accepted
             self._nonces.add((envelope.key_id, c.nonce))
         # Durable before anything in memory changes or the site is answered; committed
@@ -608,6 +687,7 @@ class RoundManager:
         with self._lock:
             del live.storing[c.site_id]
             self._nonces.discard((admission.envelope.key_id, c.nonce))
+            self.budgets.release(c.site_id, c.epsilon_spent)
             self._close_if_due(live)
 
     def complete_contribution(self, admission: Admission) -> pb.ContributeReply:
@@ -617,6 +697,7 @@ class RoundManager:
         with self._lock:
             del live.storing[c.site_id]
             live.contributions[c.site_id] = accepted
+            self.budgets.commit(c.site_id, c.epsilon_spent, accepted.received_ms)
             live.running.add_encoded(c.statistics)
             self.registry.touch(c.site_id, accepted.received_ms)
             count = len(live.contributions)
@@ -695,13 +776,25 @@ class RoundManager:
             if r.site_id in live.contributions or r.site_id in live.storing:
                 raise Rejected("ALREADY_EXISTS", f"site {r.site_id!r} already contributed")
             self._check_fresh(r.timestamp_unix_ms, "Refusal")
+            if r.epsilon_spent and r.epsilon_spent != live.spec.epsilon:
+                # A refusal that debited (noisy n below min_n, drawn first) spent the round's
+                # epsilon, no other amount.
+                raise Rejected("INVALID_ARGUMENT", f"refusal epsilon_spent {r.epsilon_spent} is "
+                                                   f"neither 0 nor the round's epsilon "
+                                                   f"{live.spec.epsilon}")
             self._take_nonce(envelope.key_id, r.nonce, r.timestamp_unix_ms, "Refusal",
                              persist=False)
             now = self.now_ms()
             self.store.insert_refusal(r.round_id, r.site_id, r.reason, envelope.SerializeToString(),
-                                      now, envelope.key_id, r.nonce, r.timestamp_unix_ms)
+                                      now, envelope.key_id, r.nonce, r.timestamp_unix_ms,
+                                      epsilon=r.epsilon_spent)
             self._nonces.add((envelope.key_id, r.nonce))
             live.refusals[r.site_id] = r.reason
+            if r.epsilon_spent:
+                # Recorded, not checked against the declared total: the site already spent it
+                # (its ledger debited it), and hiding it would only under-count.
+                live.refusal_epsilons[r.site_id] = r.epsilon_spent
+                self.budgets.commit(r.site_id, r.epsilon_spent, now, reserved=False)
             log.info("round %s: site %s refused: %s", r.round_id, r.site_id, r.reason)
             possible = len(live.invited) - len(live.refusals)
             if possible < live.stored.quorum:

@@ -98,24 +98,32 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         peer = await self._identity("StartRound", context)
         return await self._call("StartRound", context, self.manager.start_round, request, peer)
 
-    async def _reader(self, what: str, context) -> None:
-        """Aborts with PERMISSION_DENIED unless the peer may call read-only ``what``."""
-        problem = identity.read_denied(await self._identity(what, context), what)
+    async def _reader(self, what: str, context) -> identity.PeerIdentity | None:
+        """Aborts with PERMISSION_DENIED unless the peer may call read-only ``what``; returns
+        the peer, whose view is then limited to the sites that trust it (aggregator.budget)."""
+        peer = await self._identity(what, context)
+        problem = identity.read_denied(peer, what)
         if problem:
             log.warning("%s from %s rejected: PERMISSION_DENIED: %s", what, _peer(context), problem)
             await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
+        return peer
 
     async def GetRound(self, request, context):
-        await self._reader("GetRound", context)
-        return await self._call("GetRound", context, self.manager.status, request.round_id)
+        peer = await self._reader("GetRound", context)
+        return await self._call("GetRound", context, self.manager.status, request.round_id, peer)
 
     async def GetResult(self, request, context):
-        await self._reader("GetResult", context)
-        return await self._call("GetResult", context, self.manager.result, request.round_id)
+        peer = await self._reader("GetResult", context)
+        return await self._call("GetResult", context, self.manager.result, request.round_id, peer)
 
     async def ListSites(self, request, context):
-        await self._reader("ListSites", context)
-        return await self._call("ListSites", context, self.manager.list_sites)
+        peer = await self._reader("ListSites", context)
+        return await self._call("ListSites", context, self.manager.list_sites, peer)
+
+    async def GetSiteHistory(self, request, context):
+        peer = await self._identity("GetSiteHistory", context)
+        return await self._call("GetSiteHistory", context, self.manager.site_history, request,
+                                peer)
 
     async def Contribute(self, request, context):
         # The hot path of a round, kept on the event loop: the checks (the signature check

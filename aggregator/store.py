@@ -56,6 +56,17 @@ CREATE TABLE IF NOT EXISTS refusals (
     received_ms     INTEGER NOT NULL,
     PRIMARY KEY (round_id, site_id)
 );
+-- What each site declared in its signed SiteHello (Subscribe): its total budget and the key
+-- ids of the coordinators it trusts. A row is added only when the declaration changes, so
+-- the table is the history of the site's declarations; the last row per site is current.
+CREATE TABLE IF NOT EXISTS site_declarations (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    site_id         TEXT NOT NULL,
+    total_epsilon   REAL NOT NULL,     -- 0: not declared (an older site)
+    trusted_key_ids TEXT NOT NULL,     -- JSON list of coordinator key ids
+    hello           BLOB NOT NULL,     -- the signed SiteHello envelope, as received
+    received_ms     INTEGER NOT NULL
+);
 CREATE TABLE IF NOT EXISTS results (
     round_id        TEXT PRIMARY KEY,
     summary_json    TEXT NOT NULL,
@@ -131,6 +142,10 @@ class RoundStore:
         # commit, not per contribution (_group_tx; docs/benchmarks.md, "Round latency").
         self._db.execute("PRAGMA synchronous=FULL")
         self._db.executescript(SCHEMA)
+        # refusals.epsilon (the epsilon a site debited although it refused: Refusal.
+        # epsilon_spent), added to stores created before it.
+        if "epsilon" not in {r[1] for r in self._db.execute("PRAGMA table_info(refusals)")}:
+            self._db.execute("ALTER TABLE refusals ADD COLUMN epsilon REAL NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         """Commit what is queued, stop the group-commit writer and close the database."""
@@ -283,17 +298,46 @@ class RoundStore:
             "SELECT * FROM contributions WHERE round_id = ? ORDER BY site_id", (round_id,))]
 
     def insert_refusal(self, round_id: str, site_id: str, reason: str, envelope: bytes,
-                       received_ms: int, key_id: str, nonce: str, timestamp_ms: int) -> None:
+                       received_ms: int, key_id: str, nonce: str, timestamp_ms: int,
+                       epsilon: float = 0.0) -> None:
         self._tx([
             ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
-            ("INSERT INTO refusals VALUES (?,?,?,?,?)",
-             (round_id, site_id, reason, envelope, received_ms)),
+            ("INSERT INTO refusals (round_id, site_id, reason, envelope, received_ms, epsilon) "
+             "VALUES (?,?,?,?,?,?)", (round_id, site_id, reason, envelope, received_ms, epsilon)),
         ])
 
     def refusals(self, round_id: str) -> list[tuple[str, str]]:
         return [tuple(r) for r in self._query(
             "SELECT site_id, reason FROM refusals WHERE round_id = ? ORDER BY site_id",
             (round_id,))]
+
+    def refusal_epsilons(self, round_id: str) -> dict[str, float]:
+        return dict(self._query("SELECT site_id, epsilon FROM refusals WHERE round_id = ? "
+                                "AND epsilon > 0", (round_id,)))
+
+    # ---- the sites' budget history ----
+    def site_spending(self) -> dict[str, tuple[float, int, int]]:
+        """site id -> (epsilon spent, rounds, last received ms) over every accepted
+        contribution and every refusal that debited (Refusal.epsilon_spent), in any round."""
+        rows = self._query(
+            "SELECT site_id, SUM(epsilon), COUNT(*), MAX(received_ms) FROM ("
+            " SELECT site_id, epsilon, received_ms FROM contributions UNION ALL"
+            " SELECT site_id, epsilon, received_ms FROM refusals WHERE epsilon > 0)"
+            " GROUP BY site_id")
+        return {r[0]: (float(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+    def insert_declaration(self, site_id: str, total_epsilon: float, trusted_key_ids: list[str],
+                           hello: bytes, received_ms: int) -> None:
+        self._tx([("INSERT INTO site_declarations (site_id, total_epsilon, trusted_key_ids, "
+                   "hello, received_ms) VALUES (?,?,?,?,?)",
+                   (site_id, total_epsilon, json.dumps(sorted(trusted_key_ids)), hello,
+                    received_ms))])
+
+    def declarations(self) -> dict[str, tuple[float, list[str]]]:
+        """site id -> (declared total, trusted coordinator key ids): each site's last one."""
+        rows = self._query("SELECT site_id, total_epsilon, trusted_key_ids FROM site_declarations "
+                           "WHERE id IN (SELECT MAX(id) FROM site_declarations GROUP BY site_id)")
+        return {r[0]: (float(r[1]), json.loads(r[2])) for r in rows}
 
     def insert_nonce(self, key_id: str, nonce: str, timestamp_ms: int) -> None:
         self._tx([("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms))])

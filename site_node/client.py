@@ -39,7 +39,7 @@ from dpfed.transport import client_channel
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 from dpfed.wire.canonical import digest, parse_canonical
-from site_node.node import CONTRIBUTION, REFUSAL, SiteNode
+from site_node.node import CONTRIBUTION, REFUSAL, LedgerMismatch, SiteNode
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +123,7 @@ class SiteClient:
             channel = client_channel(config.aggregator, config.tls, server_name=config.server_name)
             try:
                 stub = pb_grpc.AggregatorStub(channel)
+                self.check_history(stub)   # LedgerMismatch ends run(): nothing is served
                 self.resend_pending(stub)
                 self._subscribe(stub)
                 if not self._stop.is_set():
@@ -150,6 +151,26 @@ class SiteClient:
             log.info("reconnecting in %.1f s", delay)
             self._stop.wait(delay)
         log.info("site %s stopped", config.site_id)
+
+    # -- the aggregator's record of this site ---------------------------------------------
+    def check_history(self, stub) -> None:
+        """Before serving: the aggregator's record of this site's spending against the ledger
+        (SiteNode.check_history). A mismatch raises LedgerMismatch, which ends ``run``: the
+        site serves nothing until the operator restores the ledger or acknowledges the reset.
+        An aggregator without the RPC (UNIMPLEMENTED, older dpfed) is logged and skipped."""
+        try:
+            history = stub.GetSiteHistory(self.node.hello(), timeout=self.rpc_timeout_s)
+        except grpc.RpcError as exc:
+            if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                log.warning("the aggregator keeps no budget history (older dpfed): the ledger "
+                            "is not cross-checked")
+                return
+            raise
+        try:
+            self.node.check_history(history)
+        except LedgerMismatch:
+            self._stop.set()
+            raise
 
     # -- the round stream --------------------------------------------------------------------
     def _subscribe(self, stub) -> None:

@@ -12,12 +12,15 @@ every release, keyed by round id, and
   refuses outright when the same round id comes back with a different spec.
 
 The total budget belongs to the state file, not to the data file or the config: it is written
-on first use, and the config can only ever *lower* it. A config whose ``total_epsilon`` is
-larger than the stored value is not honoured (the stored value stays, with a warning); a
-smaller one permanently lowers the stored value, because tightening is always safe and
-un-tightening would be a silent increase. Re-registering the data or changing the data path
-changes nothing here. (Deleting the state file does reset it: the file must be backed up and
-protected like the data themselves.)
+on first use, and the config can only ever *lower* it silently. A config whose
+``total_epsilon`` is larger than the stored value stops the site at start (``BudgetRaise``)
+until the operator records the raise with ``dpfed site ledger --raise-total`` (``raise_total``:
+who and when, in ``budget_events``); a smaller one permanently lowers the stored value,
+because tightening is always safe. Re-registering the data or changing the data path changes
+nothing here. Deleting the state file does reset it locally; the aggregator's record of the
+site's spending catches that (site_node.client checks it before serving, and
+``acknowledge_reset`` carries the aggregator's figure into a new ledger; docs/security.md,
+"Budget history").
 
 Durability: WAL journal with ``synchronous=FULL``, so a committed debit survives power loss.
 """
@@ -37,7 +40,9 @@ log = logging.getLogger(__name__)
 
 # 2: releases.neighbouring (the relation each release was made under). A version-1 ledger is
 # migrated on open; its releases were all made under replace-one (the only mechanism then).
-SCHEMA_VERSION = 2
+# 3: budget_events (who changed the total, or acknowledged a reset, and when). Created by
+# CREATE TABLE IF NOT EXISTS on open; a version-2 ledger is migrated by setting the version.
+SCHEMA_VERSION = 3
 # Floating-point slack on the budget check: 10 rounds of eps=0.1 must fit in a total of 1.0.
 _BUDGET_SLACK = 1e-9
 
@@ -72,6 +77,19 @@ CREATE TABLE IF NOT EXISTS debits (
     reason          TEXT NOT NULL,
     created_unix_ms INTEGER NOT NULL
 );
+-- Every change of the total budget and every acknowledged reset, with who and when:
+-- kind = created | lowered | raised | reset_acknowledged. epsilon: for reset_acknowledged the
+-- debit carried over from the aggregator's record.
+CREATE TABLE IF NOT EXISTS budget_events (
+    id              INTEGER PRIMARY KEY AUTOINCREMENT,
+    kind            TEXT NOT NULL,
+    old_total       REAL,
+    new_total       REAL,
+    epsilon         REAL NOT NULL DEFAULT 0,
+    operator        TEXT NOT NULL DEFAULT '',
+    note            TEXT NOT NULL DEFAULT '',
+    created_unix_ms INTEGER NOT NULL
+)
 """
 
 
@@ -85,6 +103,10 @@ class BudgetExhausted(LedgerError):
 
 class RoundConflict(LedgerError):
     """A release for this round id already exists, answering a different spec."""
+
+
+class BudgetRaise(LedgerError):
+    """The config's total_epsilon is larger than the ledger's: not honoured until recorded."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +164,9 @@ class PrivacyLedger:
                 self._set_meta("schema_version", str(SCHEMA_VERSION))
             elif int(version) == 1:
                 self._migrate_1_to_2()
-            elif int(version) != SCHEMA_VERSION:
+            if int(self._meta("schema_version")) == 2:
+                self._set_meta("schema_version", "3")   # budget_events: created above
+            elif int(self._meta("schema_version")) != SCHEMA_VERSION:
                 raise LedgerError(f"{self.path}: ledger schema {version}, this dpfed knows {SCHEMA_VERSION}")
             if site_id is not None:
                 stored_site = self._meta("site_id")
@@ -210,20 +234,89 @@ class PrivacyLedger:
         self._conn.execute("INSERT INTO meta(key, value) VALUES(?, ?) "
                            "ON CONFLICT(key) DO UPDATE SET value = excluded.value", (key, value))
 
+    def _event(self, kind: str, old_total, new_total, *, epsilon: float = 0.0,
+               operator: str = "", note: str = "") -> None:
+        self._conn.execute("INSERT INTO budget_events(kind, old_total, new_total, epsilon, "
+                           "operator, note, created_unix_ms) VALUES(?, ?, ?, ?, ?, ?, ?)",
+                           (kind, old_total, new_total, float(epsilon), operator, note, _now_ms()))
+
     def _settle_total(self, configured: float) -> None:
         stored = self._meta("total_epsilon")
         if stored is None:
             self._set_meta("total_epsilon", repr(configured))
+            self._event("created", None, configured, note="first use (policy.total_epsilon)")
             log.info("privacy ledger %s: total budget set to epsilon=%g", self.path, configured)
             return
         stored_f = float(stored)
-        if configured > stored_f:
-            log.warning("config total_epsilon=%g is larger than the ledger's %g: NOT honoured, "
-                        "the budget of a site can never be raised", configured, stored_f)
+        if configured > stored_f + _BUDGET_SLACK:
+            raise BudgetRaise(
+                f"policy.total_epsilon = {configured:g} in the config is larger than the total "
+                f"{stored_f:g} recorded in the privacy ledger {self.path}. A budget is never "
+                f"raised silently: set total_epsilon back to {stored_f:g}, or record the raise "
+                f"with `dpfed site ledger --raise-total --config <site.toml>` (kept in the "
+                f"ledger with who and when)")
         elif configured < stored_f:
             self._set_meta("total_epsilon", repr(configured))
+            self._event("lowered", stored_f, configured, note="policy.total_epsilon lowered")
             log.warning("config total_epsilon=%g lowers the ledger's budget from %g (permanent)",
                         configured, stored_f)
+
+    def raise_total(self, new_total: float, *, operator: str, note: str = "") -> float:
+        """Record an explicit raise of the total budget to ``new_total`` (the operator's
+        decision, kept with who and when). Returns the old total. Raises LedgerError if
+        ``new_total`` is not larger than the stored total (lowering needs no command)."""
+        with self._transaction():
+            old = self.total_epsilon
+            if old is None:
+                raise LedgerError(f"{self.path}: no total budget recorded yet (start the site "
+                                  f"once, or nothing to raise)")
+            if not new_total > old + _BUDGET_SLACK:
+                raise LedgerError(f"total_epsilon {new_total:g} is not larger than the ledger's "
+                                  f"{old:g}: nothing to raise")
+            self._set_meta("total_epsilon", repr(float(new_total)))
+            self._event("raised", old, float(new_total), operator=operator,
+                        note=note or "dpfed site ledger --raise-total")
+        log.warning("privacy ledger %s: total budget RAISED from %g to %g by %s", self.path, old,
+                    new_total, operator)
+        return old
+
+    def acknowledge_reset(self, *, aggregator_spent: float, aggregator_rounds: int = 0,
+                          aggregator_total: float = 0.0, operator: str) -> float:
+        """Carry the aggregator's record of this site's spending into this ledger: debit the
+        difference if it is more than the ledger knows (so the budget continues from the
+        larger figure, never the smaller), lower the total to the aggregator's last declared
+        total if that is smaller, and record who and when. Returns the epsilon debited."""
+        with self._transaction() as conn:
+            spent = self._spent()
+            carried = max(0.0, float(aggregator_spent) - spent)
+            if carried > 0:
+                conn.execute("INSERT INTO debits(round_id, epsilon, reason, created_unix_ms) "
+                             "VALUES('(reset)', ?, 'reset acknowledged: aggregator record', ?)",
+                             (carried, _now_ms()))
+            total = self.total_epsilon
+            self._event("reset_acknowledged", total, total, epsilon=carried, operator=operator,
+                        note=f"aggregator records epsilon {aggregator_spent:g} spent over "
+                             f"{aggregator_rounds} round(s), declared total "
+                             f"{aggregator_total:g}; this ledger had {spent:g}")
+            if aggregator_total > 0 and total is not None and total > aggregator_total:
+                self._set_meta("total_epsilon", repr(float(aggregator_total)))
+                self._event("lowered", total, float(aggregator_total), operator=operator,
+                            note="reset: a new ledger does not raise the total the aggregator "
+                                 "last saw declared")
+        return carried
+
+    def budget_events(self) -> list[dict]:
+        rows = self._conn.execute("SELECT kind, old_total, new_total, epsilon, operator, note, "
+                                  "created_unix_ms FROM budget_events ORDER BY id").fetchall()
+        return [dict(zip(("kind", "old_total", "new_total", "epsilon", "operator", "note",
+                          "created_unix_ms"), r)) for r in rows]
+
+    def total_explicitly_raised(self) -> bool:
+        """Whether the current total was set by an explicit raise (``raise_total``)."""
+        row = self._conn.execute("SELECT kind FROM budget_events WHERE kind IN "
+                                 "('created', 'lowered', 'raised') ORDER BY id DESC "
+                                 "LIMIT 1").fetchone()
+        return row is not None and row[0] == "raised"
 
     # -- budget --------------------------------------------------------------------------
     @property
@@ -348,6 +441,7 @@ class PrivacyLedger:
             "total_epsilon": total,
             "spent_epsilon": spent,
             "remaining_epsilon": None if total is None else max(0.0, total - spent),
+            "budget_events": self.budget_events(),
             "releases": [{"round_id": r.round_id, "spec_digest": r.spec_digest,
                           "epsilon": r.epsilon, "n": r.n, "created_unix_ms": r.created_unix_ms,
                           "neighbouring": r.neighbouring,

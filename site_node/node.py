@@ -43,13 +43,24 @@ from dpfed.wire.signing import SigningKey
 from site_node import policy as site_policy
 from site_node.config import SiteConfig
 from site_node.data import DataError, load_round_data
-from site_node.ledger import BudgetExhausted, PrivacyLedger, RoundConflict
+from site_node.ledger import BudgetExhausted, LedgerError, PrivacyLedger, RoundConflict
 from site_node.release import release_statistics
 
 log = logging.getLogger(__name__)
 
 CONTRIBUTION = "dpfed.v1.Contribution"
 REFUSAL = "dpfed.v1.Refusal"
+
+
+# Slack when comparing the ledger's spend with the aggregator's record (sums of the same
+# epsilons in another order).
+HISTORY_SLACK = 1e-6
+
+
+class LedgerMismatch(LedgerError):
+    """The aggregator records more spending (or a lower declared total) for this site than its
+    ledger knows: the state_db was deleted, replaced or restored from an old backup. The site
+    serves no round until the ledger is restored or the reset acknowledged."""
 
 
 def now_ms() -> int:
@@ -74,6 +85,8 @@ class SiteNode:
         # One round at a time in this process; other processes are kept out by the ledger's
         # write lock.
         self._lock = threading.Lock()
+        # Why this node may serve no round (check_history), or None.
+        self.blocked: str | None = None
 
     @property
     def site_id(self) -> str:
@@ -81,15 +94,62 @@ class SiteNode:
 
     # -- signed messages this site sends ---------------------------------------------------
     def hello(self) -> pb.SignedEnvelope:
-        return self.signing_key.sign(pb.SiteHello(site_id=self.site_id, timestamp_unix_ms=now_ms(),
-                                                  nonce=new_nonce(), software_version=__version__))
+        """The signed SiteHello: it declares the ledger's total budget (the aggregator refuses
+        contributions beyond it) and the key ids of the trusted coordinators (the only ones
+        the aggregator shows this site's n, epsilon and refusal reasons to)."""
+        return self.signing_key.sign(pb.SiteHello(
+            site_id=self.site_id, timestamp_unix_ms=now_ms(), nonce=new_nonce(),
+            software_version=__version__, total_epsilon=self.ledger.total_epsilon or 0.0,
+            trusted_coordinator_key_ids=sorted(self.trusted)))
 
-    def refusal(self, round_id: str, spec_digest: str, reason: str) -> pb.SignedEnvelope:
+    def refusal(self, round_id: str, spec_digest: str, reason: str,
+                epsilon_spent: float = 0.0) -> pb.SignedEnvelope:
         # Kept inside the wire limits, so the aggregator never rejects an honest refusal.
         return self.signing_key.sign(pb.Refusal(round_id=limits.clip_id(round_id),
                                                 site_id=self.site_id, spec_digest=spec_digest,
                                                 reason=limits.clip_text(reason),
-                                                timestamp_unix_ms=now_ms(), nonce=new_nonce()))
+                                                timestamp_unix_ms=now_ms(), nonce=new_nonce(),
+                                                epsilon_spent=epsilon_spent))
+
+    def check_history(self, history: pb.SiteHistory) -> None:
+        """Compare the ledger with the aggregator's record of this site (GetSiteHistory).
+        Raises LedgerMismatch (and sets ``blocked``: every round is refused) when
+
+        * the aggregator records more epsilon spent than the ledger knows: the ledger was
+          deleted, replaced or restored from an old backup. Its figure is never taken as
+          *lower* than the ledger's (the ledger's own spend always counts), and a larger one
+          is only carried over by the operator (``dpfed site ledger --acknowledge-reset``);
+        * the ledger's total is larger than the total the site last declared to the aggregator,
+          and no explicit raise (``dpfed site ledger --raise-total``) set it: a new ledger
+          created with a larger total_epsilon.
+        """
+        spent, total = self.ledger.spent, self.ledger.total_epsilon or 0.0
+        problem = None
+        fix = ("restore the state_db from its backup, or, if it is lost, acknowledge the "
+               "reset with `dpfed site ledger --acknowledge-reset --config <site.toml>` (the "
+               "ledger then continues from the aggregator's figure)")
+        if history.spent_epsilon > spent + HISTORY_SLACK:
+            what = ("is empty (a new or deleted state_db)" if not self.ledger.releases()
+                    and spent == 0 else f"records only epsilon {spent:g} (an old backup, or "
+                    f"another copy of the state_db?)")
+            problem = (f"the aggregator records epsilon {history.spent_epsilon:g} spent by "
+                       f"site {self.site_id!r} over {history.rounds} round(s), but the privacy "
+                       f"ledger {self.ledger.path} {what}. Serving no rounds: {fix}")
+        elif (history.declared_total_epsilon > 0
+              and total > history.declared_total_epsilon + HISTORY_SLACK
+              and not self.ledger.total_explicitly_raised()):
+            problem = (f"the privacy ledger {self.ledger.path} has total_epsilon {total:g}, but "
+                       f"this site last declared {history.declared_total_epsilon:g} to the "
+                       f"aggregator and no explicit raise is recorded (a new ledger cannot "
+                       f"raise the budget). Serving no rounds: set policy.total_epsilon to "
+                       f"{history.declared_total_epsilon:g}, or {fix}, then record a raise "
+                       f"with `dpfed site ledger --raise-total`")
+        self.blocked = problem
+        if problem:
+            log.error("%s", problem)
+            raise LedgerMismatch(problem)
+        log.info("ledger agrees with the aggregator's record: spent %g here, %g recorded there "
+                 "over %d round(s)", spent, history.spent_epsilon, history.rounds)
 
     # -- one round ---------------------------------------------------------------------------
     def handle_round(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
@@ -99,6 +159,11 @@ class SiteNode:
 
     def _handle_round(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
         spec_digest = digest(envelope.payload)
+        if self.blocked:
+            return self.refusal(_untrusted_round_id(envelope), spec_digest,
+                                "the site's privacy ledger disagrees with the aggregator's "
+                                "record; the site operator must restore it or acknowledge "
+                                "the reset (see the site log)")
         try:
             spec = site_policy.verify_spec(envelope, self.trusted)
         except site_policy.PolicyViolation as exc:
@@ -174,7 +239,8 @@ class SiteNode:
         if refused:
             # Decided on the noisy n only; the noise was drawn, so the epsilon is debited and
             # this refusal is stored as the round's answer (module docstring, step 5).
-            signed = self.refusal(round_id, spec_digest, site_policy.NOISY_MIN_N_REASON)
+            signed = self.refusal(round_id, spec_digest, site_policy.NOISY_MIN_N_REASON,
+                                  epsilon_spent=charge)
         else:
             # n = stats.n: the released n (noisy under add/remove, exact under replace-one).
             contribution = pb.Contribution(round_id=round_id, site_id=self.site_id,

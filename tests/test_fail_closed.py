@@ -95,7 +95,8 @@ def _connected(agg) -> bool:
 def test_two_processes_of_one_kit_get_one_stream_and_release_once(tmp_path, caplog):
     """Two `dpfed site serve` processes from one kit (same site.toml, keys and data; each its
     own copy of the state folder). Before the fix both subscribed, both got the round and
-    released twice (two ledgers debited)."""
+    released twice (two ledgers debited). The copy, whose ledger is then behind the
+    aggregator's record, stops instead of serving later (docs/security.md, Budget history)."""
     caplog.set_level(logging.INFO)
     (tmp_path / "site").mkdir()
     config_a, coordinator_key, _ = write_site(tmp_path / "site")
@@ -132,25 +133,36 @@ def test_two_processes_of_one_kit_get_one_stream_and_release_once(tmp_path, capl
         assert releases("site") == ["dup-1"]          # the one with the stream answered
         assert len(agg.store.contributions("dup-1")) == 1
 
-        # The operator sees why: the aggregator's log, and the site's, which keeps retrying.
-        assert refused() and procs["copy"].poll() is None
+        # The operator sees why: the aggregator's log, and the site's.
+        assert refused()
         [record] = agg.manager.registry.snapshot()
         assert record.connected_streams == 1
         assert any("Subscribe" in r.message and "ALREADY_EXISTS" in r.message
                    and "already has a live round stream" in r.message for r in caplog.records)
 
-        # When the first stream dies, the identity is free again: the copy gets in.
+        # The copy's ledger is now behind the aggregator's record of the identity (issue 11,
+        # finding 2): at its next reconnection it stops, exit 4, saying why, and releases
+        # nothing (before the budget-history work it kept retrying and, once the first
+        # process was gone, served with a second, fresh budget).
+        assert procs["copy"].wait(120) == 4
+        text = logs["copy"].read_text()
+        assert "the aggregator records epsilon 1 spent" in text and "--acknowledge-reset" in text
+        assert releases("copy") == []
+
+        # When the first stream dies, the identity is free again: the first kit, restarted,
+        # gets in and answers the next round from its own (agreeing) ledger.
         procs["site"].send_signal(signal.SIGTERM)
         assert procs["site"].wait(15) == 0
         _until(lambda: any("unsubscribed" in r.message for r in caplog.records), 15,
                "the aggregator to see the first stream end")
+        procs["again"] = _serve(config_a, tmp_path / "again.log")
         _until(lambda: _subscribed_after_refusal(caplog)
                and agg.manager.registry.snapshot()[0].connected_streams == 1, 60,
-               "the copy to subscribe")
+               "the restarted site to subscribe")
         coordinator.start_round(make_spec("dup-2", epsilon=1.0, quorum=1,
                                           deadline_unix_ms=int(time.time() * 1000) + 60_000))
         assert coordinator.wait("dup-2", 30, poll_s=0.1).state == pb.RoundStatus.DONE
-        assert releases("copy") == ["dup-2"] and releases("site") == ["dup-1"]
+        assert releases("site") == ["dup-1", "dup-2"] and releases("copy") == []
     finally:
         _stop(procs.values())
         coordinator.close()

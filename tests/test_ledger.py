@@ -109,25 +109,53 @@ def test_budget_fits_exactly_despite_float_sums(tmp_path):
         record(ledger, "r10", 0.1)
 
 
-def test_total_increase_in_config_is_not_honoured(tmp_path):
+def test_total_increase_in_config_refuses_to_open_until_recorded(tmp_path):
+    """Issue 11, finding 2 (c): a larger total_epsilon in the config stops the ledger (and
+    the site) from opening; only an explicit raise, kept with who and when, changes it."""
+    from site_node.ledger import LedgerError
     path = tmp_path / "l.sqlite"
     with PrivacyLedger(path, site_id="s", total_epsilon=2.0) as ledger:
         record(ledger, "r1", 2.0)
+    with pytest.raises(LedgerError, match="--raise-total"):
+        PrivacyLedger(path, site_id="s", total_epsilon=100.0)
+    with PrivacyLedger(path, site_id="s") as ledger:
+        assert ledger.total_epsilon == 2.0 and ledger.remaining == 0.0
+        with pytest.raises(LedgerError, match="nothing to raise"):
+            ledger.raise_total(2.0, operator="ops@hospital")
+        assert ledger.raise_total(100.0, operator="ops@hospital") == 2.0
     with PrivacyLedger(path, site_id="s", total_epsilon=100.0) as ledger:
-        assert ledger.total_epsilon == 2.0
-        assert ledger.remaining == 0.0
-        with pytest.raises(BudgetExhausted):
-            record(ledger, "r2", 1.0)
+        assert ledger.total_epsilon == 100.0
+        raised = [e for e in ledger.budget_events() if e["kind"] == "raised"]
+        assert [(e["old_total"], e["new_total"], e["operator"]) for e in raised] == [
+            (2.0, 100.0, "ops@hospital")] and raised[0]["created_unix_ms"] > 0
+        record(ledger, "r2", 1.0)
 
 
 def test_total_decrease_in_config_tightens_for_good(tmp_path):
+    from site_node.ledger import LedgerError
     path = tmp_path / "l.sqlite"
     with PrivacyLedger(path, site_id="s", total_epsilon=5.0):
         pass
     with PrivacyLedger(path, site_id="s", total_epsilon=3.0) as ledger:
         assert ledger.total_epsilon == 3.0
-    with PrivacyLedger(path, site_id="s", total_epsilon=5.0) as ledger:
+        assert [e["kind"] for e in ledger.budget_events()] == ["created", "lowered"]
+    with pytest.raises(LedgerError, match="--raise-total"):   # going back up is a raise
+        PrivacyLedger(path, site_id="s", total_epsilon=5.0)
+    with PrivacyLedger(path, site_id="s") as ledger:
         assert ledger.total_epsilon == 3.0
+
+
+def test_acknowledge_reset_continues_from_the_larger_figure(tmp_path):
+    with PrivacyLedger(tmp_path / "l.sqlite", site_id="s", total_epsilon=10.0) as ledger:
+        record(ledger, "r1", 1.0)
+        # The aggregator knows less than the ledger: nothing carried, nothing lowered.
+        assert ledger.acknowledge_reset(aggregator_spent=0.5, operator="op") == 0.0
+        assert ledger.spent == pytest.approx(1.0)
+        assert ledger.acknowledge_reset(aggregator_spent=4.0, aggregator_rounds=2,
+                                        aggregator_total=8.0, operator="op") == pytest.approx(3.0)
+        assert ledger.spent == pytest.approx(4.0) and ledger.total_epsilon == 8.0
+        kinds = [e["kind"] for e in ledger.budget_events()]
+        assert kinds == ["created", "reset_acknowledged", "reset_acknowledged", "lowered"]
 
 
 def test_ledger_belongs_to_one_site(tmp_path):
@@ -257,7 +285,7 @@ def test_version_1_ledger_is_migrated_keeping_budget_and_releases(tmp_path):
     path = tmp_path / "old.sqlite"
     _version_1_ledger(path)
     ledger = PrivacyLedger(path, site_id="s", total_epsilon=5.0)
-    assert ledger._meta("schema_version") == "2"
+    assert ledger._meta("schema_version") == "3"   # 1 -> 2 -> 3 (budget_events)
     old = ledger.get_release("old")
     # Every version-1 release was made under replace-one (n exact): recorded as such.
     assert old.neighbouring == "replace_one" and old.n == 57 and old.acknowledged
@@ -278,8 +306,8 @@ def test_ledger_of_an_unknown_future_schema_is_refused(tmp_path):
     PrivacyLedger(path, site_id="s", total_epsilon=1.0).close()
     import sqlite3
     conn = sqlite3.connect(str(path))
-    conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(LedgerError, match="schema 3"):
+    with pytest.raises(LedgerError, match="schema 4"):
         PrivacyLedger(path, site_id="s")

@@ -22,6 +22,7 @@ from site_node.config import load_config
 from dpfed.noise import from_proto
 from dpfed.sensitivity import expected_noise
 from site_node.node import SiteNode
+from site_node.ledger import LedgerError
 from site_node.policy import NOISY_MIN_N_REASON
 
 FEATURES = ["g1", "g2", "g3"]
@@ -281,17 +282,38 @@ def test_missing_column_refusal_names_column_not_values(site):
     assert "g9" in reason
 
 
-def test_config_total_increase_not_honoured_by_node(tmp_path):
+def test_config_total_increase_refused_at_start_until_recorded(tmp_path, capsys):
+    """Issue 11, finding 2 (c): raising policy.total_epsilon in site.toml stops the site at
+    start (`dpfed site serve` exits 4 saying why) until `dpfed site ledger --raise-total`
+    records the raise with who and when; lowering needs nothing."""
+    from dpfed import cli, exitcodes
     config_path, coordinator, _ = write_site(tmp_path)
     node = SiteNode(load_config(config_path))
     node.handle_round(coordinator.sign(make_spec("r0", epsilon=2.0)))
     node.handle_round(coordinator.sign(make_spec("r1", epsilon=2.0)))
     node.ledger.close()
-    text = config_path.read_text().replace("total_epsilon = 5.0", "total_epsilon = 50.0")
-    config_path.write_text(text)
+    config_path.write_text(config_path.read_text().replace("total_epsilon = 5.0",
+                                                           "total_epsilon = 50.0"))
+    with pytest.raises(LedgerError, match="--raise-total"):
+        SiteNode(load_config(config_path))
+    code = cli.main(["--log-level", "ERROR", "site", "serve", "--config", str(config_path)])
+    err = capsys.readouterr().err
+    assert code == exitcodes.REFUSED and "never raised silently" in err and "50" in err
+    assert cli.main(["site", "ledger", "--raise-total", "--config", str(config_path),
+                     "--operator", "dr-ops"]) == exitcodes.OK
+    assert cli.main(["site", "ledger", "--config", str(config_path)]) == exitcodes.OK
+    out = capsys.readouterr().out
+    assert "budget raised: total 5 -> 50 by dr-ops" in out
     node = SiteNode(load_config(config_path))
-    assert node.ledger.total_epsilon == 5.0
-    assert "budget" in refusal_reason(node, coordinator.sign(make_spec("r2", epsilon=2.0)))
+    assert node.ledger.total_epsilon == 50.0
+    assert contribution_of(node, node.handle_round(coordinator.sign(make_spec("r2", epsilon=2.0))),
+                           node.signing_key).epsilon_spent == 2.0
+    node.ledger.close()
+    config_path.write_text(config_path.read_text().replace("total_epsilon = 50.0",
+                                                           "total_epsilon = 6.0"))
+    node = SiteNode(load_config(config_path))   # lowering: allowed, recorded
+    assert node.ledger.total_epsilon == 6.0
+    assert "budget" in refusal_reason(node, coordinator.sign(make_spec("r3", epsilon=2.0)))
 
 
 def test_preprocessing_dimension_mismatch_refused(site):

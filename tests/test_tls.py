@@ -8,6 +8,7 @@ a party holding someone else's signing key cannot use it over its own connection
 
 from __future__ import annotations
 
+import json
 import secrets
 import shutil
 import threading
@@ -288,10 +289,86 @@ def test_read_only_rpcs_are_for_coordinators_only(pki, aggregator):
     for name in COORDINATORS:          # any registered coordinator, not only the round's
         with client_channel(address, tls_of(ours, "coordinator", name)) as ch:
             stub = pb_grpc.AggregatorStub(ch)
-            answers = {rpc: call() for rpc, call in _reads(stub, "r-read")}
+            answers = {rpc: call() for rpc, call in _reads(stub, "r-read") if rpc != "GetResult"}
+            if name == "coord":
+                answers["GetResult"] = stub.GetResult(pb.RoundQuery(round_id="r-read"), timeout=5)
+            else:
+                # site-a never declared whom it trusts (no SiteHello here): only the round's
+                # own coordinator sees its entries and the result (aggregator/budget.py).
+                assert rpc_code(lambda: stub.GetResult(pb.RoundQuery(round_id="r-read"),
+                                                       timeout=5)) == grpc.StatusCode.PERMISSION_DENIED
         assert answers["GetRound"].state == pb.RoundStatus.DONE
-        assert answers["GetResult"].round_id == "r-read"
+        assert [bool(c.hidden) for c in answers["GetRound"].contributions] == [name != "coord"]
+        assert name != "coord" or answers["GetResult"].round_id == "r-read"
         assert {s.site_id for s in answers["ListSites"].sites} == set(SITES)
+
+
+def test_untrusted_coordinator_sees_a_sites_n_and_reasons_redacted(pki, aggregator, tmp_path):
+    """Issue 11, finding 5: site-a trusts only `coord` (its SiteHello declares the key ids of
+    policy.trusted_coordinators). Over mutual TLS `coord` sees site-a's n, epsilon, refusal
+    reason, result row and listing; `other-coord` sees site-a's id only, each entry saying
+    why, and no result of a round site-a contributed to."""
+    import re
+
+    from site_node.client import Backoff, SiteClient
+    from site_node.config import load_config
+    from site_node.node import SiteNode
+
+    ours, _ = pki
+    server, address = aggregator
+    config_path = _site_kit_with_data(ours, tmp_path, address)
+    config_path.write_text(re.sub(r"trusted_coordinators = \[.*\]",
+                                  'trusted_coordinators = ["keys/coord.pub"]',
+                                  config_path.read_text()))
+    node = SiteNode(load_config(config_path))
+    client = SiteClient(node, rpc_timeout_s=5, reconnect=Backoff(0.05, 0.2))
+    thread = threading.Thread(target=client.run, daemon=True)
+    thread.start()
+    try:
+        with coordinator_over(ours, address, "coord") as coord, \
+                coordinator_over(ours, address, "other-coord", key_name="other-coord") as other:
+            deadline = time.monotonic() + 20
+            while not any(s.connected for s in coord.list_sites() if s.site_id == "site-a"):
+                assert time.monotonic() < deadline, "site-a never connected over TLS"
+                time.sleep(0.05)
+            start_round(pki, address, "r-trusted")
+            assert coord.wait("r-trusted", 30, poll_s=0.05).state == pb.RoundStatus.DONE
+            other.start_round(make_spec("r-other", coordinator_id="other-coord", quorum=1,
+                                        deadline_unix_ms=int(time.time() * 1000) + 60_000))
+            while not server.manager.status("r-other").refusals:
+                assert time.monotonic() < deadline + 30, "site-a never refused r-other"
+                time.sleep(0.05)
+
+            # The other one: site-a's n, epsilon, time, reason and listing are hidden.
+            theirs = other.status("r-trusted").contributions[0]
+            assert theirs.site_id == "site-a" and (theirs.n, theirs.epsilon_spent,
+                                                   theirs.received_unix_ms) == (0, 0.0, 0)
+            refusal = other.status("r-other").refusals[0]   # even in its own round
+            assert refusal.site_id == "site-a" and refusal.reason == "" and refusal.hidden
+            assert "does not trust coordinator 'other-coord'" in theirs.hidden
+            with pytest.raises(grpc.RpcError) as info:
+                other.result("r-trusted")
+            assert info.value.code() == grpc.StatusCode.PERMISSION_DENIED
+            assert "site-a" in info.value.details()
+            listed = {s.site_id: s for s in other.list_sites()}["site-a"]
+            assert listed.hidden and not listed.key_id and not listed.connected
+            assert listed.spent_epsilon == 0.0 and listed.last_seen_unix_ms == 0
+
+            # The trusted coordinator sees everything of site-a.
+            mine = coord.status("r-trusted").contributions[0]
+            assert (mine.site_id, mine.hidden, mine.epsilon_spent) == ("site-a", "", 1.0)
+            assert mine.n == node.ledger.get_release("r-trusted").n > 0
+            refusal = coord.status("r-other").refusals[0]
+            assert refusal.site_id == "site-a" and not refusal.hidden and "coordinator" in refusal.reason
+            rows = json.loads(coord.result("r-trusted").summary_json)["sites"]
+            assert rows == [{"site_id": "site-a", "n": mine.n, "epsilon": 1.0}]
+            listed = {s.site_id: s for s in coord.list_sites()}["site-a"]
+            assert listed.connected and listed.key_id and not listed.hidden
+            assert listed.spent_epsilon == 1.0 and listed.declared_total_epsilon == node.ledger.total_epsilon
+    finally:
+        client.stop()
+        thread.join(10)
+        node.ledger.close()
 
 
 def test_read_denied_rules():

@@ -131,9 +131,10 @@ def _print_status(status) -> None:
     state = pb.RoundStatus.State.Name(status.state)
     print(f"round {status.round_id}: {state}" + (f" - {status.message}" if status.message else ""))
     print(f"  contributions: {len(status.contributions)} (quorum {status.quorum}): "
-          + ", ".join(f"{c.site_id} (n={c.n})" for c in status.contributions))
+          + ", ".join(f"{c.site_id} ({c.hidden or f'n={c.n}'})" for c in status.contributions))
     if status.refusals:
-        print("  refusals: " + "; ".join(f"{r.site_id}: {r.reason}" for r in status.refusals))
+        print("  refusals: " + "; ".join(f"{r.site_id}: {r.hidden or r.reason}"
+                                         for r in status.refusals))
     if status.missing_sites:
         print("  waiting for: " + ", ".join(status.missing_sites))
     if status.round_seconds or status.fit_seconds:

@@ -2,6 +2,10 @@
 
     dpfed site serve  --config site.toml   dial out to the aggregator and answer rounds
     dpfed site ledger --config site.toml   show the privacy budget and every release
+    dpfed site ledger --acknowledge-reset --config site.toml
+                                           a lost ledger: continue from the aggregator's record
+    dpfed site ledger --raise-total --config site.toml
+                                           record a raise of policy.total_epsilon (who, when)
     dpfed site check  --config site.toml   validate config, keys and data; releases nothing
 """
 
@@ -47,6 +51,16 @@ def register(subparsers) -> None:
                "  dpfed site ledger --config site.toml --json   # for monitoring scripts")
     ledger.add_argument("--config", required=True, help="site.toml")
     ledger.add_argument("--json", action="store_true", help="machine-readable output")
+    action = ledger.add_mutually_exclusive_group()
+    action.add_argument("--acknowledge-reset", action="store_true",
+                        help="the state_db was lost: ask the aggregator how much epsilon it "
+                             "recorded for this site and carry that into this ledger (the "
+                             "budget continues from there); dials the aggregator")
+    action.add_argument("--raise-total", action="store_true",
+                        help="record the larger policy.total_epsilon of site.toml as the "
+                             "ledger's total (kept with --operator and the time)")
+    ledger.add_argument("--operator", default=None,
+                        help="who is doing this, recorded in the ledger (default user@host)")
     ledger.set_defaults(func=cmd_ledger)
 
     check = sub.add_parser(
@@ -72,8 +86,8 @@ def _load(path, *, insecure: bool = False):
 
 def cmd_serve(args) -> int:
     from site_node.client import SiteClient
-    from site_node.ledger import LedgerError
-    from site_node.node import SiteNode
+    from site_node.ledger import BudgetRaise, LedgerError
+    from site_node.node import LedgerMismatch, SiteNode
 
     config, error = _load(args.config, insecure=args.insecure)
     if error:
@@ -92,6 +106,9 @@ def cmd_serve(args) -> int:
             return exitcodes.USAGE
     try:
         node = SiteNode(config)
+    except BudgetRaise as exc:
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
     except LedgerError as exc:
         print(f"dpfed site serve: {exc}", file=sys.stderr)
         return exitcodes.ERROR
@@ -109,12 +126,96 @@ def cmd_serve(args) -> int:
     except KeyboardInterrupt:
         client.stop()
         return exitcodes.INTERRUPTED
+    except LedgerMismatch as exc:
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
+    return exitcodes.OK
+
+
+def _operator(args) -> str:
+    if args.operator:
+        return args.operator
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def cmd_acknowledge_reset(args) -> int:
+    """Ask the aggregator for its record of this site (GetSiteHistory, a signed hello over the
+    site's own TLS identity) and carry it into the ledger (PrivacyLedger.acknowledge_reset)."""
+    import grpc
+
+    from dpfed.transport import client_channel
+    from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
+    from site_node.ledger import LedgerError
+    from site_node.node import SiteNode
+
+    config, error = _load(args.config)
+    if error:
+        print(f"dpfed site ledger: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        node = SiteNode(config)
+    except LedgerError as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
+    except (OSError, ValueError) as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        with client_channel(config.aggregator, config.tls, server_name=config.server_name) as ch:
+            history = pb_grpc.AggregatorStub(ch).GetSiteHistory(node.hello(), timeout=30)
+    except grpc.RpcError as exc:
+        print(f"dpfed site ledger: the aggregator {config.aggregator} did not give this site's "
+              f"record ({exc.code().name}: {exc.details()}); nothing changed", file=sys.stderr)
+        node.ledger.close()
+        return exitcodes.UNAVAILABLE
+    before = node.ledger.spent
+    carried = node.ledger.acknowledge_reset(
+        aggregator_spent=history.spent_epsilon, aggregator_rounds=history.rounds,
+        aggregator_total=history.declared_total_epsilon, operator=_operator(args))
+    print(f"reset acknowledged by {_operator(args)}: the aggregator records epsilon "
+          f"{history.spent_epsilon:g} spent over {history.rounds} round(s); the ledger had "
+          f"{before:g}, {carried:g} carried over; now spent {node.ledger.spent:g} of "
+          f"{node.ledger.total_epsilon:g}")
+    node.ledger.close()
+    return exitcodes.OK
+
+
+def cmd_raise_total(args) -> int:
+    from site_node.ledger import LedgerError, PrivacyLedger
+
+    config, error = _load(args.config, insecure=True)  # reads the ledger only; never dials
+    if error:
+        print(f"dpfed site ledger: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    if not config.state_db.exists():
+        print(f"dpfed site ledger: no ledger yet at {config.state_db}: nothing to raise",
+              file=sys.stderr)
+        return exitcodes.ERROR
+    new = config.policy.total_epsilon
+    try:
+        with PrivacyLedger(config.state_db, site_id=config.site_id) as ledger:
+            old = ledger.raise_total(new, operator=_operator(args))
+    except LedgerError as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
+    print(f"total budget raised from {old:g} to {new:g} by {_operator(args)} (recorded in "
+          f"{config.state_db})")
     return exitcodes.OK
 
 
 def cmd_ledger(args) -> int:
     from site_node.ledger import LedgerError, PrivacyLedger
 
+    if getattr(args, "acknowledge_reset", False):
+        return cmd_acknowledge_reset(args)
+    if getattr(args, "raise_total", False):
+        return cmd_raise_total(args)
     config, error = _load(args.config, insecure=True)  # reads the ledger only; never dials
     if error:
         print(f"dpfed site ledger: {error}", file=sys.stderr)
@@ -139,9 +240,21 @@ def cmd_ledger(args) -> int:
     print(f"spent:     {summary['spent_epsilon']:g}")
     if summary["remaining_epsilon"] is not None:
         print(f"remaining: {summary['remaining_epsilon']:g}")
-    if config.policy.total_epsilon != total and total is not None:
+    if total is not None and config.policy.total_epsilon > total:
+        print(f"note: site.toml says total_epsilon = {config.policy.total_epsilon:g}, more than "
+              f"the ledger's {total:g}: the site will not start until the raise is recorded "
+              f"(dpfed site ledger --raise-total)")
+    elif total is not None and config.policy.total_epsilon < total:
         print(f"note: site.toml says total_epsilon = {config.policy.total_epsilon:g}; the "
-              f"ledger's {total:g} applies (a budget is never raised)")
+              f"ledger's total is lowered to it when the site starts")
+    for e in summary.get("budget_events", []):
+        when = datetime.fromtimestamp(e["created_unix_ms"] / 1000, timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%SZ")
+        change = (f"{e['old_total']:g} -> {e['new_total']:g}" if e["old_total"] is not None
+                  and e["new_total"] != e["old_total"] else f"{e['new_total']:g}")
+        carried = f", carried epsilon {e['epsilon']:g}" if e["epsilon"] else ""
+        by = f" by {e['operator']}" if e["operator"] else ""
+        print(f"  {when}  budget {e['kind']}: total {change}{carried}{by} ({e['note']})")
     print(f"releases:  {len(summary['releases'])}")
     for r in summary["releases"]:
         when = datetime.fromtimestamp(r["created_unix_ms"] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
@@ -254,6 +367,12 @@ def cmd_check(args) -> int:
             with PrivacyLedger(config.state_db) as ledger:
                 print(f"ledger: {config.state_db}: spent {ledger.spent:g} of "
                       f"{ledger.total_epsilon:g}")
+                if ledger.total_epsilon is not None and \
+                        config.policy.total_epsilon > ledger.total_epsilon:
+                    problems.append(f"policy.total_epsilon = {config.policy.total_epsilon:g} is "
+                                    f"larger than the ledger's {ledger.total_epsilon:g}: the "
+                                    f"site will not start until `dpfed site ledger "
+                                    f"--raise-total` records the raise")
         except (LedgerError, TypeError) as exc:
             problems.append(f"state_db: {exc}")
     else:

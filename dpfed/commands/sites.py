@@ -20,18 +20,27 @@ def list_cmd(args) -> int:
     sites, code = query(args, "sites list", lambda c: c.list_sites())
     if code is not None:
         return code
-    rows = [{"site_id": s.site_id, "key_id": s.key_id, "connected": s.connected,
-             "last_seen_unix_ms": s.last_seen_unix_ms} for s in sites]
+    # A site that does not trust this coordinator is listed by id only, with why (hidden).
+    rows = [{"site_id": s.site_id, "hidden": s.hidden} if s.hidden else
+            {"site_id": s.site_id, "key_id": s.key_id, "connected": s.connected,
+             "last_seen_unix_ms": s.last_seen_unix_ms, "spent_epsilon": s.spent_epsilon,
+             "declared_total_epsilon": s.declared_total_epsilon} for s in sites]
     if args.json:
         print(json.dumps(rows, indent=2))
         return exitcodes.OK
     width = max([7, *(len(r["site_id"]) for r in rows)])
-    print(f"{'site':<{width}}  {'connected':<9}  {'last seen':<20}  key id")
+    print(f"{'site':<{width}}  {'connected':<9}  {'last seen':<20}  {'epsilon spent/total':<20}  "
+          f"key id")
     for r in rows:
+        if r.get("hidden"):
+            print(f"{r['site_id']:<{width}}  ({r['hidden']})")
+            continue
         seen = (time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(r["last_seen_unix_ms"] / 1000))
                 if r["last_seen_unix_ms"] else "never")
+        budget = (f"{r['spent_epsilon']:g}/{r['declared_total_epsilon']:g}"
+                  if r["declared_total_epsilon"] else f"{r['spent_epsilon']:g}/?")
         print(f"{r['site_id']:<{width}}  {'yes' if r['connected'] else 'no':<9}  {seen:<20}  "
-              f"{r['key_id'][:16]}")
+              f"{budget:<20}  {r['key_id'][:16]}")
     return exitcodes.OK
 
 

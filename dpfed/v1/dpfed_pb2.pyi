@@ -108,32 +108,38 @@ class Contribution(_message.Message):
     def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., statistics: _Optional[bytes] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., spec_digest: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., noise: _Optional[_Union[NoiseDescription, _Mapping]] = ...) -> None: ...
 
 class Refusal(_message.Message):
-    __slots__ = ("round_id", "site_id", "spec_digest", "reason", "timestamp_unix_ms", "nonce")
+    __slots__ = ("round_id", "site_id", "spec_digest", "reason", "timestamp_unix_ms", "nonce", "epsilon_spent")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     site_id: str
     spec_digest: str
     reason: str
     timestamp_unix_ms: int
     nonce: str
-    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., spec_digest: _Optional[str] = ..., reason: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
+    epsilon_spent: float
+    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., spec_digest: _Optional[str] = ..., reason: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., epsilon_spent: _Optional[float] = ...) -> None: ...
 
 class SiteHello(_message.Message):
-    __slots__ = ("site_id", "timestamp_unix_ms", "nonce", "software_version")
+    __slots__ = ("site_id", "timestamp_unix_ms", "nonce", "software_version", "total_epsilon", "trusted_coordinator_key_ids")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     SOFTWARE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    TRUSTED_COORDINATOR_KEY_IDS_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     timestamp_unix_ms: int
     nonce: str
     software_version: str
-    def __init__(self, site_id: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., software_version: _Optional[str] = ...) -> None: ...
+    total_epsilon: float
+    trusted_coordinator_key_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, site_id: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., software_version: _Optional[str] = ..., total_epsilon: _Optional[float] = ..., trusted_coordinator_key_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SignedEnvelope(_message.Message):
     __slots__ = ("payload", "signature", "key_id", "payload_type")
@@ -172,24 +178,30 @@ class RoundQuery(_message.Message):
     def __init__(self, round_id: _Optional[str] = ...) -> None: ...
 
 class SiteContribution(_message.Message):
-    __slots__ = ("site_id", "n", "epsilon_spent", "received_unix_ms")
+    __slots__ = ("site_id", "n", "epsilon_spent", "received_unix_ms", "hidden")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     N_FIELD_NUMBER: _ClassVar[int]
     EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
     RECEIVED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     n: int
     epsilon_spent: float
     received_unix_ms: int
-    def __init__(self, site_id: _Optional[str] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., received_unix_ms: _Optional[int] = ...) -> None: ...
+    hidden: str
+    def __init__(self, site_id: _Optional[str] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., received_unix_ms: _Optional[int] = ..., hidden: _Optional[str] = ...) -> None: ...
 
 class SiteRefusalInfo(_message.Message):
-    __slots__ = ("site_id", "reason")
+    __slots__ = ("site_id", "reason", "hidden", "epsilon_spent")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     REASON_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_SPENT_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     reason: str
-    def __init__(self, site_id: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+    hidden: str
+    epsilon_spent: float
+    def __init__(self, site_id: _Optional[str] = ..., reason: _Optional[str] = ..., hidden: _Optional[str] = ..., epsilon_spent: _Optional[float] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
     __slots__ = ("round_id", "state", "contributions", "refusals", "missing_sites", "message", "quorum", "deadline_unix_ms", "round_seconds", "fit_seconds", "spec_digest")
@@ -248,16 +260,36 @@ class ListSitesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SiteInfo(_message.Message):
-    __slots__ = ("site_id", "key_id", "connected", "last_seen_unix_ms")
+    __slots__ = ("site_id", "key_id", "connected", "last_seen_unix_ms", "hidden", "spent_epsilon", "declared_total_epsilon")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
     LAST_SEEN_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    SPENT_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_TOTAL_EPSILON_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     key_id: str
     connected: bool
     last_seen_unix_ms: int
-    def __init__(self, site_id: _Optional[str] = ..., key_id: _Optional[str] = ..., connected: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ...) -> None: ...
+    hidden: str
+    spent_epsilon: float
+    declared_total_epsilon: float
+    def __init__(self, site_id: _Optional[str] = ..., key_id: _Optional[str] = ..., connected: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., hidden: _Optional[str] = ..., spent_epsilon: _Optional[float] = ..., declared_total_epsilon: _Optional[float] = ...) -> None: ...
+
+class SiteHistory(_message.Message):
+    __slots__ = ("site_id", "spent_epsilon", "rounds", "declared_total_epsilon", "last_unix_ms")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPENT_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_TOTAL_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    LAST_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    spent_epsilon: float
+    rounds: int
+    declared_total_epsilon: float
+    last_unix_ms: int
+    def __init__(self, site_id: _Optional[str] = ..., spent_epsilon: _Optional[float] = ..., rounds: _Optional[int] = ..., declared_total_epsilon: _Optional[float] = ..., last_unix_ms: _Optional[int] = ...) -> None: ...
 
 class ListSitesReply(_message.Message):
     __slots__ = ("sites",)

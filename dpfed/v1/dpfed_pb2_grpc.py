@@ -49,6 +49,11 @@ class AggregatorStub:
                 request_serializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
                 response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.Ack.FromString,
                 _registered_method=True)
+        self.GetSiteHistory = channel.unary_unary(
+                '/dpfed.v1.Aggregator/GetSiteHistory',
+                request_serializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
+                response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.SiteHistory.FromString,
+                _registered_method=True)
         self.StartRound = channel.unary_unary(
                 '/dpfed.v1.Aggregator/StartRound',
                 request_serializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
@@ -91,6 +96,15 @@ class AggregatorServicer:
 
     def Refuse(self, request, context):
         """A signed Refusal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def GetSiteHistory(self, request, context):
+        """The aggregator's record of the calling site's spending; the request is a signed
+        SiteHello, which only authenticates (the declaration it carries is recorded by Subscribe,
+        not here). The site compares the answer with its ledger before serving (site_node.client).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -139,6 +153,11 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.Refuse,
                     request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.FromString,
                     response_serializer=dpfed_dot_v1_dot_dpfed__pb2.Ack.SerializeToString,
+            ),
+            'GetSiteHistory': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSiteHistory,
+                    request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.FromString,
+                    response_serializer=dpfed_dot_v1_dot_dpfed__pb2.SiteHistory.SerializeToString,
             ),
             'StartRound': grpc.unary_unary_rpc_method_handler(
                     servicer.StartRound,
@@ -242,6 +261,33 @@ class Aggregator:
             '/dpfed.v1.Aggregator/Refuse',
             dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
             dpfed_dot_v1_dot_dpfed__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSiteHistory(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpfed.v1.Aggregator/GetSiteHistory',
+            dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
+            dpfed_dot_v1_dot_dpfed__pb2.SiteHistory.FromString,
             options,
             channel_credentials,
             insecure,

@@ -181,16 +181,34 @@ def check_contribution(c: pb.Contribution) -> None:
 
 
 def check_refusal(r: pb.Refusal) -> None:
-    _raise([_id(r.round_id, "round_id"), _id(r.site_id, "site_id"),
-            _pattern(r.nonce, "nonce", NONCE_PATTERN, "32 lowercase hex digits"),
-            _pattern(r.spec_digest, "spec_digest", DIGEST_PATTERN, "64 lowercase hex digits"),
-            _text(r.reason, "reason", MAX_REASON_CHARS)], "refusal")
+    problems = [_id(r.round_id, "round_id"), _id(r.site_id, "site_id"),
+                _pattern(r.nonce, "nonce", NONCE_PATTERN, "32 lowercase hex digits"),
+                _pattern(r.spec_digest, "spec_digest", DIGEST_PATTERN, "64 lowercase hex digits"),
+                _text(r.reason, "reason", MAX_REASON_CHARS), _finite(r.epsilon_spent, "epsilon_spent")]
+    if math.isfinite(r.epsilon_spent) and not 0 <= r.epsilon_spent <= MAX_EPSILON:
+        problems.append(f"epsilon_spent {r.epsilon_spent} is outside 0..{MAX_EPSILON}")
+    _raise(problems, "refusal")
+
+
+MAX_TRUSTED_COORDINATORS = 64   # SiteHello.trusted_coordinator_key_ids
+MAX_TOTAL_EPSILON = 1e6         # SiteHello.total_epsilon (a lifetime budget)
 
 
 def check_hello(h: pb.SiteHello) -> None:
-    _raise([_id(h.site_id, "site_id"),
-            _pattern(h.nonce, "nonce", NONCE_PATTERN, "32 lowercase hex digits"),
-            _text(h.software_version, "software_version", MAX_TEXT_CHARS)], "site hello")
+    problems = [_id(h.site_id, "site_id"),
+                _pattern(h.nonce, "nonce", NONCE_PATTERN, "32 lowercase hex digits"),
+                _text(h.software_version, "software_version", MAX_TEXT_CHARS),
+                _finite(h.total_epsilon, "total_epsilon")]
+    if math.isfinite(h.total_epsilon) and not 0 <= h.total_epsilon <= MAX_TOTAL_EPSILON:
+        problems.append(f"total_epsilon {h.total_epsilon} is outside 0..{MAX_TOTAL_EPSILON:g}")
+    ids = list(h.trusted_coordinator_key_ids)
+    if len(ids) > MAX_TRUSTED_COORDINATORS:
+        problems.append(f"{len(ids)} trusted coordinator key ids (at most "
+                        f"{MAX_TRUSTED_COORDINATORS})")
+    else:
+        problems += [_pattern(k, "trusted_coordinator_key_ids", KEY_ID_PATTERN,
+                              "32 lowercase hex digits") for k in ids]
+    _raise(problems, "site hello")
 
 
 def check_round_query(round_id: str) -> None:
