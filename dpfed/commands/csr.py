@@ -53,8 +53,10 @@ def run(args) -> int:
     except (OSError, ValueError) as exc:
         print(f"dpfed csr: {exc}", file=sys.stderr)
         return exitcodes.USAGE
-    print(f"private keys (0600, never send them): {made['tls_key']}, {made['signing_key']}")
-    print(f"send to the federation's CA: {made['csr']} and {made['pub']}")
+    keys = [str(made["tls_key"]), *([str(made["signing_key"])] if made["signing_key"] else [])]
+    send = [str(made["csr"]), *([str(made["pub"])] if made["pub"] else [])]
+    print(f"private keys (0600, never send them): {', '.join(keys)}")
+    print(f"send to the federation's CA: {' and '.join(send)}")
     return exitcodes.OK
 
 
