@@ -42,7 +42,22 @@ def test_project_lists_the_parties_the_configs_use():
     assert [s["site_id"] for s in agg["sites"]] == list(HOSPITALS)
     site = tomllib.loads((DEPLOY / "hospital-a/site.toml").read_text())
     assert site["aggregator"] == project.aggregator_address
-    assert project.aggregator_address.split(":")[0] in project.hostnames
+    host = project.aggregator_address.rsplit(":", 1)[0]
+    assert host in project.hostnames or host in project.ip_addresses
+    coord = tomllib.loads((DEPLOY / "coordinator/coordinator.toml").read_text())
+    assert coord["aggregator"] == project.aggregator_address
+    assert tomllib.loads((DEPLOY / "aggregator/aggregator.toml").read_text())["listen"] == \
+        project.listen
+
+
+def test_round_toml_features_are_in_the_bundled_data():
+    """The example round asks for columns `dpfed data export` writes (the public default rule)."""
+    from dpfed import datasets
+
+    config = tomllib.loads((DEPLOY / "coordinator/round.toml").read_text())
+    assert tuple(config["features"]) == datasets.default_feature_names()
+    assert config["target"] == datasets.target_column(1047)
+    datasets.drug_dataset(1047, config["features"])     # every feature exists
 
 
 def test_aggregator_config_loads_with_tls_and_registers_everyone(deployed):
