@@ -230,3 +230,29 @@ def test_compose_services_name_files_that_exist():
         for line in re.findall(r"^COPY (.+) /src/?\S*$", text, re.M):
             for src in line.split():
                 assert (root / src).exists(), src
+
+
+def test_data_export_is_reproducible_and_disjoint(tmp_path, capsys):
+    import csv
+
+    from dpfed.cli import main
+
+    argv = ["data", "export", "--drug", "1047", "--sites", "hospital-a,hospital-b,hospital-c",
+            "--out"]
+    assert main([*argv, str(tmp_path / "one")]) == 0
+    assert main([*argv, str(tmp_path / "two")]) == 0
+    files = sorted(p.name for p in (tmp_path / "one").iterdir())
+    assert files == ["features.txt", "hospital-a.csv", "hospital-b.csv", "hospital-c.csv",
+                     "public.csv", "test.csv"]
+    ids = {}
+    for name in files:
+        assert (tmp_path / "one" / name).read_bytes() == (tmp_path / "two" / name).read_bytes()
+        if name.endswith(".csv"):
+            with (tmp_path / "one" / name).open() as fh:
+                rows = list(csv.reader(fh))
+            assert rows[0][0] == "COSMIC_ID" and rows[0][-1] == "Drug_1047_IC50"
+            ids[name] = {r[0] for r in rows[1:]}
+    assert sum(map(len, ids.values())) == len(set().union(*ids.values())) == 846
+    assert len(ids["public.csv"]) == 50 and len(ids["test.csv"]) == 100
+    assert main([*argv[:-1], "--features", "no_such_mut", "--out", str(tmp_path / "x")]) == 2
+    assert "no genomic feature" in capsys.readouterr().err
