@@ -22,13 +22,15 @@ CONTAINER = ROOT / "deploy" / "container"
 
 
 def _install_line(role: str) -> str:
+    if role == "coordinator":        # deploy/README.md: `pip install dpfed`, no extra, no image
+        return str(ROOT)
     text = (CONTAINER / f"Containerfile.{role}").read_text()
     match = re.search(r'pip install "/src\[(\w+)\]"', text)
     assert match and match.group(1) == role
     return f"{ROOT}[{role}]"
 
 
-@pytest.fixture(scope="module", params=["site", "aggregator"])
+@pytest.fixture(scope="module", params=["site", "aggregator", "coordinator"])
 def venv(request, tmp_path_factory):
     role = request.param
     target = tmp_path_factory.mktemp(f"venv-{role}")
@@ -63,6 +65,21 @@ def test_role_installs_and_its_smoke_commands_run(venv, tmp_path):
     has_opendp = subprocess.run([python, "-c", "import opendp"], capture_output=True,
                                 cwd=tmp_path, env=env).returncode == 0
     assert has_opendp == (role == "site")
+    if role == "coordinator":
+        # The core install starts rounds and chooses the bounds (round.toml without x_bound).
+        assert subprocess.run([str(target / "bin" / "dpfed"), "data", "export", "--sites",
+                               "a,b,c", "--out", str(tmp_path)], env=env,
+                              capture_output=True).returncode == 0
+        shutil.copy(ROOT / "deploy/three-hospitals/coordinator/round.toml", tmp_path)
+        built = subprocess.run([python, "-c", (
+            "import sys, tomllib; from coordinator.roundspec import build_round_spec\n"
+            "s = build_round_spec(tomllib.load(open('round.toml', 'rb')), base_dir='.')\n"
+            "assert s.x_bound > 0 and s.y_bound > 0\n"
+            "assert not {'pymc', 'opendp', 'scipy'} & set(sys.modules)\n")],
+            cwd=tmp_path, env=env, capture_output=True, text=True)
+        assert built.returncode == 0, built.stderr
+        assert _run(target, "round", "start", "--help").returncode == 0
+        return
     # The installed package is used, not the checkout.
     where = subprocess.run([python, "-c", "import dpfed; print(dpfed.__file__)"],
                            capture_output=True, text=True, cwd=tmp_path, env=env).stdout
