@@ -23,7 +23,7 @@ class ConfigError(ValueError):
 TOP_KEYS = frozenset({"listen", "state_db", "insecure", "tls", "max_clock_skew_s", "sites",
                       "coordinators", "max_workers", "max_streams", "max_concurrent_rpcs",
                       "skip_fit", "grace_s"})
-TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
+TLS_KEYS = frozenset({"ca_cert", "cert", "key", "crl"})
 ENTRY_KEYS = {"sites": frozenset({"site_id", "public_key"}),
               "coordinators": frozenset({"coordinator_id", "public_key"})}
 
@@ -53,6 +53,7 @@ class AggregatorConfig:
     state_db: Path = Path("aggregator.sqlite")
     insecure: bool = False
     tls: TlsFiles | None = None
+    crl: Path | None = None      # [tls] crl: the CA's revocation list (aggregator.identity)
     max_clock_skew_s: float = 300.0
     sites: tuple[KeyEntry, ...] = ()
     coordinators: tuple[KeyEntry, ...] = ()
@@ -115,6 +116,20 @@ def _tls_files(raw: dict, base: Path, insecure_flag: bool) -> TlsFiles | None:
     return files
 
 
+def _crl_path(raw: dict, base: Path, tls: TlsFiles | None) -> Path | None:
+    """[tls] crl: the federation CA's revocation list (`dpfed provision revoke`), optional."""
+    crl = (raw.get("tls") or {}).get("crl") if tls is not None else None
+    if crl is None:
+        return None
+    if not isinstance(crl, str):
+        raise ConfigError("tls.crl must be a path to the CA's revocation list (crl.pem)")
+    path = base / crl
+    if not path.is_file():
+        raise ConfigError(f"tls.crl names {str(path)!r}, which does not exist (copy "
+                          "public/crl.pem of the federation's CA folder there)")
+    return path
+
+
 def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
                      insecure: bool = False) -> AggregatorConfig:
     """``insecure``: the command line's --insecure (plaintext even with a [tls] table)."""
@@ -133,7 +148,7 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
     return AggregatorConfig(
         listen=str(raw.get("listen", "127.0.0.1:50051")),
         state_db=base / raw.get("state_db", "aggregator.sqlite"),
-        insecure=insecure, tls=tls, max_clock_skew_s=skew,
+        insecure=insecure, tls=tls, crl=_crl_path(raw, base, tls), max_clock_skew_s=skew,
         sites=_entries(raw.get("sites"), "site_id", base, "sites"),
         coordinators=_entries(raw.get("coordinators"), "coordinator_id", base, "coordinators"),
         max_workers=int(raw.get("max_workers", 64)),

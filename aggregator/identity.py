@@ -9,14 +9,83 @@ coordinator's) still cannot speak for it over its own connection.
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 from dpfed.provision import COORDINATOR, SITE, identity_uri, parse_identity_uri
 
 
+log = logging.getLogger("dpfed.aggregator")
+
+
 class NoPeerIdentity(Exception):
     """A TLS peer whose certificate names no (or more than one) dpfed identity."""
+
+
+class RevokedCertificate(NoPeerIdentity):
+    """A TLS peer whose certificate the federation's CA has revoked (its CRL lists the serial)."""
+
+
+class RevocationList:
+    """The CA's X.509 CRL (``[tls] crl`` of aggregator.toml, made by `dpfed provision revoke`).
+
+    Loaded and checked against the CA at start (a CRL of another CA, or an unreadable one,
+    stops the start: fail closed). Every call's peer certificate is looked up by serial
+    (peer_identity); when the file changes (a new CRL copied in) it is re-read at the next
+    call, so a revocation takes effect without a restart. A changed file that does not verify
+    is logged and the previous list stays in force (a revocation is never undone by a bad copy).
+    """
+
+    def __init__(self, path: str | Path, ca_cert_path: str | Path):
+        from cryptography import x509
+        self.path = Path(path)
+        self.ca_cert = x509.load_pem_x509_certificate(Path(ca_cert_path).read_bytes())
+        self._lock = threading.Lock()
+        self._stamp = None
+        self.serials: frozenset[int] = frozenset()
+        self._load(strict=True)
+
+    def _load(self, *, strict: bool) -> None:
+        from dpfed.provision import ProvisionError, load_crl
+        st = os.stat(self.path)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        try:
+            crl = load_crl(self.path, self.ca_cert)
+        except ProvisionError as exc:
+            if strict:
+                raise
+            log.error("revocation list %s changed but is not usable (%s); the previous list "
+                      "(%d revoked) stays in force", self.path, exc, len(self.serials))
+            self._stamp = stamp
+            return
+        serials = frozenset(r.serial_number for r in crl)
+        if serials != self.serials or self._stamp is None:
+            log.info("revocation list %s: %d certificate(s) revoked", self.path, len(serials))
+        self.serials = serials
+        self._stamp = stamp
+
+    def refresh(self) -> None:
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return      # moved away mid-copy: keep the list in force
+        if (st.st_mtime_ns, st.st_size, st.st_ino) != self._stamp:
+            with self._lock:
+                self._load(strict=False)
+
+    def revoked(self, serial: int) -> bool:
+        self.refresh()
+        return serial in self.serials
+
+
+@lru_cache(maxsize=1024)
+def _serial_of(pem: bytes) -> int:
+    from cryptography import x509
+    return x509.load_pem_x509_certificate(pem).serial_number
 
 
 @dataclass(frozen=True)
@@ -57,9 +126,25 @@ def identity_from_auth_context(auth: dict) -> PeerIdentity | None:
     return PeerIdentity(kind, party)
 
 
-def peer_identity(context) -> PeerIdentity | None:
-    """The identity of the peer of a servicer call (see identity_from_auth_context)."""
-    return identity_from_auth_context(context.auth_context())
+def peer_identity(context, revocation: RevocationList | None = None) -> PeerIdentity | None:
+    """The identity of the peer of a servicer call (see identity_from_auth_context); with a
+    ``revocation`` list, RevokedCertificate when the peer's certificate is on it."""
+    auth = context.auth_context()
+    peer = identity_from_auth_context(auth)
+    if peer is not None and revocation is not None:
+        check_revoked(auth, peer, revocation)
+    return peer
+
+
+def check_revoked(auth: dict, peer: PeerIdentity, revocation: RevocationList) -> None:
+    pems = auth.get("x509_pem_cert") or []
+    if not pems:
+        raise RevokedCertificate("the peer's certificate is not available to check against "
+                                 "the revocation list")
+    serial = _serial_of(pems[0])
+    if revocation.revoked(serial):
+        raise RevokedCertificate(f"the certificate of {peer} (serial {serial:x}) is revoked by "
+                                 "the federation's CA")
 
 
 def site_mismatch(peer: PeerIdentity | None, site_id: str) -> str | None:

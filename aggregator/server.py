@@ -67,6 +67,15 @@ class AggregatorServer:
     def start(self) -> int:
         """Open the store, reload rounds, bind and start; returns the bound port."""
         cfg = self.config
+        self.revocation = None
+        if cfg.crl is not None and cfg.tls is not None:
+            from aggregator.config import ConfigError
+            from aggregator.identity import RevocationList
+            from dpfed.provision import ProvisionError
+            try:
+                self.revocation = RevocationList(cfg.crl, cfg.tls.ca_cert)
+            except ProvisionError as exc:   # fail closed: no start with a list we cannot read
+                raise ConfigError(f"tls.crl: {exc}") from None
         Path(cfg.state_db).parent.mkdir(parents=True, exist_ok=True)
         self.store = RoundStore(cfg.state_db)
         self.manager = RoundManager(self.store, self.registry, max_clock_skew_s=cfg.max_clock_skew_s,
@@ -96,9 +105,11 @@ class AggregatorServer:
                                       # Past this many running + queued calls gRPC answers
                                       # RESOURCE_EXHAUSTED itself (aggregator/config.py).
                                       maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
-        add_to_server(AggregatorServicer(self.manager, self._executor,
-                                         max_streams=stream_limit(cfg),
-                                         require_identity=not cfg.insecure), self.server)
+        servicer = AggregatorServicer(self.manager, self._executor,
+                                      max_streams=stream_limit(cfg),
+                                      require_identity=not cfg.insecure)
+        servicer.revocation = self.revocation     # [tls] crl (aggregator.identity)
+        add_to_server(servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         port = add_server_port(self.server, cfg.listen, None if cfg.insecure else cfg.tls)

@@ -84,7 +84,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
 
     async def _identity(self, what: str, context) -> identity.PeerIdentity | None:
         try:
-            peer = identity.peer_identity(context)
+            peer = identity.peer_identity(context, getattr(self, "revocation", None))
         except identity.NoPeerIdentity as exc:
             peer, problem = None, str(exc)
         else:

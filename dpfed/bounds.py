@@ -49,8 +49,10 @@ from pathlib import Path
 import numpy as np
 
 from dpfed.preprocess import Preprocessing
-from site_node.sensitivity import (DEFAULT_BUDGET_SPLIT, validate_privacy_parameters,
-                                   xtx_sensitivity, xty_sensitivity)
+# From dpfed.sensitivity, not site_node.sensitivity (the same names): importing site_node pulls
+# in OpenDP, which a coordinator's core install (`pip install dpfed`) does not have.
+from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, validate_privacy_parameters,
+                               xtx_sensitivity, xty_sensitivity)
 
 __all__ = ["BoundsChoice", "choose_bounds", "public_sigmas", "row_normalised_sigma_x",
            "split_grid", "DEFAULT_OMEGAS"]

@@ -10,8 +10,8 @@ import sys
 from dpfed import __version__, exitcodes
 
 # Order is the order shown by --help.
-COMMANDS = ("simulate", "keygen", "provision", "site", "aggregator", "round", "sites",
-            "choose-bounds", "plan", "evaluate", "bench")
+COMMANDS = ("simulate", "data", "keygen", "csr", "provision", "site", "aggregator", "round", "sites",
+            "health", "choose-bounds", "plan", "evaluate", "bench")
 
 DESCRIPTION = """\
 Federated, differentially private Bayesian linear regression.

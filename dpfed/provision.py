@@ -50,7 +50,9 @@ URI_SCHEME = "dpfed"
 SITE, COORDINATOR, AGGREGATOR = "site", "coordinator", "aggregator"
 KINDS = (SITE, COORDINATOR, AGGREGATOR)
 CA_DAYS = 3650
-DEFAULT_CERT_DAYS = 825          # the usual ceiling for TLS leaf certificates
+DEFAULT_CERT_DAYS = 397          # the CA/Browser Forum ceiling for TLS leaf certificates;
+                                 # renew with `dpfed provision renew` (docs/security.md)
+EXPIRY_WARNING_DAYS = 30         # `dpfed site check` and the serve commands warn this early
 _BACKDATE = dt.timedelta(minutes=5)  # tolerate small clock differences between parties
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -276,6 +278,15 @@ def _now() -> dt.datetime:
 
 
 @dataclass(frozen=True)
+class _PublicOnly:
+    """Stands in for a key pair in ``issue_for_key``: only the public half is ever needed."""
+    key: object
+
+    def public_key(self):
+        return self.key
+
+
+@dataclass(frozen=True)
 class CertificateAuthority:
     key: ec.EllipticCurvePrivateKey
     cert: x509.Certificate
@@ -329,8 +340,21 @@ class CertificateAuthority:
         return cls(key, cert)
 
     def issue(self, kind: str, party_id: str, *, days: int, dns_names=(), ip_addresses=()):
-        """A TLS key and certificate for one party; returns (key PEM, certificate PEM)."""
+        """A TLS key and certificate for one party; returns (key PEM, certificate PEM).
+        The central (demo) path: the CA generates the key. In production the party makes its
+        own key and a certificate request (``make_request``), and ``issue_for_key`` signs it."""
         key = ec.generate_private_key(ec.SECP256R1())
+        cert = self.issue_for_key(kind, party_id, key.public_key(), days=days,
+                                  dns_names=dns_names, ip_addresses=ip_addresses)
+        return _private_pem(key), cert
+
+    def issue_for_key(self, kind: str, party_id: str, public_key, *, days: int, dns_names=(),
+                      ip_addresses=()) -> bytes:
+        """The certificate (PEM) of ``public_key`` (an ECDSA P-256 public key) for one party."""
+        if not isinstance(public_key, ec.EllipticCurvePublicKey) or \
+                not isinstance(public_key.curve, ec.SECP256R1):
+            raise ProvisionError("the TLS key must be ECDSA P-256 (what `dpfed csr` makes)")
+        key = _PublicOnly(public_key)
         uri = identity_uri(kind, party_id)
         names: list[x509.GeneralName] = [x509.UniformResourceIdentifier(uri)]
         names += [x509.DNSName(h) for h in dns_names]
@@ -358,7 +382,7 @@ class CertificateAuthority:
                 .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                     self.key.public_key()), critical=False)
                 .sign(self.key, hashes.SHA256()))
-        return _private_pem(key), cert_pem(cert)
+        return cert_pem(cert)
 
 
 def identities_of(cert: x509.Certificate) -> list[tuple[str, str]]:
@@ -446,8 +470,9 @@ state_db = "state/aggregator.sqlite"   # rounds, accepted contributions, nonces,
 max_clock_skew_s = 300
 
 # Mutual TLS: only certificates of the federation's CA get in, and each request's signing key
-# must belong to the party its certificate names.
-{_tls_table("aggregator")}
+# must belong to the party its certificate names. crl: the CA's revocation list (`dpfed
+# provision revoke`); re-read when it changes, a revoked certificate is refused on every call.
+{_tls_table("aggregator")}crl = "tls/crl.pem"
 {blocks}"""
 
 
@@ -586,16 +611,23 @@ class _KitBuilder:
 
 
 def _issue_party(ca: CertificateAuthority, project: Project, out: Path, kind: str,
-                 party_id: str, coordinators: list[str]) -> Path:
-    """A new site or coordinator kit; its public parts are recorded in public/."""
+                 party_id: str, coordinators: list[str], request: Request | None = None) -> Path:
+    """A new site or coordinator kit; its public parts are recorded in public/. With a
+    ``request`` (``dpfed csr`` at the party) the kit holds no private key: the certificate is
+    for the party's own TLS key and the signing key is the party's."""
     kit = _KitBuilder(kit_dir(out, kind, party_id))
-    tls_key, tls_cert = ca.issue(kind, party_id, days=project.cert_days)
-    signing = SigningKey.generate()
-    pub = public_key_pem(signing.public_key)
-    kit.write(f"tls/{party_id}.key", tls_key, private=True)
+    if request is None:
+        tls_key, tls_cert = ca.issue(kind, party_id, days=project.cert_days)
+        signing = SigningKey.generate()
+        pub = public_key_pem(signing.public_key)
+        kit.write(f"tls/{party_id}.key", tls_key, private=True)
+        signing.save(kit.tmp / "keys" / f"{party_id}.key", kit.tmp / "keys" / f"{party_id}.pub")
+    else:
+        tls_cert = ca.issue_for_key(kind, party_id, request.tls_public_key, days=project.cert_days)
+        pub = request.signing_public_pem
+        kit.write(f"keys/{party_id}.pub", pub)
     kit.write(f"tls/{party_id}.pem", tls_cert)
     kit.write("tls/ca.pem", cert_pem(ca.cert))
-    signing.save(kit.tmp / "keys" / f"{party_id}.key", kit.tmp / "keys" / f"{party_id}.pub")
     if kind == SITE:
         for c in coordinators:
             kit.write(f"keys/{c}.pub", (public_dir(out, COORDINATOR) / f"{c}.pub").read_bytes())
@@ -609,17 +641,25 @@ def _issue_party(ca: CertificateAuthority, project: Project, out: Path, kind: st
     pdir.mkdir(parents=True, exist_ok=True)
     (pdir / f"{party_id}.pem").write_bytes(tls_cert)
     (pdir / f"{party_id}.pub").write_bytes(pub)
+    record_issued(out, kind, party_id, tls_cert)
     return kit.commit()
 
 
 def _issue_aggregator(ca: CertificateAuthority, project: Project, out: Path,
-                      sites: list[str], coordinators: list[str]) -> Path:
+                      sites: list[str], coordinators: list[str],
+                      request: Request | None = None) -> Path:
     kit = _KitBuilder(kit_dir(out, AGGREGATOR, AGGREGATOR))
-    tls_key, tls_cert = ca.issue(AGGREGATOR, AGGREGATOR, days=project.cert_days,
-                                 dns_names=project.hostnames, ip_addresses=project.ip_addresses)
-    kit.write("tls/aggregator.key", tls_key, private=True)
+    names = dict(dns_names=project.hostnames, ip_addresses=project.ip_addresses)
+    if request is None:
+        tls_key, tls_cert = ca.issue(AGGREGATOR, AGGREGATOR, days=project.cert_days, **names)
+        kit.write("tls/aggregator.key", tls_key, private=True)
+    else:
+        tls_cert = ca.issue_for_key(AGGREGATOR, AGGREGATOR, request.tls_public_key,
+                                    days=project.cert_days, **names)
     kit.write("tls/aggregator.pem", tls_cert)
     kit.write("tls/ca.pem", cert_pem(ca.cert))
+    if crl_path(out).exists():
+        kit.write(f"tls/{CRL_NAME}", crl_path(out).read_bytes())
     for kind, ids in ((SITE, sites), (COORDINATOR, coordinators)):
         for i in ids:
             kit.write(f"keys/{i}.pub", (public_dir(out, kind) / f"{i}.pub").read_bytes())
@@ -629,6 +669,7 @@ def _issue_aggregator(ca: CertificateAuthority, project: Project, out: Path,
         federation=project.federation, listen=project.listen, names=names,
         address=project.aggregator_address, port=project.listen.rsplit(":", 1)[1]))
     (out / "public" / "aggregator.pem").write_bytes(tls_cert)
+    record_issued(out, AGGREGATOR, AGGREGATOR, tls_cert)
     return kit.commit()
 
 
@@ -649,10 +690,25 @@ def _add_to_aggregator(out: Path, kind: str, party_id: str) -> list[Path]:
     return [pub, snippet]
 
 
-def provision(project: Project, out: str | Path) -> ProvisionReport:
+def provision(project: Project, out: str | Path,
+              requests: list[Request] | tuple[Request, ...] = ()) -> ProvisionReport:
     """Create (or extend) the federation in ``out``: the CA on first use, then a kit for every
-    party of ``project`` that was never issued. Existing kits and the CA are never changed."""
+    party of ``project`` that was never issued. Existing kits and the CA are never changed.
+
+    A party with a request in ``requests`` (made at the party by ``dpfed csr``) gets a kit
+    without private keys: a certificate for its own TLS key, its own signing key's public half
+    registered. The others get centrally generated keys (demos)."""
     out = Path(out)
+    by_party: dict[tuple[str, str], Request] = {}
+    for r in requests:
+        listed = (project.sites if r.kind == SITE else project.coordinators
+                  if r.kind == COORDINATOR else (AGGREGATOR,))
+        if r.party_id not in listed:
+            raise ProvisionError(f"the request for {identity_uri(r.kind, r.party_id)} names a "
+                                 f"party that project.toml does not list")
+        if (r.kind, r.party_id) in by_party:
+            raise ProvisionError(f"two requests for {identity_uri(r.kind, r.party_id)}")
+        by_party[(r.kind, r.party_id)] = r
     report = ProvisionReport(out)
     make_private_dir(out)
     ca_dir = out / "ca"
@@ -665,25 +721,37 @@ def provision(project: Project, out: str | Path) -> ProvisionReport:
         ca = CertificateAuthority.create(project.federation)
         ca.save(ca_dir)
         report.ca = "created"
+        (out / "public").mkdir(exist_ok=True)
+        write_crl(ca, crl_path(out), {})    # empty: the aggregator kit carries a copy
     (out / "public").mkdir(exist_ok=True)
     (out / "public" / "ca.pem").write_bytes(cert_pem(ca.cert))
+    if not crl_path(out).exists():          # a federation provisioned before revocation lists
+        write_crl(ca, crl_path(out), {})
 
     # Coordinators first: site kits carry their public keys.
     for kind, ids in ((COORDINATOR, project.coordinators), (SITE, project.sites)):
         for party in ids:
             if _issued(out, kind, party):
+                if (kind, party) in by_party:
+                    raise ProvisionError(f"{identity_uri(kind, party)} was already issued: a "
+                                         "new key for it is `dpfed provision renew --csr`")
                 report.existing.append((kind, party))
                 continue
-            path = _issue_party(ca, project, out, kind, party, list(project.coordinators))
+            path = _issue_party(ca, project, out, kind, party, list(project.coordinators),
+                                by_party.get((kind, party)))
             report.created.append((kind, party, path))
 
     agg_kit = kit_dir(out, AGGREGATOR, AGGREGATOR)
     if agg_kit.exists():
+        if (AGGREGATOR, AGGREGATOR) in by_party:
+            raise ProvisionError("the aggregator was already issued: a new key for it is "
+                                 "`dpfed provision renew aggregator --csr`")
         report.existing.append((AGGREGATOR, AGGREGATOR))
         for kind, party, _ in report.created:
             report.additions += _add_to_aggregator(out, kind, party)
     else:
-        path = _issue_aggregator(ca, project, out, list(project.sites), list(project.coordinators))
+        path = _issue_aggregator(ca, project, out, list(project.sites), list(project.coordinators),
+                                 by_party.get((AGGREGATOR, AGGREGATOR)))
         report.created.append((AGGREGATOR, AGGREGATOR, path))
     return report
 
@@ -723,3 +791,291 @@ def certificate_problems(tls, kind: str, party_id: str) -> list[str]:
                                            serialization.PublicFormat.SubjectPublicKeyInfo):
         problems.append(f"{tls.key} is not the key of {tls.cert}")
     return problems
+
+
+def expiry_warning(cert_path, *, within_days: int = EXPIRY_WARNING_DAYS,
+                   now: dt.datetime | None = None) -> str | None:
+    """A warning when the certificate at ``cert_path`` expires within ``within_days`` (and has
+    not yet expired: that is a problem, see certificate_problems); None otherwise."""
+    try:
+        cert = x509.load_pem_x509_certificate(Path(cert_path).read_bytes())
+    except (OSError, ValueError):
+        return None
+    now = now or _now()
+    left = cert.not_valid_after_utc - now
+    if dt.timedelta(0) <= left <= dt.timedelta(days=within_days):
+        return (f"{cert_path} expires on {cert.not_valid_after_utc:%Y-%m-%d} (in {left.days} "
+                f"day(s)): ask the federation's CA for a renewed certificate (dpfed provision "
+                f"renew) before then, or this party can no longer connect")
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# certificate requests: the party makes its own keys, the CA signs (the production path)
+
+
+CSR_SUFFIX = ".csr"
+
+
+@dataclass(frozen=True)
+class Request:
+    """A party's certificate request as the CA receives it: the X.509 CSR (signed with the
+    party's TLS key, naming its dpfed identity) and the public half of its Ed25519 signing key.
+    Neither private key is in it."""
+
+    kind: str
+    party_id: str
+    csr: x509.CertificateSigningRequest
+    signing_public_pem: bytes
+
+    @property
+    def tls_public_key(self):
+        return self.csr.public_key()
+
+
+def make_request(kind: str, party_id: str, folder: str | Path, *, force: bool = False) -> dict:
+    """At the party: its TLS key (ECDSA P-256) and Ed25519 signing key, made here and never sent,
+    plus the request to send to the CA. Writes, in ``folder`` (a kit-shaped folder):
+
+        tls/<id>.key            TLS private key (0600)          stays here
+        keys/<id>.key, .pub     Ed25519 signing key (0600), public half (not the aggregator)
+        request/<id>.csr        X.509 CSR naming dpfed://<kind>/<id>   send to the CA
+        request/<id>.pub        the signing key's public half           send to the CA
+    """
+    if kind not in KINDS:
+        raise ProvisionError(f"kind must be one of {', '.join(KINDS)}")
+    party_id = AGGREGATOR if kind == AGGREGATOR else check_name(party_id, f"{kind} id")
+    folder = Path(folder)
+    tls_key_path = folder / "tls" / f"{party_id}.key"
+    sign_key_path = folder / "keys" / f"{party_id}.key"
+    # The aggregator signs nothing (it relays and sums): it has a TLS key only.
+    for path in (tls_key_path, sign_key_path)[:1 if kind == AGGREGATOR else 2]:
+        if path.exists() and not force:
+            raise ProvisionError(f"{path} exists: a request for the key already there is "
+                                 "`dpfed csr ... --reuse-key`; --force makes new keys")
+    make_private_dir(folder)
+    for sub in ("tls", "keys", "request"):
+        make_private_dir(folder / sub)
+    key = ec.generate_private_key(ec.SECP256R1())
+    write_private(tls_key_path, _private_pem(key))
+    csr_path = write_csr(kind, party_id, key, folder / "request")
+    if kind == AGGREGATOR:
+        return {"tls_key": tls_key_path, "signing_key": None, "csr": csr_path, "pub": None}
+    signing = SigningKey.generate()
+    signing.save(sign_key_path, folder / "keys" / f"{party_id}.pub")
+    pub = folder / "request" / f"{party_id}.pub"
+    pub.write_bytes(public_key_pem(signing.public_key))
+    return {"tls_key": tls_key_path, "signing_key": sign_key_path, "csr": csr_path, "pub": pub}
+
+
+def write_csr(kind: str, party_id: str, key, folder: Path) -> Path:
+    """``folder/<id>.csr``: a CSR for ``key`` (a private key: the CSR is signed with it, which
+    proves to the CA that the requester holds it) naming dpfed://<kind>/<id>."""
+    uri = identity_uri(kind, party_id)
+    csr = (x509.CertificateSigningRequestBuilder()
+           .subject_name(x509.Name([x509.NameAttribute(NameOID.ORGANIZATIONAL_UNIT_NAME, kind),
+                                    x509.NameAttribute(NameOID.COMMON_NAME, party_id)]))
+           .add_extension(x509.SubjectAlternativeName([x509.UniformResourceIdentifier(uri)]),
+                          critical=False)
+           .sign(key, hashes.SHA256()))
+    path = folder / f"{party_id}{CSR_SUFFIX}"
+    path.write_bytes(csr.public_bytes(serialization.Encoding.PEM))
+    return path
+
+
+def request_for_existing_key(kind: str, party_id: str, tls_key_path: str | Path,
+                             folder: str | Path) -> Path:
+    """A CSR for a TLS key the party already has (renewing the certificate of the same key)."""
+    key = serialization.load_pem_private_key(Path(tls_key_path).read_bytes(), password=None)
+    make_private_dir(Path(folder))
+    return write_csr(kind, AGGREGATOR if kind == AGGREGATOR else party_id, key, Path(folder))
+
+
+def load_request(csr_path: str | Path, pub_path: str | Path | None = None,
+                 *, need_pub: bool = True) -> Request:
+    """Read and check a request: the CSR's signature (proof that the requester holds the key),
+    exactly one dpfed identity, an ECDSA P-256 key; and the Ed25519 public key next to it
+    (``<id>.pub``, or ``pub_path``)."""
+    from dpfed.wire.signing import load_public_key
+    csr_path = Path(csr_path)
+    try:
+        csr = x509.load_pem_x509_csr(csr_path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ProvisionError(f"{csr_path}: not a PEM certificate request ({exc})") from None
+    if not csr.is_signature_valid:
+        raise ProvisionError(f"{csr_path}: the request's signature does not verify (it was not "
+                             "signed with the key it asks a certificate for)")
+    try:
+        san = csr.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        found = [parse_identity_uri(u) for u in san.get_values_for_type(x509.UniformResourceIdentifier)]
+    except x509.ExtensionNotFound:
+        found = []
+    found = [f for f in found if f is not None]
+    if len(found) != 1:
+        raise ProvisionError(f"{csr_path}: the request must name exactly one dpfed identity "
+                             f"(dpfed://site/<id>, ...), it names {len(found)}")
+    kind, party_id = found[0]
+    key = csr.public_key()
+    if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
+        raise ProvisionError(f"{csr_path}: the TLS key must be ECDSA P-256")
+    pub = b""
+    if need_pub and kind != AGGREGATOR:
+        pub_path = Path(pub_path) if pub_path else csr_path.with_name(f"{party_id}.pub")
+        try:
+            pub = pub_path.read_bytes()
+            load_public_key(pub)
+        except (OSError, ValueError) as exc:
+            raise ProvisionError(f"{pub_path}: the signing key's public half is missing or "
+                                 f"unreadable ({exc}); send it with the request") from None
+    return Request(kind, party_id, csr, pub)
+
+
+# ---------------------------------------------------------------------------------------------
+# the record of issued certificates, renewal and revocation
+
+
+def issued_dir(out: Path) -> Path:
+    return out / "public" / "issued"
+
+
+def current_cert_path(out: Path, kind: str, party_id: str) -> Path:
+    if kind == AGGREGATOR:
+        return out / "public" / "aggregator.pem"
+    return public_dir(out, kind) / f"{party_id}.pem"
+
+
+def record_issued(out: Path, kind: str, party_id: str, pem: bytes) -> Path:
+    """Every certificate ever issued, by serial: revoking a party revokes all of them."""
+    cert = x509.load_pem_x509_certificate(pem)
+    folder = issued_dir(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{kind}-{party_id}-{cert.serial_number:x}.pem"
+    path.write_bytes(pem)
+    return path
+
+
+def _kind_of(out: Path, name: str) -> str:
+    if name == AGGREGATOR:
+        return AGGREGATOR
+    kinds = [k for k in (SITE, COORDINATOR) if (public_dir(out, k) / f"{name}.pem").exists()]
+    if not kinds:
+        raise ProvisionError(f"{out}: no site or coordinator {name!r} was issued here "
+                             "(public/ has no certificate of that name)")
+    if len(kinds) > 1:
+        raise ProvisionError(f"{name!r} is both a site and a coordinator; cannot tell which")
+    return kinds[0]
+
+
+def issued_certificates(out: Path, kind: str, party_id: str) -> list[x509.Certificate]:
+    """Every certificate issued to the party: the record in public/issued/ and the current one
+    (federations provisioned before the record existed have only the latter)."""
+    certs = {}
+    paths = list(issued_dir(out).glob(f"{kind}-{party_id}-*.pem")) if issued_dir(out).is_dir() else []
+    current = current_cert_path(out, kind, party_id)
+    if current.exists():
+        paths.append(current)
+    for path in paths:
+        cert = x509.load_pem_x509_certificate(path.read_bytes())
+        if identities_of(cert) == [(kind, party_id)]:
+            certs[cert.serial_number] = cert
+    return [certs[k] for k in sorted(certs)]
+
+
+def renew(out: str | Path, name: str, *, days: int = DEFAULT_CERT_DAYS,
+          request: Request | None = None) -> Path:
+    """A new certificate for an issued party, valid ``days`` from now: for the key of its current
+    certificate, or for the key of ``request`` (a new key, made at the party by ``dpfed csr``;
+    it must name the same identity). Keeps the names (DNS/IP) of the current certificate.
+    Writes ``out/renewed/<name>.pem`` (hand it to the party: it replaces tls/<name>.pem) and
+    updates the record in public/. The old certificate stays valid until it expires unless
+    revoked (``revoke(..., serial=...)``)."""
+    out = Path(out)
+    if not 1 <= days <= CA_DAYS:
+        raise ProvisionError(f"days must be in 1..{CA_DAYS}")
+    ca = CertificateAuthority.load(out / "ca")
+    kind = _kind_of(out, name)
+    current_path = current_cert_path(out, kind, name)
+    if not current_path.exists():
+        raise ProvisionError(f"{current_path}: no current certificate of {name!r} to renew")
+    current = x509.load_pem_x509_certificate(current_path.read_bytes())
+    if request is not None and (request.kind, request.party_id) != (kind, name):
+        raise ProvisionError(f"the request names {identity_uri(request.kind, request.party_id)}, "
+                             f"not {identity_uri(kind, name)}")
+    key = request.tls_public_key if request is not None else current.public_key()
+    san = current.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    pem = ca.issue_for_key(kind, name, key, days=days,
+                           dns_names=san.get_values_for_type(x509.DNSName),
+                           ip_addresses=[str(i) for i in san.get_values_for_type(x509.IPAddress)])
+    record_issued(out, kind, name, current_path.read_bytes())   # the old one, if not yet recorded
+    record_issued(out, kind, name, pem)
+    current_path.write_bytes(pem)
+    folder = out / "renewed"
+    folder.mkdir(exist_ok=True)
+    target = folder / f"{name}.pem"
+    target.write_bytes(pem)
+    return target
+
+
+CRL_NAME = "crl.pem"
+CRL_NEXT_UPDATE_DAYS = 30
+
+
+def crl_path(out: Path) -> Path:
+    return out / "public" / CRL_NAME
+
+
+def write_crl(ca: CertificateAuthority, path: Path,
+              revoked: dict[int, dt.datetime]) -> x509.CertificateRevocationList:
+    """An X.509 CRL signed by the CA listing ``revoked`` (serial -> revocation time)."""
+    now = _now()
+    builder = (x509.CertificateRevocationListBuilder()
+               .issuer_name(ca.cert.subject)
+               .last_update(now - _BACKDATE)
+               .next_update(now + dt.timedelta(days=CRL_NEXT_UPDATE_DAYS)))
+    for serial, when in sorted(revoked.items()):
+        builder = builder.add_revoked_certificate(
+            x509.RevokedCertificateBuilder().serial_number(serial).revocation_date(when).build())
+    crl = builder.sign(ca.key, hashes.SHA256())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(crl.public_bytes(serialization.Encoding.PEM))
+    os.replace(tmp, path)
+    return crl
+
+
+def load_crl(path: str | Path, ca_cert: x509.Certificate) -> x509.CertificateRevocationList:
+    """The CRL at ``path``, checked against the CA (ProvisionError if not signed by it)."""
+    try:
+        crl = x509.load_pem_x509_crl(Path(path).read_bytes())
+    except (OSError, ValueError) as exc:
+        raise ProvisionError(f"{path}: not a readable PEM revocation list ({exc})") from None
+    if crl.issuer != ca_cert.subject or not crl.is_signature_valid(ca_cert.public_key()):
+        raise ProvisionError(f"{path}: the revocation list is not signed by the federation's CA")
+    return crl
+
+
+def revoke(out: str | Path, name: str, *, serial: int | None = None) -> tuple[list[int], Path]:
+    """Revoke every certificate issued to ``name`` (or only the one with ``serial``, e.g. the one
+    a renewal replaced) and re-sign ``out/public/crl.pem``. Returns the serials newly revoked
+    and the CRL's path: copy it to the aggregator (its ``[tls] crl``), which re-reads it when it
+    changes and refuses every call over a revoked certificate."""
+    out = Path(out)
+    ca = CertificateAuthority.load(out / "ca")
+    kind = _kind_of(out, name)
+    certs = issued_certificates(out, kind, name)
+    serials = [c.serial_number for c in certs]
+    if serial is not None:
+        if serial not in serials:
+            raise ProvisionError(f"no certificate with serial {serial:x} was issued to {name!r} "
+                                 f"(issued: {', '.join(f'{s:x}' for s in serials) or 'none'})")
+        serials = [serial]
+    path = crl_path(out)
+    revoked: dict[int, dt.datetime] = {}
+    if path.exists():
+        for entry in load_crl(path, ca.cert):
+            revoked[entry.serial_number] = entry.revocation_date_utc
+    new = [s for s in serials if s not in revoked]
+    now = _now()
+    revoked.update({s: now for s in new})
+    write_crl(ca, path, revoked)
+    return new, path

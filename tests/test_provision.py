@@ -75,7 +75,7 @@ def test_report_and_kit_contents(federation):
         "keys/hospital-a.key", "keys/hospital-a.pub", "keys/coordinator.pub"}
     agg = out / "aggregator"
     assert {str(p.relative_to(agg)) for p in agg.rglob("*") if p.is_file()} == {
-        "START.md", "aggregator.toml", "tls/ca.pem", "tls/aggregator.pem", "tls/aggregator.key",
+        "START.md", "aggregator.toml", "tls/ca.pem", "tls/aggregator.pem", "tls/aggregator.key", "tls/crl.pem",
         "keys/hospital-a.pub", "keys/hospital-b.pub", "keys/coordinator.pub"}
     coord = out / "coordinators" / "coordinator"
     assert {str(p.relative_to(coord)) for p in coord.rglob("*") if p.is_file()} == {
@@ -173,7 +173,8 @@ def test_adding_a_site_leaves_existing_kits_byte_identical(federation, capsys, h
     # Every file that existed is byte-identical: same CA, same kits, same aggregator.toml.
     assert {k: after[k] for k in before} == before
     new = set(after) - set(before)
-    assert {n for n in new if not n.startswith("sites/hospital-c/")} == {
+    assert {n for n in new if not n.startswith(("sites/hospital-c/",
+                                                "public/issued/site-hospital-c-"))} == {
         "public/sites/hospital-c.pem", "public/sites/hospital-c.pub",
         "aggregator/keys/hospital-c.pub", "aggregator/add-sites/hospital-c.toml"}
     load_cert(out / "sites/hospital-c/tls/hospital-c.pem").verify_directly_issued_by(

@@ -38,6 +38,10 @@ def serve(args) -> int:
             problems = certificate_problems(config.tls, "aggregator", "aggregator")
             if problems:
                 raise ConfigError("[tls]: " + "; ".join(problems))
+            from dpfed.provision import expiry_warning
+            warning = expiry_warning(config.tls.cert)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
         return run_server(args.config, insecure=args.insecure)
     except ConfigError as exc:
         print(f"dpfed aggregator serve: {exc}", file=sys.stderr)

@@ -104,6 +104,10 @@ def cmd_serve(args) -> int:
         if problems:
             print(f"dpfed site serve: [tls]: {'; '.join(problems)}", file=sys.stderr)
             return exitcodes.USAGE
+        from dpfed.provision import expiry_warning
+        warning = expiry_warning(config.tls.cert)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
     try:
         node = SiteNode(config)
     except BudgetRaise as exc:
@@ -343,6 +347,10 @@ def cmd_check(args) -> int:
         if not tls_problems:
             print(f"tls: {config.tls.cert} (dpfed://site/{config.site_id}, signed by "
                   f"{config.tls.ca_cert})")
+            from dpfed.provision import expiry_warning
+            warning = expiry_warning(config.tls.cert)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
     else:
         print("tls: none (insecure = true: plaintext, local tests only)")
     try:
