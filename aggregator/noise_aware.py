@@ -11,7 +11,7 @@ Model (parameters theta = (beta, lambda, lambda0) with the priors of method.md s
 1. Design. The true Sxx = A is unknown. Its prior is normal per entry, centred at
    A0 = Sxx_public + n_private M (M: the second moments E[x x^T] of the public rows, clipped
    like the private rows (diagonal at most Bx^2, correlations kept), shrunk half-way to
-   isotropic) with sd 0.5 n_private sqrt(M_jj M_kk) (``design_prior``); its
+   isotropic) with sd 0.3 n_private sqrt(M_jj M_kk) (``design_prior``); its
    release is R_xx = A + E_xx with noise variance v_xx per upper-triangle entry. So
    A | R_xx is normal per entry (precision-weighted mean A_post, variance v_post). A proper
    prior matters: with a flat one, when E_xx dwarfs A the model lets A be as large as the
@@ -109,7 +109,7 @@ def psd_estimate(rxx: np.ndarray, v_xx: float) -> np.ndarray:
 
 
 #: Relative prior sd of the private design's second moments (``design_prior``).
-DESIGN_PRIOR_RELATIVE_SD = 0.5
+DESIGN_PRIOR_RELATIVE_SD = 0.3
 
 
 def design_prior(stats: Statistics, public: Statistics | None,
