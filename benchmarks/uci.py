@@ -77,25 +77,35 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--epsilons", default="1,2")
     ap.add_argument("--neighbouring", default="add_remove,replace_one")
+    ap.add_argument("--only", help="one data set (file stem), e.g. wine_quality_red")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     t0 = time.time()
     out = []
-    for path in sorted(args.data.glob("*.csv")):
+    for path in sorted(args.data.glob(f"{args.only or '*'}.csv")):
         names, x, y = load(path)
         for rel in args.neighbouring.split(","):
             for eps in (float(e) for e in args.epsilons.split(",")):
                 rng = np.random.default_rng(0)
-                scores = [one_repeat(names, x, y, eps, rng, rel) for _ in range(args.repeats)]
+                from aggregator.posterior import PosteriorError
+
+                scores, refused = [], 0
+                for _ in range(args.repeats):
+                    try:
+                        scores.append(one_repeat(names, x, y, eps, rng, rel))
+                    except PosteriorError:
+                        refused += 1   # a refused fit is counted, not hidden
+                if not scores:
+                    continue
                 mean = {k: float(np.mean([s[k] for s in scores])) for k in scores[0]}
                 out.append({"data": path.stem, "n_private": len(y) - 230, "neighbouring": rel,
-                            "epsilon": eps, **mean,
+                            "epsilon": eps, "refused": refused, **mean,
                             "ratio": mean["private"] / mean["nonprivate"]})
                 if not args.json:
                     r = out[-1]
                     print(f"| {r['data']} | {r['n_private']} | {rel} | {eps:g} | "
                           f"{r['private']:.3f} | {r['nonprivate']:.3f} | {r['public_only']:.3f} | "
-                          f"{r['ratio']:.2f} |", flush=True)
+                          f"{r['ratio']:.2f} | {refused} |", flush=True)
     if args.json:
         print(json.dumps({"rows": out, "repeats": args.repeats, "seconds": time.time() - t0}))
     else:
