@@ -175,8 +175,8 @@ def laplace_importance(f: LogDensity, f_batch: Callable[[np.ndarray], np.ndarray
                        proposals: int | None = None, max_proposals: int = MAX_PROPOSALS,
                        top_up_ess: float | None = None, df: float = 5.0, scale: float = 1.2,
                        newton: Newton | None = None,
-                       neg_hessian: Callable[[np.ndarray], np.ndarray] | None = None
-                       ) -> ImportanceResult:
+                       neg_hessian: Callable[[np.ndarray], np.ndarray] | None = None,
+                       laplace: LaplaceResult | None = None) -> ImportanceResult:
     """Draws from exp(f) by importance sampling with a Laplace-approximation proposal.
 
     The proposal is a multivariate Student-t (``df`` degrees of freedom, heavier tails than
@@ -191,9 +191,11 @@ def laplace_importance(f: LogDensity, f_batch: Callable[[np.ndarray], np.ndarray
     first; if their ESS is below ``top_up_ess`` the rest up to ``max_proposals`` are drawn
     from the same proposal and all are weighted together, so a fit is never refused for
     having started with fewer proposals than ``max_proposals``. ``newton``/``neg_hessian``:
-    see ``laplace_approximation``.
+    see ``laplace_approximation``; ``laplace``: its result, if already computed (a retry with
+    a wider proposal reuses it).
     """
-    lap = laplace_approximation(f, u0, newton=newton, neg_hessian=neg_hessian)
+    lap = laplace if laplace is not None else laplace_approximation(
+        f, u0, newton=newton, neg_hessian=neg_hessian)
     k = u0.size
     if not lap.converged:
         return ImportanceResult(np.empty((0, k)), 0.0, 0, lap)

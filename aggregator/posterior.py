@@ -411,10 +411,12 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None) -> Po
     f, fb, u0, newton, neg_hessian = _laplace_functions(stats, public, model, x_bound)
     rng = np.random.default_rng(ss)
     # A proposal too narrow for the target shows as a small effective sample size; widen it
-    # (heavier tails, more draws) before giving up. The Laplace step is repeated (cheap).
+    # (heavier tails, more draws) before giving up, around the same Laplace approximation.
+    res = None
     for attempt, wider in enumerate(_WIDER_PROPOSALS):
         res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
-                                 neg_hessian=neg_hessian, **wider)
+                                 neg_hessian=neg_hessian,
+                                 laplace=None if res is None else res.laplace, **wider)
         if not res.laplace.converged or res.ess >= _MIN_ESS:
             break
     diag["importance_attempts"] = attempt + 1

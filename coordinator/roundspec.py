@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from dpfed.preprocess import Preprocessing
-from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, NEIGHBOURING, XTX_SENSITIVITIES,
+from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, check_neighbouring, check_xtx_rule,
                                default_budget_split)
 from dpfed.statistics import exact_statistics
 from dpfed.v1 import dpfed_pb2 as pb
@@ -128,12 +128,11 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     d = len(features)
     neighbouring = str(config.get("neighbouring", "add_remove"))
     xtx_rule = str(config.get("xtx_sensitivity", "exact"))
-    if neighbouring not in NEIGHBOURING:
-        raise RoundSpecError(f"round.toml: neighbouring must be one of {', '.join(NEIGHBOURING)}, "
-                             f"got {neighbouring!r}")
-    if xtx_rule not in XTX_SENSITIVITIES:
-        raise RoundSpecError(f"round.toml: xtx_sensitivity must be one of "
-                             f"{', '.join(XTX_SENSITIVITIES)}, got {xtx_rule!r}")
+    try:
+        check_neighbouring(neighbouring)
+        check_xtx_rule(xtx_rule)
+    except ValueError as exc:
+        raise RoundSpecError(f"round.toml: {exc}") from None
     split = [float(p) for p in config.get("budget_split", default_budget_split(neighbouring))]
     expected_parts = len(default_budget_split(neighbouring))
     if len(split) != expected_parts:

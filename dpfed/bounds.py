@@ -318,18 +318,8 @@ def choose_bounds(n: int, d: int, epsilon: float, *, budget_split=None,
                                  ridge=ridge, ridge_cs=RIDGE_CS if ridge_cs is None else ridge_cs,
                                  search_split=search_split,
                                  search_sxx_share=search_sxx_share)
-    for name, v in (("n", n), ("d", d), ("n_datasets", n_datasets), ("n_noise", n_noise),
-                    ("n_test", n_test)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name} must be a positive integer, got {v!r}")
-    if n < 2 or n_test < 2:
-        raise ValueError("n and n_test must be at least 2")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+    om = _validate_common(n, d, epsilon, n_datasets, n_noise, n_test, seed, omegas)
     epsilon, _, _, split = validate_privacy_parameters(epsilon, 1.0, 1.0, budget_split)
-    om = np.round(np.asarray(omegas, dtype=np.float64).ravel(), 10)
-    if om.size == 0 or not np.all(np.isfinite(om)) or np.any(om <= 0):
-        raise ValueError("omegas must be a non-empty list of positive finite numbers")
     params = dict(n=int(n), d=int(d), epsilon=epsilon, budget_split=split,
                   omegas=tuple(float(v) for v in om), n_datasets=int(n_datasets),
                   n_noise=int(n_noise), n_test=int(n_test), seed=int(seed),

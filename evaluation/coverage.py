@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpfed.noise import NoiseDescription
+from dpfed.sensitivity import expected_noise
 from dpfed.statistics import Statistics, exact_statistics
 
 __all__ = ["SPLIT", "prior_problem", "coverage", "PriorProblem"]
@@ -36,10 +37,9 @@ class PriorProblem:
 
 
 def _noise(d, eps, bx, by, k) -> NoiseDescription:
-    one = NoiseDescription.single(
-        "laplace", xtx=d * (d + 1) / 2 * bx ** 2 / (SPLIT[0] * eps),
-        xty=d * bx * by / (SPLIT[1] * eps), yty=by ** 2 / (SPLIT[2] * eps),
-        n=1.0 / (SPLIT[3] * eps))
+    """K independent releases of the add/remove mechanism (dpfed.sensitivity)."""
+    one = expected_noise(d, eps, bx, by, SPLIT, neighbouring="add_remove",
+                         xtx_sensitivity="exact")
     return sum([one] * (k - 1), one)
 
 

@@ -47,10 +47,7 @@ def run(args) -> int:
             print(f"wrote {csr}: a request for the key in {key}; send it to the CA")
             return exitcodes.OK
         made = make_request(kind, name, out, force=args.force)
-    except ProvisionError as exc:
-        print(f"dpfed csr: {exc}", file=sys.stderr)
-        return exitcodes.USAGE
-    except (OSError, ValueError) as exc:
+    except (ProvisionError, OSError, ValueError) as exc:
         print(f"dpfed csr: {exc}", file=sys.stderr)
         return exitcodes.USAGE
     keys = [str(made["tls_key"]), *([str(made["signing_key"])] if made["signing_key"] else [])]

@@ -190,17 +190,25 @@ def cmd_acknowledge_reset(args) -> int:
     return exitcodes.OK
 
 
+def _ledger_config(args, missing: str):
+    """(config, None) for a site whose ledger exists, else (None, exit code) after saying why;
+    reads the ledger only, never dials."""
+    config, error = _load(args.config, insecure=True)
+    if error:
+        print(f"dpfed site ledger: {error}", file=sys.stderr)
+        return None, exitcodes.USAGE
+    if not config.state_db.exists():
+        print(f"dpfed site ledger: no ledger yet at {config.state_db}{missing}", file=sys.stderr)
+        return None, exitcodes.ERROR
+    return config, None
+
+
 def cmd_raise_total(args) -> int:
     from site_node.ledger import LedgerError, PrivacyLedger
 
-    config, error = _load(args.config, insecure=True)  # reads the ledger only; never dials
-    if error:
-        print(f"dpfed site ledger: {error}", file=sys.stderr)
-        return exitcodes.USAGE
-    if not config.state_db.exists():
-        print(f"dpfed site ledger: no ledger yet at {config.state_db}: nothing to raise",
-              file=sys.stderr)
-        return exitcodes.ERROR
+    config, code = _ledger_config(args, ": nothing to raise")
+    if config is None:
+        return code
     new = config.policy.total_epsilon
     try:
         with PrivacyLedger(config.state_db, site_id=config.site_id) as ledger:
@@ -220,14 +228,9 @@ def cmd_ledger(args) -> int:
         return cmd_acknowledge_reset(args)
     if getattr(args, "raise_total", False):
         return cmd_raise_total(args)
-    config, error = _load(args.config, insecure=True)  # reads the ledger only; never dials
-    if error:
-        print(f"dpfed site ledger: {error}", file=sys.stderr)
-        return exitcodes.USAGE
-    if not config.state_db.exists():
-        print(f"dpfed site ledger: no ledger yet at {config.state_db} (nothing released)",
-              file=sys.stderr)
-        return exitcodes.ERROR
+    config, code = _ledger_config(args, " (nothing released)")
+    if config is None:
+        return code
     try:
         with PrivacyLedger(config.state_db) as ledger:
             summary = ledger.summary()

@@ -28,6 +28,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from aggregator.aggregate import FIT_METHODS
 from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
                                validate_privacy_parameters)
 
@@ -42,8 +43,7 @@ DEFAULT_DELTA = 1e-5
 # the same names as a round spec's fit_method, aggregator.aggregate.FIT_METHODS): "laplace" is
 # the default fast fit (noise-aware on releases, exact on exact statistics), "nuts" its
 # reference; "plug-in-*" fit releases as if exact (the paper's fit, for comparison).
-POSTERIORS = ("laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
-              "plug-in-fixed")
+POSTERIORS = tuple(m for m in FIT_METHODS if m != "auto")
 
 
 def _as_matrix(name: str, a, d: int | None = None) -> np.ndarray:
