@@ -166,7 +166,8 @@ def coordinator_mismatch(peer: PeerIdentity | None, coordinator_id: str) -> str 
 # aggregator and the coordinators, not to other sites). The site node never calls them (it
 # learns rounds from its Subscribe stream and the outcome from its coordinator), so sites get
 # none; the aggregator's own certificate is not a client. Coordinators read everything.
-READERS = {"GetRound": {COORDINATOR}, "GetResult": {COORDINATOR}, "ListSites": {COORDINATOR}}
+READERS = {"GetRound": {COORDINATOR}, "GetResult": {COORDINATOR}, "ListSites": {COORDINATOR},
+           "ListRounds": {COORDINATOR}}
 
 
 def read_denied(peer: PeerIdentity | None, rpc: str) -> str | None:

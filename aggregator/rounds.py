@@ -1,17 +1,27 @@
 """The life of a round at the aggregator, as plain methods the gRPC servicer adapts.
 
-OPEN (collecting signed contributions) -> FITTING (quorum reached, or the deadline passed with
-quorum) -> DONE (result stored), or FAILED (deadline without quorum, quorum unreachable after
-refusals, or a fit error). Every state change is one store transaction first and an in-memory
-change second, so the in-memory view never runs ahead of what a restart would reload.
+Phases (docs/protocol.md; states in aggregator.round_state):
 
-Checks are ordered cheapest first and authentication before anything that reveals round
-state; nothing that is rejected reaches the store or a round's contributions.
+* CONSENT: the signed spec is pushed to every invited site; each checks the spec, its
+  policy, its budget and its data and answers with a signed consent (SendPhase) or a
+  refusal. Nothing is drawn and nothing is debited, so a refusal here costs nobody anything.
+  The phase ends when every invited site answered or at the consent deadline; the round goes
+  on only if at least ``quorum`` sites consented, and those are its participants.
+* RELEASE: a notice is pushed to each participant, which releases (draws the noise, debits
+  and stores the release in one ledger transaction) and sends it. Only participants may
+  contribute, and every participant's release is taken: none is turned away because others
+  were faster. The phase ends when every participant answered, or at the deadline (then a
+  participant that never answered is listed as dropped).
+* FITTING -> DONE, or FAILED (with a message) at any point before DONE.
+
+Every state change is one store transaction first and an in-memory change second, so the
+in-memory view never runs ahead of what a restart would reload. Checks are ordered cheapest
+first and authentication before anything that reveals round state; nothing that is rejected
+reaches the store or a round's answers.
 """
 
 from __future__ import annotations
 
-import binascii
 import json
 import logging
 import math
@@ -19,237 +29,45 @@ import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 
 import numpy as np
-from google.protobuf import json_format
 
 from dpfed import noise as dpnoise
-from dpfed.sensitivity import expected_noise
 from dpfed.statistics import Statistics, StatisticsError, encoded_values
 from dpfed.v1 import dpfed_pb2 as pb
-from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
+from dpfed.wire.canonical import CanonicalError, canonical_bytes, digest, parse_canonical
 from dpfed.wire.signing import SignatureError, verify, verify_signature
 from dpfed.wire import limits
 
 from aggregator import aggregate, identity
 from aggregator.budget import SiteBudgets
+from aggregator.contribution_wire import (check_envelope_size, check_fields, fast_contribution,
+                                          parse_envelope)
+from aggregator.errors import Rejected
+from aggregator.fitting import fit_round
 from aggregator.registry import Registry
-from aggregator.store import RoundStore, StoredContribution, StoredResult, StoredRound
+from aggregator.round_state import (COLLECTING, CONSENT, DONE, FAILED, FITTING, OPEN, RELEASE,
+                                    STATE_TO_PB, AcceptedContribution, Admission, LiveRound,
+                                    round_expected_noise, stored_noise, sum_noise, with_public)
+from aggregator.store import RoundStore, StoredRound
 
 log = logging.getLogger(__name__)
 
-OPEN, FITTING, DONE, FAILED = "OPEN", "FITTING", "DONE", "FAILED"
-STATE_TO_PB = {OPEN: pb.RoundStatus.OPEN, FITTING: pb.RoundStatus.FITTING,
-               DONE: pb.RoundStatus.DONE, FAILED: pb.RoundStatus.FAILED}
+__all__ = ["Rejected", "RoundManager", "round_expected_noise", "consent_deadline_ms"]
+
+# Default length of the consent phase: a third of the time to the deadline, within these.
+MIN_CONSENT_MS, MAX_CONSENT_MS = 5_000, 120_000
+# ListRounds: rows per page by default and at most.
+DEFAULT_LIST_ROUNDS, MAX_LIST_ROUNDS = 100, 1000
 
 
-class Rejected(Exception):
-    """A request the aggregator refuses. ``code`` is the name of a grpc.StatusCode."""
-
-    def __init__(self, code: str, message: str):
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-@dataclass
-class AcceptedContribution:
-    payload: bytes
-    signature: bytes
-    statistics: bytes      # checked dpfed Statistics encoding; added to the running total
-    n: int
-    epsilon: float
-    received_ms: int
-    # The noise it declared (checked equal to the round's expected noise when admitted).
-    noise: dpnoise.NoiseDescription | None = None
-
-
-def round_expected_noise(spec: pb.RoundSpec) -> dpnoise.NoiseDescription:
-    """The NoiseDescription every contribution to ``spec`` must declare: one release of the
-    spec's mechanism (dpfed.sensitivity.expected_noise; "" = add_remove / exact). Raises
-    ValueError for a spec whose mechanism is invalid (validate_spec refuses those first)."""
-    return expected_noise(len(spec.feature_names), spec.epsilon, spec.x_bound, spec.y_bound,
-                          tuple(spec.budget_split),
-                          neighbouring=spec.neighbouring or "add_remove",
-                          xtx_sensitivity=spec.xtx_sensitivity or "exact")
-
-
-def _sum_noise(noises) -> dpnoise.NoiseDescription | None:
-    """Sum of independent releases' descriptions (K draws for K sites), starting from EXACT
-    (public statistics add no noise); None (unknown) if any is unknown."""
-    total = dpnoise.EXACT
-    for n in noises:
-        if n is None:
-            return None
-        total = total + n
-    return total
-
-
-def _stored_noise(payload: bytes) -> dpnoise.NoiseDescription | None:
-    """The noise description a stored contribution declared (None if it has none)."""
-    msg = _fast_contribution(payload) or parse_canonical(payload, "dpfed.v1.Contribution")
-    return dpnoise.from_proto(msg.noise) if msg.HasField("noise") else None
-
-
-@dataclass
-class LiveRound:
-    stored: StoredRound
-    spec: pb.RoundSpec
-    envelope: pb.SignedEnvelope
-    invited: frozenset[str]
-    contributions: dict[str, AcceptedContribution] = field(default_factory=dict)
-    refusals: dict[str, str] = field(default_factory=dict)
-    # Epsilon a refusing site debited (Refusal.epsilon_spent; only those > 0).
-    refusal_epsilons: dict[str, float] = field(default_factory=dict)
-    timer: threading.Timer | None = None
-    # Exact sum of the accepted releases, updated as each is accepted so that closing the
-    # round costs no pass over them (aggregator.exact_sum; equal to summing at close).
-    running: aggregate.RunningTotal | None = None
-    # Contributions checked and being committed (group commit, outside the manager lock):
-    # they count towards the quorum so no more are taken, and the round does not close or
-    # fail at its deadline until they are durable and published (then ``deadline_due``).
-    storing: dict[str, AcceptedContribution] = field(default_factory=dict)
-    deadline_due: bool = False
-    # What every contribution must declare (round_expected_noise), computed once.
-    expected_noise: dpnoise.NoiseDescription | None = None
-
-    @property
-    def state(self) -> str:
-        return self.stored.state
-
-    def missing(self) -> list[str]:
-        return sorted(self.invited - set(self.contributions) - set(self.refusals))
-
-
-@dataclass
-class Admission:
-    """A contribution that passed every check and holds its slot in the round
-    (RoundManager.admit_contribution), to be stored, then completed or abandoned."""
-    live: LiveRound
-    contribution: pb.Contribution
-    envelope: pb.SignedEnvelope
-    accepted: AcceptedContribution
-    reply: pb.ContributeReply | None = None   # an identical retry: answered, nothing to store
-
-    def row(self) -> tuple[StoredContribution, str, str, int]:
-        """The arguments of RoundStore.insert_contribution for this contribution."""
-        c, a = self.contribution, self.accepted
-        return (StoredContribution(c.round_id, c.site_id, self.envelope.SerializeToString(),
-                                   c.statistics, c.n, c.epsilon_spent, a.received_ms),
-                self.envelope.key_id, c.nonce, c.timestamp_unix_ms)
-
-
-_CONTRIBUTION_FIELDS = {"round_id": str, "site_id": str, "statistics": str, "n": str,
-                        "epsilon_spent": (int, float), "spec_digest": str,
-                        "timestamp_unix_ms": str, "nonce": str, "noise": dict}
-
-
-_STATISTICS_KEY = b'"statistics":"'
-# Stands in for the base64 statistics while the rest of the payload is parsed and re-encoded:
-# any non-empty string would do (an empty one is omitted from canonical JSON).
-_PLACEHOLDER = "A"
-
-
-def _fast_contribution(payload: bytes) -> pb.Contribution | None:
-    """Decode a canonical Contribution payload without protobuf's json_format, which costs
-    about 1 ms per 17 kB contribution (d = 64) on the hot path. Accepts only when
-    re-encoding the decoded fields the way canonical_bytes does reproduces ``payload`` byte
-    for byte; anything else returns None and the caller uses the reference parser, so the
-    accepted language is unchanged (tests/test_aggregator_rounds.py checks both agree).
-
-    The 23 kB base64 statistics string is cut out before JSON sees it (the JSON scanner and
-    encoder would each walk it character by character) and decoded on its own: the rest, with
-    a one-character placeholder in its place, must re-encode to itself. That is enough,
-    because in canonical JSON a raw ``"`` only delimits strings (inside one it is escaped as
-    ``\\"``), so the first ``"statistics":"`` of an encoding that round-trips is the key, and
-    the cut value holds only base64 characters (checked by the decoder), which JSON never
-    escapes."""
-    try:
-        cut = payload.find(_STATISTICS_KEY)
-        if cut >= 0:
-            cut += len(_STATISTICS_KEY)
-            end = payload.find(b'"', cut)
-            if end < 0:
-                return None
-            b64, rest = payload[cut:end], payload[:cut] + _PLACEHOLDER.encode() + payload[end:]
-        else:
-            b64, rest = b"", payload
-        obj = json.loads(rest)
-        if not isinstance(obj, dict) or not obj.keys() <= _CONTRIBUTION_FIELDS.keys():
-            return None
-        for k, v in obj.items():
-            if not isinstance(v, _CONTRIBUTION_FIELDS[k]) or isinstance(v, bool):
-                return None
-        if (cut >= 0) != ("statistics" in obj) or obj.get("statistics", _PLACEHOLDER) != _PLACEHOLDER:
-            return None
-        stats = _canonical_b64decode(b64)
-        if stats is None:
-            return None
-        n = int(obj.get("n", "0"))
-        ts = int(obj.get("timestamp_unix_ms", "0"))
-        eps = float(obj.get("epsilon_spent", 0.0))
-        if not (0 <= n < 2**64 and -2**63 <= ts < 2**63 and math.isfinite(eps)):
-            return None
-        msg = pb.Contribution(round_id=obj.get("round_id", ""), site_id=obj.get("site_id", ""),
-                              statistics=stats, n=n, epsilon_spent=eps,
-                              spec_digest=obj.get("spec_digest", ""), timestamp_unix_ms=ts,
-                              nonce=obj.get("nonce", ""))
-        noise = None
-        if "noise" in obj:  # a few terms: protobuf's own JSON mapping is cheap enough here
-            json_format.ParseDict(obj["noise"], msg.noise)
-            msg.noise.SetInParent()
-            noise = json_format.MessageToDict(msg.noise, preserving_proto_field_name=True)
-        again = {k: v for k, v in (
-            ("round_id", msg.round_id), ("site_id", msg.site_id),
-            ("statistics", _PLACEHOLDER if stats else ""),
-            ("n", str(n) if n else ""), ("epsilon_spent", eps if eps else None),
-            ("spec_digest", msg.spec_digest), ("timestamp_unix_ms", str(ts) if ts else ""),
-            ("nonce", msg.nonce), ("noise", noise)) if v not in ("", None)}
-        canonical = json.dumps(again, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                               allow_nan=False).encode("utf-8")
-        return msg if canonical == rest else None
-    except (ValueError, TypeError, UnicodeDecodeError, binascii.Error, json_format.ParseError):
-        return None
-
-
-def _check_envelope_size(envelope: pb.SignedEnvelope) -> None:
-    """Wire limits (dpfed.wire.limits) before any signature work: cheap, and an oversized
-    field never reaches the verifier, the store or a log line."""
-    problems = limits.envelope_problems(envelope)
-    if problems:
-        raise Rejected("INVALID_ARGUMENT", "envelope: " + "; ".join(problems))
-
-
-def _check_fields(check, value) -> None:
-    try:
-        check(value)
-    except limits.LimitError as exc:
-        raise Rejected("INVALID_ARGUMENT", str(exc)) from None
-
-
-def _canonical_b64decode(text: bytes) -> bytes | None:
-    """The bytes ``text`` encodes if it is the standard padded base64 that
-    ``base64.b64encode`` produces, else None. Strict decoding rejects other alphabets, missing
-    or excess padding and anything after it; what it still accepts is non-zero unused bits in
-    the last quantum (b"QR==" decodes like b"QQ=="), so only that quantum is re-encoded: the
-    full check without re-encoding the whole 17 kB (d = 64) on the hot path."""
-    try:
-        data = binascii.a2b_base64(text, strict_mode=True)
-    except binascii.Error:
-        return None
-    if len(text) != 4 * -(-len(data) // 3):
-        return None
-    tail = len(data) % 3 or 3
-    if data and binascii.b2a_base64(data[-tail:], newline=False) != text[-4:]:
-        return None
-    return data
-
-
-def _parse_envelope(data: bytes) -> pb.SignedEnvelope:
-    env = pb.SignedEnvelope()
-    env.ParseFromString(data)
-    return env
+def consent_deadline_ms(spec: pb.RoundSpec, started_ms: int) -> int:
+    """When the consent phase of ``spec`` ends: the spec's consent_deadline_unix_ms, or a third
+    of the time to the deadline (at least 5 s, at most 120 s), never after the deadline."""
+    if spec.consent_deadline_unix_ms:
+        return spec.consent_deadline_unix_ms
+    span = (spec.deadline_unix_ms - started_ms) // 3
+    return min(spec.deadline_unix_ms, started_ms + max(MIN_CONSENT_MS, min(MAX_CONSENT_MS, span)))
 
 
 class RoundManager:
@@ -284,17 +102,22 @@ class RoundManager:
         refit, reopen = [], []
         with self._lock:
             for stored in self.store.rounds():
-                env = _parse_envelope(stored.spec_envelope)
+                env = parse_envelope(stored.spec_envelope)
                 spec = parse_canonical(env.payload, "dpfed.v1.RoundSpec")
+                if stored.state == OPEN:   # stored before phases: every invited site releases
+                    stored.state, stored.participants = RELEASE, list(stored.invited)
                 live = LiveRound(stored, spec, env, frozenset(stored.invited))
-                if stored.state in (OPEN, FITTING):
+                live.consents = self.store.consents(stored.round_id)
+                if stored.participants is not None:
+                    live.participants = frozenset(stored.participants)
+                if stored.state in (RELEASE, FITTING):
                     stored_contributions = self.store.contributions(stored.round_id)
                     for c in stored_contributions:
-                        env_c = _parse_envelope(c.envelope)
+                        env_c = parse_envelope(c.envelope)
                         live.contributions[c.site_id] = AcceptedContribution(
                             env_c.payload, env_c.signature,
                             c.statistics, c.n, c.epsilon, c.received_ms,
-                            _stored_noise(env_c.payload))
+                            stored_noise(env_c.payload))
                     live.running = aggregate.RunningTotal(stored.dim)
                     if stored_contributions:
                         live.running.add_rows(
@@ -303,13 +126,15 @@ class RoundManager:
                 live.refusals = dict(self.store.refusals(stored.round_id))
                 live.refusal_epsilons = self.store.refusal_epsilons(stored.round_id)
                 self._rounds[stored.round_id] = live
-                if stored.state == OPEN:
+                if stored.state in COLLECTING:
                     reopen.append(stored.round_id)
                 elif stored.state == FITTING:
                     refit.append(stored.round_id)
         for rid in reopen:
-            log.info("round %s: reopened after restart with %d contribution(s)", rid,
-                     len(self._rounds[rid].contributions))
+            live = self._rounds[rid]
+            log.info("round %s: reopened after restart in %s with %d consent(s), %d "
+                     "contribution(s)", rid, live.state, len(live.consents),
+                     len(live.contributions))
             self._arm_deadline(rid)
         for rid in refit:
             log.info("round %s: fit was interrupted by a restart, fitting again", rid)
@@ -336,7 +161,7 @@ class RoundManager:
 
     def _verify_site(self, envelope: pb.SignedEnvelope, type_name: str,
                      peer: identity.PeerIdentity | None = None):
-        _check_envelope_size(envelope)
+        check_envelope_size(envelope)
         msg = None
         if type_name == "dpfed.v1.Contribution" and envelope.payload_type == type_name:
             public_key = self.registry.site_keys.get(envelope.key_id)
@@ -346,7 +171,7 @@ class RoundManager:
                     verify_signature(envelope, public_key, type_name)
                 except SignatureError as exc:
                     raise Rejected("UNAUTHENTICATED", str(exc)) from None
-                msg = _fast_contribution(envelope.payload)
+                msg = fast_contribution(envelope.payload)
         try:
             if msg is None:
                 msg = verify(envelope, self.registry.site_keys, type_name)
@@ -354,7 +179,7 @@ class RoundManager:
             raise Rejected("UNAUTHENTICATED", str(exc)) from None
         except CanonicalError as exc:
             raise Rejected("INVALID_ARGUMENT", str(exc)) from None
-        _check_fields(limits.SITE_MESSAGE_CHECKS[type_name], msg)
+        check_fields(limits.SITE_MESSAGE_CHECKS[type_name], msg)
         owner = self.registry.site_of_key(envelope.key_id)
         if msg.site_id != owner:
             raise Rejected("PERMISSION_DENIED",
@@ -375,7 +200,7 @@ class RoundManager:
     # ---- coordinator side ----
     def start_round(self, envelope: pb.SignedEnvelope,
                     peer: identity.PeerIdentity | None = None) -> pb.RoundStatus:
-        _check_envelope_size(envelope)
+        check_envelope_size(envelope)
         try:
             spec = verify(envelope, self.registry.coordinator_keys, "dpfed.v1.RoundSpec")
         except SignatureError as exc:
@@ -395,6 +220,8 @@ class RoundManager:
         now = self.now_ms()
         if spec.deadline_unix_ms and spec.deadline_unix_ms <= now:
             problems.append("deadline_unix_ms is in the past")
+        if spec.consent_deadline_unix_ms and spec.consent_deadline_unix_ms <= now:
+            problems.append("consent_deadline_unix_ms is in the past")
         if not problems:
             try:  # what every contribution must declare; also refuses degenerate scales
                 expected = round_expected_noise(spec)
@@ -405,7 +232,7 @@ class RoundManager:
         invited = sorted(spec.sites) if spec.sites else self.registry.site_ids()
         stored = StoredRound(spec.round_id, envelope.SerializeToString(), digest(envelope.payload),
                              len(spec.feature_names), spec.quorum, spec.deadline_unix_ms, invited,
-                             OPEN, "", now, 0.0, 0.0)
+                             CONSENT, "", now, 0.0, 0.0, None, [[CONSENT, now, 0.0]])
         with self._lock:
             if spec.round_id in self._rounds:
                 raise Rejected("ALREADY_EXISTS", f"round {spec.round_id!r} already exists")
@@ -418,8 +245,9 @@ class RoundManager:
                 if site_id in invited:
                     q.put(spec.round_id)
         log.info("round %s: started by %s, d=%d, eps=%g, quorum %d of %d invited site(s), "
-                 "deadline in %.0f s", spec.round_id, owner, len(spec.feature_names),
-                 spec.epsilon, spec.quorum, len(invited), (spec.deadline_unix_ms - now) / 1000)
+                 "consent within %.0f s, deadline in %.0f s", spec.round_id, owner,
+                 len(spec.feature_names), spec.epsilon, spec.quorum, len(invited),
+                 (consent_deadline_ms(spec, now) - now) / 1000, (spec.deadline_unix_ms - now) / 1000)
         self._arm_deadline(spec.round_id)
         return self.status(spec.round_id)
 
@@ -435,7 +263,7 @@ class RoundManager:
     def status(self, round_id: str, peer: identity.PeerIdentity | None = None) -> pb.RoundStatus:
         """The round's status as ``peer`` may see it: the n, epsilon and refusal reason of a
         site that does not trust the reading coordinator are hidden (aggregator.budget)."""
-        _check_fields(limits.check_round_query, round_id)
+        check_fields(limits.check_round_query, round_id)
         reader, reader_kid = self._reader(peer)
         with self._lock:
             live = self._rounds.get(round_id)
@@ -447,7 +275,11 @@ class RoundManager:
             status = pb.RoundStatus(
                 round_id=round_id, state=STATE_TO_PB[s.state], quorum=s.quorum,
                 deadline_unix_ms=s.deadline_ms, message=s.message, spec_digest=s.spec_digest,
-                round_seconds=s.round_s, fit_seconds=s.fit_s, missing_sites=live.missing())
+                round_seconds=s.round_s, fit_seconds=s.fit_s, missing_sites=live.missing(),
+                consented=sorted(live.consents), dropped=live.dropped(),
+                started_unix_ms=s.started_ms,
+                phases=[pb.PhaseTime(phase=p, started_unix_ms=t, seconds=sec)
+                        for p, t, sec in s.phases])
             refusal_eps = dict(live.refusal_epsilons)
         starter = live.spec.coordinator_id
         for k, c in contributions:
@@ -514,6 +346,34 @@ class RoundManager:
                 declared_total_epsilon=b.declared_total))
         return reply
 
+    def list_rounds(self, limit: int = 0, before: str = "") -> pb.ListRoundsReply:
+        """One summary line per round, newest first (counts only, no per-site rows: which
+        sites answered is in GetRound, under its visibility rules). ``before``: a round id;
+        only rounds started before it (paging)."""
+        limit = min(limit or DEFAULT_LIST_ROUNDS, MAX_LIST_ROUNDS)
+        if before:
+            check_fields(limits.check_round_query, before)
+        with self._lock:
+            lives = sorted(self._rounds.values(),
+                           key=lambda r: (r.stored.started_ms, r.stored.round_id), reverse=True)
+            if before:
+                anchor = self._rounds.get(before)
+                if anchor is None:
+                    raise Rejected("NOT_FOUND", f"unknown round {before!r}")
+                key = (anchor.stored.started_ms, anchor.stored.round_id)
+                lives = [r for r in lives if (r.stored.started_ms, r.stored.round_id) < key]
+            reply = pb.ListRoundsReply()
+            for live in lives[:limit]:
+                s, spec = live.stored, live.spec
+                reply.rounds.append(pb.RoundSummary(
+                    round_id=s.round_id, state=STATE_TO_PB[s.state],
+                    coordinator_id=spec.coordinator_id, target=spec.target,
+                    epsilon=spec.epsilon, invited=len(live.invited),
+                    consented=len(live.consents), contributed=len(live.contributions),
+                    refused=len(live.refusals), quorum=s.quorum, started_unix_ms=s.started_ms,
+                    deadline_unix_ms=s.deadline_ms, message=s.message))
+        return reply
+
     # ---- site side ----
     def hello(self, envelope: pb.SignedEnvelope, peer: identity.PeerIdentity | None = None,
               *, declare: bool = True) -> str:
@@ -577,20 +437,102 @@ class RoundManager:
             self.registry.mark_disconnected(site_id, self.now_ms())
             log.info("site %s unsubscribed", site_id)
 
-    def spec_for_site(self, round_id: str, site_id: str) -> pb.SignedEnvelope | None:
-        """The signed spec of ``round_id`` if the site still has to answer it."""
+    def message_for_site(self, round_id: str, site_id: str) -> pb.SignedEnvelope | None:
+        """What to push to ``site_id`` about ``round_id``, if the current phase waits for it:
+        in CONSENT the coordinator-signed spec (the site answers with a consent or a
+        refusal), in RELEASE a PhaseNotice naming the participants and carrying that spec (the
+        site releases). None when the round needs nothing (more) from the site."""
         with self._lock:
             live = self._rounds.get(round_id)
-            if (live is None or live.state != OPEN or site_id not in live.invited
-                    or site_id in live.contributions or site_id in live.storing
-                    or site_id in live.refusals):
+            if live is None or site_id in live.refusals:
                 return None
-            return live.envelope
+            if live.state == CONSENT:
+                if site_id in live.invited and site_id not in live.consents:
+                    return live.envelope
+                return None
+            if (live.state == RELEASE and site_id in live.participants
+                    and site_id not in live.contributions and site_id not in live.storing):
+                notice = pb.PhaseNotice(round_id=round_id, phase="release",
+                                        spec_envelope=live.stored.spec_envelope,
+                                        participants=sorted(live.participants),
+                                        deadline_unix_ms=live.stored.deadline_ms)
+                return pb.SignedEnvelope(payload=canonical_bytes(notice),
+                                         payload_type="dpfed.v1.PhaseNotice")
+            return None
 
     def pending_rounds(self, site_id: str) -> list[str]:
         with self._lock:
-            return [rid for rid, live in self._rounds.items()
-                    if self.spec_for_site(rid, site_id) is not None]
+            return [rid for rid in self._rounds
+                    if self.message_for_site(rid, site_id) is not None]
+
+    def _notify(self, sites, round_id: str) -> None:
+        """Wake the round streams of ``sites`` (under the lock): each pushes what
+        ``message_for_site`` now says."""
+        for site_id, q in self._subscribers.values():
+            if site_id in sites:
+                q.put(round_id)
+
+    # ---- consent phase ----
+    def send_phase(self, envelope: pb.SignedEnvelope,
+                   peer: identity.PeerIdentity | None = None) -> pb.Ack:
+        """A site's signed PhaseMessage. Phase "consent": the site will release if selected;
+        recorded durably (with its nonce), and the consent phase ends early once every invited
+        site answered."""
+        m = self._verify_site(envelope, "dpfed.v1.PhaseMessage", peer)
+        live = self._round(m.round_id)
+        with self._lock:
+            if m.site_id in live.consents:
+                return pb.Ack(message="consent already recorded")
+            if m.site_id not in live.invited:
+                raise Rejected("PERMISSION_DENIED", f"site {m.site_id!r} is not invited to round "
+                                                    f"{m.round_id!r}")
+            if m.spec_digest != live.stored.spec_digest:
+                raise Rejected("FAILED_PRECONDITION", "spec_digest does not match the round")
+            if live.state != CONSENT:
+                raise Rejected("FAILED_PRECONDITION",
+                               f"round {m.round_id!r} is past its consent phase ({live.state}): "
+                               f"site {m.site_id!r} is not a participant and must not release")
+            if m.site_id in live.refusals:
+                raise Rejected("ALREADY_EXISTS", f"site {m.site_id!r} refused round {m.round_id!r}")
+            self._check_fresh(m.timestamp_unix_ms, "PhaseMessage")
+            self._take_nonce(envelope.key_id, m.nonce, m.timestamp_unix_ms, "PhaseMessage",
+                             persist=False)
+            now = self.now_ms()
+            self.store.insert_consent(m.round_id, m.site_id, envelope.SerializeToString(), now,
+                                      envelope.key_id, m.nonce, m.timestamp_unix_ms)
+            self._nonces.add((envelope.key_id, m.nonce))
+            live.consents[m.site_id] = now
+            log.info("round %s: site %s consented (%d of %d invited)", m.round_id, m.site_id,
+                     len(live.consents), len(live.invited))
+            if not live.missing():
+                self._end_consent(live, "every invited site answered")
+        return pb.Ack(message="consent recorded")
+
+    def _end_consent(self, live: LiveRound, why: str) -> None:
+        """Under the lock: fix the participants (the consenting sites) and go on to RELEASE,
+        or fail if fewer than the quorum consented (nobody has released: nobody paid)."""
+        consented = sorted(live.consents)
+        if len(consented) < live.stored.quorum:
+            self._fail(live, f"consent phase ended ({why}) with {len(consented)} consent(s), "
+                             f"fewer than the quorum {live.stored.quorum}; no site released"
+                             + (f"; refused: {', '.join(sorted(live.refusals))}"
+                                if live.refusals else "")
+                             + (f"; no answer: {', '.join(live.missing())}"
+                                if live.missing() else ""))
+            return
+        now = self.now_ms()
+        live.enter_phase(RELEASE, now)
+        self.store.set_state(live.stored.round_id, RELEASE, "", participants=consented,
+                             phases=live.stored.phases)
+        live.stored.state, live.stored.message = RELEASE, ""
+        live.stored.participants = consented
+        live.participants = frozenset(consented)
+        if live.timer:
+            live.timer.cancel()
+        log.info("round %s: consent ended (%s): %d participant(s) release now", live.stored.round_id,
+                 why, len(consented))
+        self._notify(live.participants, live.stored.round_id)
+        self._arm_deadline(live.stored.round_id)
 
     def contribute(self, envelope: pb.SignedEnvelope,
                    peer: identity.PeerIdentity | None = None) -> pb.ContributeReply:
@@ -641,7 +583,12 @@ class RoundManager:
         site = c.site_id
         with self._lock:
             previous = live.contributions.get(site)
-        if previous is not None and previous.payload == envelope.payload:
+        if previous is not None and (previous.payload == envelope.payload or (
+                previous.statistics == c.statistics and previous.n == c.n
+                and previous.epsilon == c.epsilon_spent)):
+            # The same release, byte for byte, or re-signed by the site with a fresh
+            # timestamp and nonce over the same stored statistics (site_node.node.fresh_envelope):
+            # the same noise, so nothing new; answered as a duplicate.
             return Admission(live, c, envelope, previous, reply=pb.ContributeReply(
                 round_id=c.round_id, accepted=True, duplicate=True,
                 message="identical contribution already accepted"))
@@ -665,9 +612,6 @@ class RoundManager:
             # Re-check under the lock: the round may have closed, or this site answered, while
             # the statistics were decoded. Then reserve the site's slot and the nonce.
             self._check_contribution(c, live, envelope)
-            if len(live.contributions) + len(live.storing) >= live.stored.quorum:
-                raise Rejected("FAILED_PRECONDITION", f"round {c.round_id!r} is closed (quorum "
-                                                      f"reached)")
             self._take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
                              persist=False)
             # The site's recorded spend must stay within the total it declared.
@@ -701,13 +645,14 @@ class RoundManager:
             live.running.add_encoded(c.statistics)
             self.registry.touch(c.site_id, accepted.received_ms)
             count = len(live.contributions)
-            log.debug("round %s: accepted contribution of %s (n=%d), %d of quorum %d",
-                      c.round_id, c.site_id, c.n, count, live.stored.quorum)
+            log.debug("round %s: accepted contribution of %s (n=%d), %d of %d participant(s)",
+                      c.round_id, c.site_id, c.n, count, len(live.participants))
             self._close_if_due(live)
         # The exact-sum arithmetic of a full block, outside the lock (RunningTotal.fold).
         live.running.fold()
         return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=False,
-                                  message=f"accepted ({count} of quorum {live.stored.quorum})")
+                                  message=f"accepted ({count} of {len(live.participants)} "
+                                          f"participant(s), quorum {live.stored.quorum})")
 
     def expected_noise(self, round_id: str) -> dpnoise.NoiseDescription:
         """The noise description every contribution to ``round_id`` must declare."""
@@ -741,11 +686,18 @@ class RoundManager:
 
     def _check_contribution(self, c: pb.Contribution, live: LiveRound,
                             envelope: pb.SignedEnvelope) -> None:
-        if live.state != OPEN:
-            raise Rejected("FAILED_PRECONDITION", f"round {c.round_id!r} is closed ({live.state})")
         if c.site_id not in live.invited:
             raise Rejected("PERMISSION_DENIED", f"site {c.site_id!r} is not invited to round "
                                                 f"{c.round_id!r}")
+        if live.state == CONSENT:
+            raise Rejected("FAILED_PRECONDITION", f"round {c.round_id!r} is in its consent "
+                                                  f"phase: no release is taken before it ends")
+        if live.state != RELEASE:
+            raise Rejected("FAILED_PRECONDITION", f"round {c.round_id!r} is closed ({live.state})")
+        if c.site_id not in live.participants:
+            raise Rejected("FAILED_PRECONDITION", f"site {c.site_id!r} is not a participant of "
+                                                  f"round {c.round_id!r} (it did not consent "
+                                                  f"in time)")
         if c.spec_digest != live.stored.spec_digest:
             raise Rejected("FAILED_PRECONDITION", f"spec_digest {c.spec_digest[:16]} does not "
                                                   f"match round {c.round_id!r} "
@@ -767,10 +719,17 @@ class RoundManager:
         with self._lock:
             if live.refusals.get(r.site_id) is not None:
                 return pb.Ack(message="refusal already recorded")
-            if live.state != OPEN:
-                raise Rejected("FAILED_PRECONDITION", f"round {r.round_id!r} is closed ({live.state})")
             if r.site_id not in live.invited:
                 raise Rejected("PERMISSION_DENIED", f"site {r.site_id!r} is not invited")
+            if live.state not in COLLECTING:
+                raise Rejected("FAILED_PRECONDITION", f"round {r.round_id!r} is closed ({live.state})")
+            if live.state == RELEASE and r.site_id not in live.participants:
+                raise Rejected("FAILED_PRECONDITION", f"site {r.site_id!r} is not a participant of "
+                                                      f"round {r.round_id!r}")
+            if live.state == CONSENT and r.epsilon_spent:
+                raise Rejected("INVALID_ARGUMENT", "a refusal in the consent phase cannot have "
+                                                   "spent epsilon: nothing is drawn before "
+                                                   "the release phase")
             if r.spec_digest != live.stored.spec_digest:
                 raise Rejected("FAILED_PRECONDITION", "spec_digest does not match the round")
             if r.site_id in live.contributions or r.site_id in live.storing:
@@ -795,20 +754,31 @@ class RoundManager:
                 # (its ledger debited it), and hiding it would only under-count.
                 live.refusal_epsilons[r.site_id] = r.epsilon_spent
                 self.budgets.commit(r.site_id, r.epsilon_spent, now, reserved=False)
-            log.info("round %s: site %s refused: %s", r.round_id, r.site_id, r.reason)
-            possible = len(live.invited) - len(live.refusals)
+            log.info("round %s: site %s refused in %s: %s", r.round_id, r.site_id, live.state,
+                     r.reason)
+            pool = live.invited if live.state == CONSENT else live.participants
+            possible = len(pool - set(live.refusals))
             if possible < live.stored.quorum:
                 self._fail(live, f"quorum {live.stored.quorum} is unreachable: refused by "
-                                 f"{', '.join(sorted(live.refusals))}")
+                                 f"{', '.join(sorted(live.refusals))}"
+                                 + ("; no site released" if live.state == CONSENT else ""))
+            elif live.state == CONSENT and not live.missing():
+                self._end_consent(live, "every invited site answered")
+            else:
+                self._close_if_due(live)
         return pb.Ack(message="refusal recorded")
 
     # ---- closing, deadlines and fitting ----
     def _arm_deadline(self, round_id: str) -> None:
+        """The timer of the current phase: the consent deadline in CONSENT, the round's
+        deadline in RELEASE."""
         with self._lock:
             live = self._rounds[round_id]
-            if live.state != OPEN or self._closed:
+            if live.state not in COLLECTING or self._closed:
                 return
-            delay = max(0.0, (live.stored.deadline_ms - self.now_ms()) / 1000)
+            due = (consent_deadline_ms(live.spec, live.stored.started_ms)
+                   if live.state == CONSENT else live.stored.deadline_ms)
+            delay = max(0.0, (due - self.now_ms()) / 1000)
             live.timer = threading.Timer(delay, self._on_deadline, args=(round_id,))
             live.timer.daemon = True
             live.timer.start()
@@ -816,18 +786,27 @@ class RoundManager:
     def _close_if_due(self, live: LiveRound) -> None:
         """Under the lock, once nothing is being stored: close at quorum, or carry out a
         deadline that passed while contributions were being committed."""
-        if live.storing or live.state != OPEN or self._closed:
+        if live.storing or live.state != RELEASE or self._closed:
             return
         count = len(live.contributions)
-        if count >= live.stored.quorum:
-            self._close_for_fit(live, f"quorum reached ({count} of {len(live.invited)})")
+        if not live.missing():   # every participant answered
+            if count >= live.stored.quorum:
+                self._close_for_fit(live, f"every participant answered ({count} release(s) "
+                                          f"of {len(live.participants)} participant(s))")
+            else:
+                self._fail(live, f"{count} release(s), fewer than the quorum "
+                                 f"{live.stored.quorum}; refused: "
+                                 f"{', '.join(sorted(live.refusals)) or 'none'}")
         elif live.deadline_due:
             self._deadline_passed(live)
 
     def _on_deadline(self, round_id: str) -> None:
         with self._lock:
             live = self._rounds[round_id]
-            if live.state != OPEN or self._closed:
+            if live.state not in COLLECTING or self._closed:
+                return
+            if live.state == CONSENT:
+                self._end_consent(live, "consent deadline passed")
                 return
             if live.storing:
                 live.deadline_due = True   # decided by the last contribution being stored
@@ -836,25 +815,30 @@ class RoundManager:
 
     def _deadline_passed(self, live: LiveRound) -> None:
         count = len(live.contributions)
+        missing = live.missing()
         if count >= live.stored.quorum:
-            self._close_for_fit(live, f"deadline passed with quorum ({count})")
+            self._close_for_fit(live, f"deadline passed with quorum ({count}); dropped: "
+                                      f"{', '.join(missing) or 'none'}")
         else:
-            missing = live.missing()
             self._fail(live, f"deadline passed with {count} of quorum {live.stored.quorum} "
-                             f"contribution(s); missing: {', '.join(missing) or 'none'}"
+                             f"release(s); dropped: {', '.join(missing) or 'none'}"
                              + (f"; refused: {', '.join(sorted(live.refusals))}"
                                 if live.refusals else ""))
 
     def _fail(self, live: LiveRound, message: str) -> None:
-        self.store.set_state(live.stored.round_id, FAILED, message)
+        live.enter_phase(FAILED, self.now_ms())
+        self.store.set_state(live.stored.round_id, FAILED, message, phases=live.stored.phases)
         live.stored.state, live.stored.message = FAILED, message
         if live.timer:
             live.timer.cancel()
         log.warning("round %s: FAILED: %s", live.stored.round_id, message)
 
     def _close_for_fit(self, live: LiveRound, why: str) -> None:
-        round_s = (self.now_ms() - live.stored.started_ms) / 1000
-        self.store.set_state(live.stored.round_id, FITTING, why, round_s=round_s)
+        now = self.now_ms()
+        round_s = (now - live.stored.started_ms) / 1000
+        live.enter_phase(FITTING, now)
+        self.store.set_state(live.stored.round_id, FITTING, why, round_s=round_s,
+                             phases=live.stored.phases)
         live.stored.state, live.stored.message, live.stored.round_s = FITTING, why, round_s
         if live.timer:
             live.timer.cancel()
@@ -870,26 +854,12 @@ class RoundManager:
             live = self._rounds[round_id]
             parts = sorted(live.contributions.items())
             running = live.running.copy()
+            dropped, phases = live.dropped(), [list(p) for p in live.stored.phases]
         spec = live.spec
-        t0 = time.perf_counter()
         try:
-            public = aggregate.public_statistics(spec)
-            total = _with_public(running, spec, _sum_noise(c.noise for _, c in parts))
-            d = total.dim
-            if self.skip_fit:
-                beta_mean, draws, diag = np.zeros(d), np.zeros((0, d)), {"skipped": True}
-            else:
-                beta_mean, draws, diag = aggregate.fit(total, spec.fit_method, spec.fit_draws,
-                                                       spec.fit_seed or None, public=public,
-                                                       x_bound=spec.x_bound or None)
-            fit_s = time.perf_counter() - t0
-            summary = aggregate.summarize(
-                spec=spec, contributions=[(s, c.n, c.epsilon) for s, c in parts], total=total,
-                public=public, beta_mean=beta_mean, beta_draws=draws, diagnostics=diag,
-                round_s=live.stored.round_s, fit_s=fit_s)
-            result = StoredResult(round_id, json.dumps(summary, sort_keys=True),
-                                  np.ascontiguousarray(draws, dtype="<f8").tobytes(),
-                                  int(draws.shape[0]), int(d))
+            result, total, fit_s = fit_round(spec, running, parts, round_s=live.stored.round_s,
+                                             skip_fit=self.skip_fit, dropped=dropped,
+                                             phases=phases)
         except Exception as exc:  # noqa: BLE001 - any fit error fails the round, visibly
             log.exception("round %s: fit failed", round_id)
             with self._lock:
@@ -899,7 +869,8 @@ class RoundManager:
         with self._lock:
             if self._closed:
                 return  # a restart re-fits; the store still says FITTING
-            self.store.finish_round(result, fit_s)
+            live.enter_phase(DONE, self.now_ms())
+            self.store.finish_round(result, fit_s, phases=live.stored.phases)
             live.stored.state, live.stored.fit_s, live.stored.message = DONE, fit_s, ""
         log.info("round %s: DONE, n_total=%d, fit %.2f s (%s)", round_id, total.n, fit_s,
                  "skipped" if self.skip_fit else spec.fit_method or "auto")
@@ -914,20 +885,10 @@ class RoundManager:
                 parts = [c.statistics for c in stored]
                 if not parts and not live.spec.public_statistics:
                     return Statistics.zeros(live.stored.dim)
-                noise = _sum_noise(_stored_noise(_parse_envelope(c.envelope).payload)
+                noise = sum_noise(stored_noise(parse_envelope(c.envelope).payload)
                                    for c in stored)
                 return aggregate.aggregate_encoded(parts, live.spec.public_statistics,
                                                    noise=noise)
             running = live.running.copy()
-            noise = _sum_noise(c.noise for c in live.contributions.values())
-        return _with_public(running, live.spec, noise)
-
-
-def _with_public(running: aggregate.RunningTotal, spec: pb.RoundSpec,
-                 noise: dpnoise.NoiseDescription | None) -> Statistics:
-    """``running`` (a copy: it is changed) plus the spec's public statistics, if any, carrying
-    ``noise``: the sum of the accepted contributions' descriptions (the public statistics are
-    exact and add none)."""
-    if spec.public_statistics:
-        running.add_encoded(spec.public_statistics)
-    return running.total(noise=noise)
+            noise = sum_noise(c.noise for c in live.contributions.values())
+        return with_public(running, live.spec, noise)

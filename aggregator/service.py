@@ -120,6 +120,11 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         peer = await self._reader("ListSites", context)
         return await self._call("ListSites", context, self.manager.list_sites, peer)
 
+    async def ListRounds(self, request, context):
+        await self._reader("ListRounds", context)
+        return await self._call("ListRounds", context, self.manager.list_rounds, request.limit,
+                                request.before)
+
     async def GetSiteHistory(self, request, context):
         peer = await self._identity("GetSiteHistory", context)
         return await self._call("GetSiteHistory", context, self.manager.site_history, request,
@@ -145,6 +150,10 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE,
                                 clip_text(f"the aggregator could not store the contribution "
                                           f"({type(exc).__name__}: {exc}); retry"))
+
+    async def SendPhase(self, request, context):
+        peer = await self._identity("SendPhase", context)
+        return await self._call("SendPhase", context, self.manager.send_phase, request, peer)
 
     async def Refuse(self, request, context):
         peer = await self._identity("Refuse", context)
@@ -174,21 +183,22 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             await self._reject("Subscribe", context, exc)
             return
         try:
-            sent: set[str] = set()
+            sent: set[tuple[str, str]] = set()
             # Subscribed before listing, so a round started in between is not missed; `sent`
-            # drops the second notice of it. A client that goes away cancels this coroutine
-            # where it waits, and the finally below unsubscribes.
+            # drops a second push of the same phase's message (the spec for consent, the
+            # notice for release). A client that goes away cancels this coroutine where it
+            # waits, and the finally below unsubscribes.
             backlog = self.manager.pending_rounds(site_id)
             while True:
                 round_id = backlog.pop(0) if backlog else await updates.get()
                 if round_id is None:  # server shutting down
                     return
-                if round_id in sent:
-                    continue
-                envelope = self.manager.spec_for_site(round_id, site_id)
-                if envelope is not None:
-                    sent.add(round_id)
-                    log.info("round %s: spec sent to site %s", round_id, site_id)
+                envelope = self.manager.message_for_site(round_id, site_id)
+                if envelope is not None and (round_id, envelope.payload_type) not in sent:
+                    sent.add((round_id, envelope.payload_type))
+                    log.info("round %s: %s sent to site %s", round_id,
+                             "release notice" if envelope.payload_type.endswith("PhaseNotice")
+                             else "spec", site_id)
                     yield envelope
         finally:
             self.manager.unsubscribe(token)

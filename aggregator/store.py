@@ -26,11 +26,21 @@ CREATE TABLE IF NOT EXISTS rounds (
     quorum          INTEGER NOT NULL,
     deadline_ms     INTEGER NOT NULL,
     invited         TEXT NOT NULL,     -- JSON list of site ids resolved at start
-    state           TEXT NOT NULL,     -- OPEN, FITTING, DONE, FAILED
+    state           TEXT NOT NULL,     -- CONSENT, RELEASE, FITTING, DONE, FAILED (OPEN: legacy)
     message         TEXT NOT NULL DEFAULT '',
     started_ms      INTEGER NOT NULL,
     round_s         REAL NOT NULL DEFAULT 0,
-    fit_s           REAL NOT NULL DEFAULT 0
+    fit_s           REAL NOT NULL DEFAULT 0,
+    participants    TEXT NOT NULL DEFAULT '',    -- JSON list, set when consent ends ('' before)
+    phases          TEXT NOT NULL DEFAULT '[]'   -- JSON [[phase, started_ms, seconds], ...]
+);
+-- Consent phase: the signed PhaseMessage of each site that consented.
+CREATE TABLE IF NOT EXISTS consents (
+    round_id        TEXT NOT NULL,
+    site_id         TEXT NOT NULL,
+    envelope        BLOB NOT NULL,
+    received_ms     INTEGER NOT NULL,
+    PRIMARY KEY (round_id, site_id)
 );
 CREATE TABLE IF NOT EXISTS contributions (
     round_id        TEXT NOT NULL,
@@ -91,6 +101,16 @@ class StoredRound:
     started_ms: int
     round_s: float
     fit_s: float
+    # Sites selected when consent ended (None before; every invited site for legacy rounds).
+    participants: list[str] | None = None
+    # [[phase, started_ms, seconds (0 while running)], ...]
+    phases: list = field(default_factory=list)
+
+
+def _round_row(row) -> StoredRound:
+    participants = json.loads(row[12]) if row[12] else None
+    return StoredRound(*row[:6], json.loads(row[6]), *row[7:12], participants,
+                       json.loads(row[13]))
 
 
 @dataclass(frozen=True)
@@ -146,6 +166,13 @@ class RoundStore:
         # epsilon_spent), added to stores created before it.
         if "epsilon" not in {r[1] for r in self._db.execute("PRAGMA table_info(refusals)")}:
             self._db.execute("ALTER TABLE refusals ADD COLUMN epsilon REAL NOT NULL DEFAULT 0")
+        # rounds.participants and rounds.phases, added to stores created before phases; their
+        # OPEN rounds are recovered as RELEASE with every invited site selected.
+        columns = {r[1] for r in self._db.execute("PRAGMA table_info(rounds)")}
+        if "participants" not in columns:
+            self._db.execute("ALTER TABLE rounds ADD COLUMN participants TEXT NOT NULL DEFAULT ''")
+        if "phases" not in columns:
+            self._db.execute("ALTER TABLE rounds ADD COLUMN phases TEXT NOT NULL DEFAULT '[]'")
 
     def close(self) -> None:
         """Commit what is queued, stop the group-commit writer and close the database."""
@@ -243,13 +270,22 @@ class RoundStore:
 
     # ---- rounds ----
     def insert_round(self, r: StoredRound) -> None:
-        self._tx([("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+        self._tx([("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                    (r.round_id, r.spec_envelope, r.spec_digest, r.dim, r.quorum, r.deadline_ms,
-                    json.dumps(r.invited), r.state, r.message, r.started_ms, r.round_s, r.fit_s))])
+                    json.dumps(r.invited), r.state, r.message, r.started_ms, r.round_s, r.fit_s,
+                    "" if r.participants is None else json.dumps(sorted(r.participants)),
+                    json.dumps(r.phases)))])
 
     def set_state(self, round_id: str, state: str, message: str = "", *,
-                  round_s: float | None = None, fit_s: float | None = None) -> None:
+                  round_s: float | None = None, fit_s: float | None = None,
+                  participants: list[str] | None = None, phases: list | None = None) -> None:
         sets, params = ["state = ?", "message = ?"], [state, message]
+        if participants is not None:
+            sets.append("participants = ?")
+            params.append(json.dumps(sorted(participants)))
+        if phases is not None:
+            sets.append("phases = ?")
+            params.append(json.dumps(phases))
         if round_s is not None:
             sets.append("round_s = ?")
             params.append(round_s)
@@ -265,12 +301,23 @@ class RoundStore:
         if states:
             sql += f" WHERE state IN ({','.join('?' * len(states))})"
             params = states
-        return [StoredRound(*row[:6], json.loads(row[6]), *row[7:])
-                for row in self._query(sql + " ORDER BY started_ms", params)]
+        return [_round_row(row) for row in self._query(sql + " ORDER BY started_ms", params)]
 
     def get_round(self, round_id: str) -> StoredRound | None:
         rows = self._query("SELECT * FROM rounds WHERE round_id = ?", (round_id,))
-        return StoredRound(*rows[0][:6], json.loads(rows[0][6]), *rows[0][7:]) if rows else None
+        return _round_row(rows[0]) if rows else None
+
+    # ---- consents ----
+    def insert_consent(self, round_id: str, site_id: str, envelope: bytes, received_ms: int,
+                       key_id: str, nonce: str, timestamp_ms: int) -> None:
+        self._tx([
+            ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
+            ("INSERT INTO consents VALUES (?,?,?,?)", (round_id, site_id, envelope, received_ms)),
+        ])
+
+    def consents(self, round_id: str) -> dict[str, int]:
+        return dict(self._query("SELECT site_id, received_ms FROM consents WHERE round_id = ?",
+                                (round_id,)))
 
     # ---- contributions, refusals, nonces ----
     def insert_contribution(self, c: StoredContribution, key_id: str, nonce: str,
@@ -351,12 +398,14 @@ class RoundStore:
         self._tx([("DELETE FROM nonces WHERE timestamp_ms < ?", (before_ms,))])
 
     # ---- results ----
-    def finish_round(self, res: StoredResult, fit_s: float, message: str = "") -> None:
+    def finish_round(self, res: StoredResult, fit_s: float, message: str = "",
+                     phases: list | None = None) -> None:
         self._tx([
             ("INSERT OR REPLACE INTO results VALUES (?,?,?,?,?)",
              (res.round_id, res.summary_json, res.beta_draws, res.draws, res.dim)),
-            ("UPDATE rounds SET state = 'DONE', message = ?, fit_s = ? WHERE round_id = ?",
-             (message, fit_s, res.round_id)),
+            ("UPDATE rounds SET state = 'DONE', message = ?, fit_s = ?, "
+             "phases = COALESCE(?, phases) WHERE round_id = ?",
+             (message, fit_s, None if phases is None else json.dumps(phases), res.round_id)),
         ])
 
     def get_result(self, round_id: str) -> StoredResult | None:

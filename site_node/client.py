@@ -1,9 +1,11 @@
 """The site's only network code: it dials OUT to the aggregator and never listens.
 
 A hospital opens no inbound port. The site keeps one server-streaming call open
-(Aggregator.Subscribe, opened with a signed SiteHello) and the aggregator pushes signed round
-specs down it. Each spec is answered by ``SiteNode.handle_round`` and the signed answer goes
-back by a unary call: Contribute (a release) or Refuse (a reasoned refusal).
+(Aggregator.Subscribe, opened with a signed SiteHello) and the aggregator pushes down it what
+each round's current phase needs from the site (docs/protocol.md): the signed round spec in
+the consent phase, answered by ``SiteNode.consent`` with a signed consent (SendPhase) or a
+refusal (Refuse), and a release notice in the release phase, answered by
+``SiteNode.handle_notice`` with a release (Contribute) or a refusal.
 
 Failure handling:
 * a broken stream (aggregator restarting, network down: UNAVAILABLE, or any other error) is
@@ -16,12 +18,13 @@ Failure handling:
 * a release is marked acknowledged only when the aggregator says accepted or duplicate, and
   marked rejected (with the status and message) when it answers with an error status. On
   every (re)connect, stored-but-unacknowledged releases are resent first, as the *stored
-  bytes*. They are never re-signed: a fresh timestamp/nonce would be a second envelope for the
-  same round. The price: after a long outage the stored timestamp may be older than the
-  aggregator's clock-skew window. The aggregator accepts a byte-identical duplicate of a
-  contribution it already holds; if it never received it and now rejects it as stale, the
-  release is marked rejected (with the reason, visible in ``dpfed site ledger``) and is not
-  resent again. The budget stays debited: the noise was drawn and may have left the site.
+  statistics bytes*, re-signed with a fresh timestamp and nonce when the stored envelope is
+  older than a minute (``SiteNode.fresh_envelope``: never fresh noise), so a release delayed
+  by an outage is not refused as stale. The aggregator answers a release it already holds
+  (byte-identical, or re-signed over the same statistics) as a duplicate. A release the
+  aggregator judged and refused (e.g. the round closed) is marked rejected (with the reason,
+  visible in ``dpfed site ledger``) and not resent again; the budget stays debited: the noise
+  was drawn and may have left the site.
 """
 
 from __future__ import annotations
@@ -39,7 +42,8 @@ from dpfed.transport import client_channel
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 from dpfed.wire.canonical import digest, parse_canonical
-from site_node.node import CONTRIBUTION, REFUSAL, LedgerMismatch, SiteNode
+from site_node.node import (CONTRIBUTION, PHASE_MESSAGE, PHASE_NOTICE, REFUSAL, ROUND_SPEC,
+                            LedgerMismatch, SiteNode)
 
 log = logging.getLogger(__name__)
 
@@ -191,21 +195,35 @@ class SiteClient:
             if time.monotonic() - opened > 30:
                 self.reconnect.reset()
 
-    def handle(self, stub, spec_envelope: pb.SignedEnvelope) -> None:
-        """Answer one pushed spec and send the answer."""
+    def handle(self, stub, pushed: pb.SignedEnvelope) -> None:
+        """Answer one pushed message (a spec asking for consent, or a release notice) and
+        send the answer."""
+        notice = pushed.payload_type == PHASE_NOTICE
         try:
-            answer = self.node.handle_round(spec_envelope)
+            if notice:
+                answer = self.node.handle_notice(pushed)
+            elif pushed.payload_type == ROUND_SPEC:
+                answer = self.node.consent(pushed)
+            else:
+                log.warning("ignored a pushed %r message", pushed.payload_type[:64])
+                return
         except Exception:  # noqa: BLE001 - a bug or a disk error must not kill the node
             log.exception("internal error while handling a round; refusing it")
-            round_id = _spec_round_id(spec_envelope)
-            answer = self.node.refusal(round_id, digest(spec_envelope.payload), "internal error at the site (see site log)")
+            spec_envelope = _notice_spec(pushed) if notice else pushed
+            answer = self.node.refusal(_spec_round_id(spec_envelope),
+                                       digest(spec_envelope.payload),
+                                       "internal error at the site (see site log)")
+        if answer is None:
+            return
         self.rounds_handled += 1
         if answer.payload_type == CONTRIBUTION:
             _crash_point("after_debit")
             self.send_contribution(stub, answer)
         elif answer.payload_type == REFUSAL:
             self.send_refusal(stub, answer)
-        else:  # pragma: no cover - handle_round only returns the two
+        elif answer.payload_type == PHASE_MESSAGE:
+            self.send_phase(stub, answer)
+        else:  # pragma: no cover - the node only returns these
             raise TypeError(f"unexpected answer type {answer.payload_type}")
 
     # -- sending -------------------------------------------------------------------------------
@@ -213,7 +231,7 @@ class SiteClient:
         """Resend stored releases the aggregator has not acknowledged (the stored bytes)."""
         for release in self.node.ledger.unacknowledged():
             log.info("resending stored release for round %s (not yet acknowledged)", release.round_id)
-            self.send_contribution(stub, release.envelope)
+            self.send_contribution(stub, self.node.fresh_envelope(release))
 
     def send_contribution(self, stub, envelope: pb.SignedEnvelope) -> bool:
         round_id = parse_canonical(envelope.payload, CONTRIBUTION).round_id
@@ -242,6 +260,21 @@ class SiteClient:
                     "epsilon stays debited)", round_id, reply.message)
         return False
 
+    def send_phase(self, stub, envelope: pb.SignedEnvelope) -> None:
+        """Send a consent (PhaseMessage). Not stored: if the aggregator does not get it, it
+        pushes the spec again after a reconnect while the consent phase lasts, and a round
+        past its consent phase simply goes on without this site (nothing was spent)."""
+        message = parse_canonical(envelope.payload, PHASE_MESSAGE)
+        try:
+            self._with_retries(stub.SendPhase, envelope, f"SendPhase({message.round_id})")
+        except grpc.RpcError as exc:
+            if exc.code() in RETRYABLE:
+                raise
+            log.warning("aggregator did not take the %s for round %s: %s (nothing was spent)",
+                        message.phase, message.round_id, _details(exc))
+            return
+        log.info("sent %s for round %s", message.phase, message.round_id)
+
     def send_refusal(self, stub, envelope: pb.SignedEnvelope) -> None:
         refusal = parse_canonical(envelope.payload, REFUSAL)
         try:
@@ -269,6 +302,15 @@ class SiteClient:
                 if self._stop.wait(delay):
                     raise  # stopping: no new attempt; the release stays unacknowledged
         raise AssertionError("unreachable")
+
+
+def _notice_spec(envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
+    """The spec envelope a release notice carries (an empty envelope if it has none)."""
+    try:
+        return pb.SignedEnvelope.FromString(
+            parse_canonical(envelope.payload, PHASE_NOTICE).spec_envelope)
+    except Exception:  # noqa: BLE001 - only a label for the refusal
+        return pb.SignedEnvelope()
 
 
 def _spec_round_id(envelope: pb.SignedEnvelope) -> str:

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire.canonical import parse_canonical
 
 log = logging.getLogger(__name__)
 
@@ -416,6 +417,24 @@ class PrivacyLedger:
         return [r for r in self.releases()
                 if not r.acknowledged and r.last_error is None and not r.is_refusal]
 
+    def replace_envelope(self, round_id: str, envelope: pb.SignedEnvelope) -> StoredRelease:
+        """Store ``envelope`` as the release of ``round_id`` in place of the stored one: only a
+        re-signing of the *same* answer (same payload type, and for a Contribution the same
+        statistics bytes, n, epsilon and spec digest; for a Refusal the same reason and
+        epsilon), with a fresh timestamp and nonce because the stored envelope grew older
+        than the aggregator's clock-skew window. Nothing is debited; any other change raises
+        LedgerError (fresh noise must never replace a stored release)."""
+        with self._transaction() as conn:
+            old = self._get(round_id)
+            if old is None:
+                raise LedgerError(f"no stored release for round {round_id}")
+            if not _same_answer(old.envelope, envelope):
+                raise LedgerError(f"round {round_id}: the new envelope is not a re-signing of "
+                                  f"the stored answer; refusing to replace it")
+            conn.execute("UPDATE releases SET envelope = ? WHERE round_id = ?",
+                         (envelope.SerializeToString(), round_id))
+            return self._get(round_id)
+
     def mark_sent(self, round_id: str) -> None:
         with self._transaction() as conn:
             conn.execute("UPDATE releases SET sent = 1 WHERE round_id = ?", (round_id,))
@@ -457,3 +476,23 @@ def _row_to_release(row) -> StoredRelease:
     return StoredRelease(round_id=row[0], spec_digest=row[1], epsilon=float(row[2]), n=int(row[3]),
                          envelope=env, created_unix_ms=int(row[5]), sent=bool(row[6]),
                          acknowledged=bool(row[7]), last_error=row[8], neighbouring=row[9])
+
+
+# Fields a re-signed answer may change (site_node.node.SiteNode.fresh_envelope).
+_RESIGNABLE = ("timestamp_unix_ms", "nonce")
+
+
+def _same_answer(old: pb.SignedEnvelope, new: pb.SignedEnvelope) -> bool:
+    """Whether ``new`` carries the same answer as ``old``, differing only in its timestamp,
+    nonce and signature."""
+    if old.payload_type != new.payload_type or old.key_id != new.key_id:
+        return False
+    try:
+        a = parse_canonical(old.payload, old.payload_type)
+        b = parse_canonical(new.payload, new.payload_type)
+    except Exception:  # noqa: BLE001 - anything unparsable is not the same answer
+        return False
+    for f in _RESIGNABLE:
+        a.ClearField(f)
+        b.ClearField(f)
+    return a == b

@@ -1,8 +1,12 @@
-"""The site node's decision for one round: verify, check policy, release once, record, sign.
+"""The site node's decisions for one round: consent, then release once, record, sign.
 
-``SiteNode.handle_round`` is a plain method (no gRPC) that turns a signed RoundSpec into the
-signed envelope to send back: a Contribution, or a Refusal saying why. The order of the steps
-is the privacy argument:
+A round has phases (docs/protocol.md). ``SiteNode.consent`` answers the pushed, signed
+RoundSpec in the consent phase with a signed consent (PhaseMessage) or a Refusal: steps 1-3
+below and the data checks of step 4, with nothing drawn and nothing debited.
+``SiteNode.handle_notice`` answers the aggregator's release notice (which carries the same
+signed spec) with ``handle_round``: a plain method (no gRPC) that turns the signed RoundSpec
+into the signed envelope to send back, a Contribution, or a Refusal saying why. The order of
+the steps is the privacy argument:
 
 1. verify the coordinator's signature before reading anything in the spec (site_node.policy);
 2. if this round id was already answered, return the stored envelope byte for byte, never
@@ -23,7 +27,10 @@ is the privacy argument:
    only then is it returned to be sent.
 
 A crash after step 5 leaves a stored, unsent release that the client resends on startup;
-a crash before it leaves nothing debited and nothing sent.
+a crash before it leaves nothing debited and nothing sent. A stored answer older than
+``RESIGN_AFTER_MS`` is re-signed with a fresh timestamp and nonce over the same stored bytes
+before it is sent (``fresh_envelope``): never fresh noise, and the aggregator's clock-skew
+window does not turn a delayed release into a lost one.
 """
 
 from __future__ import annotations
@@ -50,6 +57,14 @@ log = logging.getLogger(__name__)
 
 CONTRIBUTION = "dpfed.v1.Contribution"
 REFUSAL = "dpfed.v1.Refusal"
+PHASE_MESSAGE = "dpfed.v1.PhaseMessage"
+PHASE_NOTICE = "dpfed.v1.PhaseNotice"
+ROUND_SPEC = "dpfed.v1.RoundSpec"
+
+# A stored answer older than this is re-signed (fresh timestamp and nonce, same statistics
+# bytes) before it is sent again: well inside the aggregator's default clock-skew window
+# (300 s), so a resend is never refused as stale.
+RESIGN_AFTER_MS = 60_000
 
 
 # Slack when comparing the ledger's spend with the aggregator's record (sums of the same
@@ -152,12 +167,65 @@ class SiteNode:
                  "over %d round(s)", spent, history.spent_epsilon, history.rounds)
 
     # -- one round ---------------------------------------------------------------------------
+    def consent(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
+        """The consent phase: a signed PhaseMessage("consent") if this site would release for
+        the signed RoundSpec ``envelope`` (spec verified, policy and budget allow it, the data
+        has the columns and rows it needs), else a signed Refusal saying why. Nothing is
+        drawn, debited or stored: a refusal here costs the site nothing."""
+        with self._lock:
+            return self._handle_round(envelope, release=False)
+
+    def handle_notice(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
+        """The release phase: the aggregator's PhaseNotice (unsigned; it arrives on the TLS
+        stream) names the participants and carries the coordinator-signed spec, which is
+        verified again by ``handle_round``: a notice can only ask for a release the
+        coordinator specified, and the ledger answers a round id once."""
+        try:
+            if envelope.payload_type != PHASE_NOTICE:
+                raise CanonicalError(f"expected a {PHASE_NOTICE}, got {envelope.payload_type!r}")
+            notice = parse_canonical(envelope.payload, PHASE_NOTICE)
+            spec_envelope = pb.SignedEnvelope.FromString(notice.spec_envelope)
+        except Exception:  # noqa: BLE001 - a malformed notice is answered by nothing
+            log.warning("ignored a malformed release notice from the aggregator")
+            return None
+        if notice.phase != "release" or self.site_id not in notice.participants:
+            log.warning("ignored a release notice for round %s: phase %r, this site %s a "
+                        "participant", limits.clip_id(notice.round_id) or "?", notice.phase,
+                        "is" if self.site_id in notice.participants else "is not")
+            return None
+        return self.handle_round(spec_envelope)
+
     def handle_round(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
         """The signed Contribution or Refusal answering the signed RoundSpec ``envelope``."""
         with self._lock:
             return self._handle_round(envelope)
 
-    def _handle_round(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
+    def fresh_envelope(self, release) -> pb.SignedEnvelope:
+        """``release``'s stored envelope, re-signed with a fresh timestamp and nonce if it is
+        older than RESIGN_AFTER_MS (the same answer and statistics bytes: ledger.
+        replace_envelope refuses anything else), and the ledger updated to hold it."""
+        env = release.envelope
+        try:
+            msg = parse_canonical(env.payload, env.payload_type)
+        except CanonicalError:
+            return env
+        if now_ms() - msg.timestamp_unix_ms <= RESIGN_AFTER_MS:
+            return env
+        msg.timestamp_unix_ms = now_ms()
+        msg.nonce = new_nonce()
+        resigned = self.signing_key.sign(msg)
+        self.ledger.replace_envelope(release.round_id, resigned)
+        log.info("round %s: the stored answer was re-signed with a fresh timestamp (same "
+                 "statistics, no new noise)", release.round_id)
+        return resigned
+
+    def _consent_message(self, round_id: str, spec_digest: str) -> pb.SignedEnvelope:
+        return self.signing_key.sign(pb.PhaseMessage(
+            round_id=round_id, site_id=self.site_id, spec_digest=spec_digest, phase="consent",
+            timestamp_unix_ms=now_ms(), nonce=new_nonce()))
+
+    def _handle_round(self, envelope: pb.SignedEnvelope, *,
+                      release: bool = True) -> pb.SignedEnvelope:
         spec_digest = digest(envelope.payload)
         if self.blocked:
             return self.refusal(_untrusted_round_id(envelope), spec_digest,
@@ -185,9 +253,11 @@ class SiteNode:
         stored = self.ledger.get_release(round_id)
         if stored is not None:
             if stored.spec_digest == spec_digest:
+                if not release:   # it will send the stored release when notified
+                    return self._consent_message(round_id, spec_digest)
                 log.info("round %s was already answered: returning the stored release "
                          "(no new noise, nothing debited)", round_id)
-                return stored.envelope
+                return self.fresh_envelope(stored)
             reason = (f"round id {round_id} was already answered for a different spec "
                       f"({stored.spec_digest[:12]}); a round id is answered once")
             log.warning("refused round %s: %s", round_id, reason)
@@ -211,6 +281,9 @@ class SiteNode:
         if data.dropped_missing_target:
             log.info("round %s: dropped %d rows with a missing %s", round_id,
                      data.dropped_missing_target, spec.target)
+        if not release:
+            log.info("consented to round %s (nothing drawn, nothing debited)", round_id)
+            return self._consent_message(round_id, spec_digest)
 
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
@@ -259,7 +332,7 @@ class SiteNode:
             return self.refusal(round_id, spec_digest, str(exc))
         if not result.fresh:
             log.info("round %s was answered concurrently: returning that stored release", round_id)
-            return result.release.envelope
+            return self.fresh_envelope(result.release)
         if refused:
             log.warning("refused round %s after drawing its release: noisy n %d < min_n %d "
                         "(epsilon %g debited; the refusal is stored as the round's answer)",

@@ -42,7 +42,7 @@ class NoiseDescription(_message.Message):
     def __init__(self, xtx: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., xty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., yty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., n: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ...) -> None: ...
 
 class RoundSpec(_message.Message):
-    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity")
+    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity", "consent_deadline_unix_ms")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,7 @@ class RoundSpec(_message.Message):
     FIT_SEED_FIELD_NUMBER: _ClassVar[int]
     NEIGHBOURING_FIELD_NUMBER: _ClassVar[int]
     XTX_SENSITIVITY_FIELD_NUMBER: _ClassVar[int]
+    CONSENT_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     coordinator_id: str
     target: str
@@ -83,7 +84,8 @@ class RoundSpec(_message.Message):
     fit_seed: int
     neighbouring: str
     xtx_sensitivity: str
-    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ...) -> None: ...
+    consent_deadline_unix_ms: int
+    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ..., consent_deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce", "noise")
@@ -124,6 +126,38 @@ class Refusal(_message.Message):
     nonce: str
     epsilon_spent: float
     def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., spec_digest: _Optional[str] = ..., reason: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., epsilon_spent: _Optional[float] = ...) -> None: ...
+
+class PhaseMessage(_message.Message):
+    __slots__ = ("round_id", "site_id", "spec_digest", "phase", "body", "timestamp_unix_ms", "nonce")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    site_id: str
+    spec_digest: str
+    phase: str
+    body: bytes
+    timestamp_unix_ms: int
+    nonce: str
+    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., spec_digest: _Optional[str] = ..., phase: _Optional[str] = ..., body: _Optional[bytes] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
+
+class PhaseNotice(_message.Message):
+    __slots__ = ("round_id", "phase", "spec_envelope", "participants", "deadline_unix_ms")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SPEC_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    phase: str
+    spec_envelope: bytes
+    participants: _containers.RepeatedScalarFieldContainer[str]
+    deadline_unix_ms: int
+    def __init__(self, round_id: _Optional[str] = ..., phase: _Optional[str] = ..., spec_envelope: _Optional[bytes] = ..., participants: _Optional[_Iterable[str]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
 
 class SiteHello(_message.Message):
     __slots__ = ("site_id", "timestamp_unix_ms", "nonce", "software_version", "total_epsilon", "trusted_coordinator_key_ids")
@@ -204,7 +238,7 @@ class SiteRefusalInfo(_message.Message):
     def __init__(self, site_id: _Optional[str] = ..., reason: _Optional[str] = ..., hidden: _Optional[str] = ..., epsilon_spent: _Optional[float] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
-    __slots__ = ("round_id", "state", "contributions", "refusals", "missing_sites", "message", "quorum", "deadline_unix_ms", "round_seconds", "fit_seconds", "spec_digest")
+    __slots__ = ("round_id", "state", "contributions", "refusals", "missing_sites", "message", "quorum", "deadline_unix_ms", "round_seconds", "fit_seconds", "spec_digest", "consented", "dropped", "phases", "started_unix_ms")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[RoundStatus.State]
@@ -212,11 +246,15 @@ class RoundStatus(_message.Message):
         FITTING: _ClassVar[RoundStatus.State]
         DONE: _ClassVar[RoundStatus.State]
         FAILED: _ClassVar[RoundStatus.State]
+        CONSENT: _ClassVar[RoundStatus.State]
+        RELEASE: _ClassVar[RoundStatus.State]
     STATE_UNSPECIFIED: RoundStatus.State
     OPEN: RoundStatus.State
     FITTING: RoundStatus.State
     DONE: RoundStatus.State
     FAILED: RoundStatus.State
+    CONSENT: RoundStatus.State
+    RELEASE: RoundStatus.State
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]
@@ -228,6 +266,10 @@ class RoundStatus(_message.Message):
     ROUND_SECONDS_FIELD_NUMBER: _ClassVar[int]
     FIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CONSENTED_FIELD_NUMBER: _ClassVar[int]
+    DROPPED_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     state: RoundStatus.State
     contributions: _containers.RepeatedCompositeFieldContainer[SiteContribution]
@@ -239,7 +281,65 @@ class RoundStatus(_message.Message):
     round_seconds: float
     fit_seconds: float
     spec_digest: str
-    def __init__(self, round_id: _Optional[str] = ..., state: _Optional[_Union[RoundStatus.State, str]] = ..., contributions: _Optional[_Iterable[_Union[SiteContribution, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[SiteRefusalInfo, _Mapping]]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., round_seconds: _Optional[float] = ..., fit_seconds: _Optional[float] = ..., spec_digest: _Optional[str] = ...) -> None: ...
+    consented: _containers.RepeatedScalarFieldContainer[str]
+    dropped: _containers.RepeatedScalarFieldContainer[str]
+    phases: _containers.RepeatedCompositeFieldContainer[PhaseTime]
+    started_unix_ms: int
+    def __init__(self, round_id: _Optional[str] = ..., state: _Optional[_Union[RoundStatus.State, str]] = ..., contributions: _Optional[_Iterable[_Union[SiteContribution, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[SiteRefusalInfo, _Mapping]]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., round_seconds: _Optional[float] = ..., fit_seconds: _Optional[float] = ..., spec_digest: _Optional[str] = ..., consented: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., phases: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ..., started_unix_ms: _Optional[int] = ...) -> None: ...
+
+class PhaseTime(_message.Message):
+    __slots__ = ("phase", "started_unix_ms", "seconds")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    started_unix_ms: int
+    seconds: float
+    def __init__(self, phase: _Optional[str] = ..., started_unix_ms: _Optional[int] = ..., seconds: _Optional[float] = ...) -> None: ...
+
+class RoundSummary(_message.Message):
+    __slots__ = ("round_id", "state", "coordinator_id", "target", "epsilon", "invited", "consented", "contributed", "refused", "quorum", "started_unix_ms", "deadline_unix_ms", "message")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    INVITED_FIELD_NUMBER: _ClassVar[int]
+    CONSENTED_FIELD_NUMBER: _ClassVar[int]
+    CONTRIBUTED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    QUORUM_FIELD_NUMBER: _ClassVar[int]
+    STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    state: RoundStatus.State
+    coordinator_id: str
+    target: str
+    epsilon: float
+    invited: int
+    consented: int
+    contributed: int
+    refused: int
+    quorum: int
+    started_unix_ms: int
+    deadline_unix_ms: int
+    message: str
+    def __init__(self, round_id: _Optional[str] = ..., state: _Optional[_Union[RoundStatus.State, str]] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., epsilon: _Optional[float] = ..., invited: _Optional[int] = ..., consented: _Optional[int] = ..., contributed: _Optional[int] = ..., refused: _Optional[int] = ..., quorum: _Optional[int] = ..., started_unix_ms: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ListRoundsRequest(_message.Message):
+    __slots__ = ("limit", "before")
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    BEFORE_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    before: str
+    def __init__(self, limit: _Optional[int] = ..., before: _Optional[str] = ...) -> None: ...
+
+class ListRoundsReply(_message.Message):
+    __slots__ = ("rounds",)
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    rounds: _containers.RepeatedCompositeFieldContainer[RoundSummary]
+    def __init__(self, rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ...) -> None: ...
 
 class RoundResult(_message.Message):
     __slots__ = ("round_id", "summary_json", "beta_draws", "draws", "dim")

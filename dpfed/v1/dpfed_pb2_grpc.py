@@ -49,6 +49,11 @@ class AggregatorStub:
                 request_serializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
                 response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.Ack.FromString,
                 _registered_method=True)
+        self.SendPhase = channel.unary_unary(
+                '/dpfed.v1.Aggregator/SendPhase',
+                request_serializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
+                response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.Ack.FromString,
+                _registered_method=True)
         self.GetSiteHistory = channel.unary_unary(
                 '/dpfed.v1.Aggregator/GetSiteHistory',
                 request_serializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
@@ -74,6 +79,11 @@ class AggregatorStub:
                 request_serializer=dpfed_dot_v1_dot_dpfed__pb2.ListSitesRequest.SerializeToString,
                 response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.ListSitesReply.FromString,
                 _registered_method=True)
+        self.ListRounds = channel.unary_unary(
+                '/dpfed.v1.Aggregator/ListRounds',
+                request_serializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsRequest.SerializeToString,
+                response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsReply.FromString,
+                _registered_method=True)
 
 
 class AggregatorServicer:
@@ -96,6 +106,13 @@ class AggregatorServicer:
 
     def Refuse(self, request, context):
         """A signed Refusal.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SendPhase(self, request, context):
+        """A signed PhaseMessage (consent, and the secure-aggregation phases).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -136,6 +153,12 @@ class AggregatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def ListRounds(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -151,6 +174,11 @@ def add_AggregatorServicer_to_server(servicer, server):
             ),
             'Refuse': grpc.unary_unary_rpc_method_handler(
                     servicer.Refuse,
+                    request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.FromString,
+                    response_serializer=dpfed_dot_v1_dot_dpfed__pb2.Ack.SerializeToString,
+            ),
+            'SendPhase': grpc.unary_unary_rpc_method_handler(
+                    servicer.SendPhase,
                     request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.FromString,
                     response_serializer=dpfed_dot_v1_dot_dpfed__pb2.Ack.SerializeToString,
             ),
@@ -178,6 +206,11 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.ListSites,
                     request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.ListSitesRequest.FromString,
                     response_serializer=dpfed_dot_v1_dot_dpfed__pb2.ListSitesReply.SerializeToString,
+            ),
+            'ListRounds': grpc.unary_unary_rpc_method_handler(
+                    servicer.ListRounds,
+                    request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsRequest.FromString,
+                    response_serializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -259,6 +292,33 @@ class Aggregator:
             request,
             target,
             '/dpfed.v1.Aggregator/Refuse',
+            dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
+            dpfed_dot_v1_dot_dpfed__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SendPhase(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpfed.v1.Aggregator/SendPhase',
             dpfed_dot_v1_dot_dpfed__pb2.SignedEnvelope.SerializeToString,
             dpfed_dot_v1_dot_dpfed__pb2.Ack.FromString,
             options,
@@ -396,6 +456,33 @@ class Aggregator:
             '/dpfed.v1.Aggregator/ListSites',
             dpfed_dot_v1_dot_dpfed__pb2.ListSitesRequest.SerializeToString,
             dpfed_dot_v1_dot_dpfed__pb2.ListSitesReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ListRounds(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpfed.v1.Aggregator/ListRounds',
+            dpfed_dot_v1_dot_dpfed__pb2.ListRoundsRequest.SerializeToString,
+            dpfed_dot_v1_dot_dpfed__pb2.ListRoundsReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -147,6 +147,8 @@ def spec_problems(spec: pb.RoundSpec) -> list[str]:
                         f"{encoded_length(d)} expected for {d} features")
     if spec.created_unix_ms and spec.deadline_unix_ms - spec.created_unix_ms > MAX_DEADLINE_MS:
         problems.append("deadline is more than a week after creation")
+    if spec.consent_deadline_unix_ms and spec.consent_deadline_unix_ms >= spec.deadline_unix_ms:
+        problems.append("consent_deadline_unix_ms must be before deadline_unix_ms")
     return [p for p in problems if p]
 
 
@@ -188,6 +190,23 @@ def check_refusal(r: pb.Refusal) -> None:
     if math.isfinite(r.epsilon_spent) and not 0 <= r.epsilon_spent <= MAX_EPSILON:
         problems.append(f"epsilon_spent {r.epsilon_spent} is outside 0..{MAX_EPSILON}")
     _raise(problems, "refusal")
+
+
+# Phases a site sends a PhaseMessage in, and the largest body (secure-aggregation key
+# shares for a few hundred neighbours fit easily).
+SITE_PHASES = ("consent",)
+MAX_PHASE_BODY_BYTES = 1024 * 1024
+
+
+def check_phase_message(m: pb.PhaseMessage) -> None:
+    problems = [_id(m.round_id, "round_id"), _id(m.site_id, "site_id"),
+                _pattern(m.nonce, "nonce", NONCE_PATTERN, "32 lowercase hex digits"),
+                _pattern(m.spec_digest, "spec_digest", DIGEST_PATTERN, "64 lowercase hex digits")]
+    if m.phase not in SITE_PHASES:
+        problems.append(f"phase must be one of {', '.join(SITE_PHASES)}")
+    if len(m.body) > MAX_PHASE_BODY_BYTES:
+        problems.append(f"body has {len(m.body)} bytes (at most {MAX_PHASE_BODY_BYTES})")
+    _raise(problems, "phase message")
 
 
 MAX_TRUSTED_COORDINATORS = 64   # SiteHello.trusted_coordinator_key_ids
@@ -233,4 +252,5 @@ SITE_MESSAGE_CHECKS = {
     "dpfed.v1.Contribution": check_contribution,
     "dpfed.v1.Refusal": check_refusal,
     "dpfed.v1.SiteHello": check_hello,
+    "dpfed.v1.PhaseMessage": check_phase_message,
 }

@@ -1,0 +1,48 @@
+"""Fitting a closed round: the sum of its releases plus the public statistics, the posterior
+(aggregator.aggregate.fit), and the stored result. A plain function; the round manager
+decides when it runs (one fit at a time, on its own thread)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+
+from dpfed.v1 import dpfed_pb2 as pb
+
+from aggregator import aggregate
+from aggregator.round_state import AcceptedContribution, sum_noise, with_public
+from aggregator.store import StoredResult
+
+
+def fit_round(spec: pb.RoundSpec, running: aggregate.RunningTotal,
+              parts: list[tuple[str, AcceptedContribution]], *, round_s: float,
+              skip_fit: bool = False, dropped: list[str] = (), phases: list = ()):
+    """(StoredResult, the fitted Statistics, fit seconds) for ``spec`` given the running sum
+    of its accepted releases ``parts`` (``running`` is changed: pass a copy). Raises whatever
+    the fit raises; the caller fails the round with it."""
+    t0 = time.perf_counter()
+    public = aggregate.public_statistics(spec)
+    total = with_public(running, spec, sum_noise(c.noise for _, c in parts))
+    d = total.dim
+    if skip_fit:
+        beta_mean, draws, diag = np.zeros(d), np.zeros((0, d)), {"skipped": True}
+    else:
+        beta_mean, draws, diag = aggregate.fit(total, spec.fit_method, spec.fit_draws,
+                                               spec.fit_seed or None, public=public,
+                                               x_bound=spec.x_bound or None)
+    fit_s = time.perf_counter() - t0
+    summary = aggregate.summarize(
+        spec=spec, contributions=[(s, c.n, c.epsilon) for s, c in parts], total=total,
+        public=public, beta_mean=beta_mean, beta_draws=draws, diagnostics=diag,
+        round_s=round_s, fit_s=fit_s)
+    # Who was selected but never released, and the time of each phase (the fit's own
+    # seconds for the running FITTING phase).
+    summary["dropped"] = list(dropped)
+    summary["phases"] = [{"phase": p, "started_unix_ms": t, "seconds": s or fit_s}
+                         for p, t, s in phases]
+    result = StoredResult(spec.round_id, json.dumps(summary, sort_keys=True),
+                          np.ascontiguousarray(draws, dtype="<f8").tobytes(),
+                          int(draws.shape[0]), int(d))
+    return result, total, fit_s
