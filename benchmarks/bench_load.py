@@ -44,10 +44,13 @@ def run_load(sites: int, dim: int = 16, *, channels: int | None = None, seed: in
         query = pb.RoundQuery(round_id=fed.round_id)
         t0 = time.perf_counter()
         coordinator.StartRound(fed.spec_envelope, timeout=60)
+        # Consent phase first (the load test is about the release phase's Contribute calls).
+        for f in [contribute[i][1].future(fed.consents[i], timeout=120) for i in range(sites)]:
+            f.result()
         pending = list(range(sites))
         shed, dropped, attempt = 0, 0, 0
         while pending:
-            futures = [(i, contribute[i].future(fed.contributions[i], timeout=120))
+            futures = [(i, contribute[i][0].future(fed.contributions[i], timeout=120))
                        for i in pending]
             pending = []
             for i, f in futures:

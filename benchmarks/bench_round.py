@@ -43,8 +43,14 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, workers: int = 16,
         server_cpu0, client_cpu0 = process_cpu_s(fed.proc.pid), time.process_time()
         t0 = time.perf_counter()
         coordinator.StartRound(fed.spec_envelope, timeout=60)
+        # Consent phase: every site consents; the round moves to RELEASE with the last one.
+        consents = [phase.future(env, timeout=120)
+                    for (_, phase), env in zip(contribute, fed.consents)]
+        for f in consents:
+            f.result()
+        t_consented = time.perf_counter() - t0
         futures = [call.future(env, timeout=120)
-                   for call, env in zip(contribute, fed.contributions)]
+                   for (call, _), env in zip(contribute, fed.contributions)]
         replies = [f.result() for f in futures]
         t_contributed = time.perf_counter() - t0
         while True:
@@ -61,6 +67,7 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, workers: int = 16,
         assert summary["n_total"] == 100 * sites
         return {"sites": sites, "dim": dim, "tls": tls, "round_s": round(round_s, 4),
                 "loadavg_1min": round(os.getloadavg()[0], 2),
+                "consents_acked_s": round(t_consented, 4),
                 "contributions_acked_s": round(t_contributed, 4),
                 "server_quorum_s": status.round_seconds,
                 "server_sum_s": round(summary["timings"]["fit_s"], 4),

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 CONTRIBUTE = "/dpfed.v1.Aggregator/Contribute"
+SEND_PHASE = "/dpfed.v1.Aggregator/SendPhase"
 BENCH_COORDINATOR = "bench"
 
 
@@ -91,6 +92,15 @@ def sign_contributions(site_keys: dict, round_id: str, spec_digest: str, dim: in
     return out
 
 
+def sign_consents(site_keys: dict, round_id: str, spec_digest: str) -> list[bytes]:
+    """One serialised signed consent (PhaseMessage) per site, in ``site_keys`` order."""
+    from dpfed.v1 import dpfed_pb2 as pb
+    return [key.sign(pb.PhaseMessage(
+        round_id=round_id, site_id=site, spec_digest=spec_digest, phase="consent",
+        timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16))
+    ).SerializeToString() for site, key in site_keys.items()]
+
+
 @dataclass
 class Federation:
     """A running aggregator, its round spec and the sites' pre-serialised contributions."""
@@ -104,6 +114,7 @@ class Federation:
     contributions: list[bytes]            # serialised SignedEnvelope of site i
     folder: Path
     tls_root: Path | None = None          # dpfed.provision output, with tls=True
+    consents: list[bytes] = field(default_factory=list)   # serialised consent of site i
     _channels: list = field(default_factory=list)
 
     @property
@@ -136,25 +147,28 @@ class Federation:
         grpc.channel_ready_future(channel).result(timeout=60)
         return pb_grpc.AggregatorStub(channel)
 
-    def contribute_callables(self, connections: int) -> list:
-        """One Contribute callable per site taking the serialised envelope as is. Plaintext:
-        the sites share ``connections`` HTTP/2 connections; TLS: each site has its own
-        connection and certificate (as it would in production), all connected up front."""
+    def contribute_callables(self, connections: int) -> list[tuple]:
+        """One (Contribute, SendPhase) pair of callables per site taking the serialised
+        envelope as is. Plaintext: the sites share ``connections`` HTTP/2 connections; TLS:
+        each site has its own connection and certificate (as it would in production), all
+        connected up front."""
         import grpc
 
         from dpfed.v1 import dpfed_pb2 as pb
 
-        def contribute(channel):
-            return channel.unary_unary(CONTRIBUTE, request_serializer=None,
-                                       response_deserializer=pb.ContributeReply.FromString)
+        def calls_on(channel):
+            return (channel.unary_unary(CONTRIBUTE, request_serializer=None,
+                                        response_deserializer=pb.ContributeReply.FromString),
+                    channel.unary_unary(SEND_PHASE, request_serializer=None,
+                                        response_deserializer=pb.Ack.FromString))
 
         if self.tls_root is None:
             channels = [self._channel("site", "") for _ in range(connections)]
-            shared = [contribute(c) for c in channels]
+            shared = [calls_on(c) for c in channels]
             calls = [shared[i % connections] for i in range(len(self.site_ids))]
         else:
             channels = [self._channel("site", s) for s in self.site_ids]
-            calls = [contribute(c) for c in channels]
+            calls = [calls_on(c) for c in channels]
         for channel in channels:
             grpc.channel_ready_future(channel).result(timeout=120)
         return calls
@@ -233,10 +247,12 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
         spec_envelope = coordinator.sign(spec)
         spec_digest = digest(spec_envelope.payload)
         contributions = sign_contributions(site_keys, round_id, spec_digest, dim, rng)
+        consents = sign_consents(site_keys, round_id, spec_digest)
     except BaseException:
         stop_event.set()
         proc.join(30)
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return Federation(proc, stop_event, f"127.0.0.1:{port}", round_id, site_ids, spec_envelope,
-                      contributions, folder, folder / "federation" if tls else None)
+                      contributions, folder, folder / "federation" if tls else None,
+                      consents=consents)

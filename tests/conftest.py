@@ -65,8 +65,32 @@ class Federation:
         self._specs[round_id] = spec
         return spec
 
-    def start_round(self, spec):
-        return self.coordinator.start_round(spec)
+    def start_round(self, spec, *, consent=True):
+        """Start ``spec``; with ``consent`` every invited site consents at once, so the round
+        is in its release phase when this returns (tests of the release phase)."""
+        status = self.coordinator.start_round(spec)
+        if consent:
+            for site in (spec.sites or self.SITES):
+                self.stub.SendPhase(self.consent(site, spec.round_id))
+        return status
+
+    def refusal(self, site, round_id, reason, **overrides):
+        """A signed Refusal of ``site`` to ``round_id``."""
+        from dpfed.v1 import dpfed_pb2 as pb
+        fields = dict(round_id=round_id, site_id=site, spec_digest=self.spec_digest(round_id),
+                      reason=reason, timestamp_unix_ms=int(time.time() * 1000),
+                      nonce=secrets.token_hex(16))
+        fields.update(overrides)
+        return self.site_keys[site].sign(pb.Refusal(**fields))
+
+    def consent(self, site, round_id, *, key=None, digest=None, **overrides):
+        """A signed consent (PhaseMessage) of ``site`` to ``round_id``."""
+        from dpfed.v1 import dpfed_pb2 as pb
+        fields = dict(round_id=round_id, site_id=site, phase="consent",
+                      spec_digest=digest if digest is not None else self.spec_digest(round_id),
+                      timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16))
+        fields.update(overrides)
+        return (key or self.site_keys[site]).sign(pb.PhaseMessage(**fields))
 
     def spec_digest(self, round_id):
         return self.manager.status(round_id).spec_digest

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from aggregator import aggregate
-from aggregator.rounds import _fast_contribution
+from aggregator.contribution_wire import fast_contribution as _fast_contribution
 from aggregator.store import RoundStore, StoredContribution, StoredRound
 from dpfed.statistics import Statistics, StatisticsError
 from dpfed.v1 import dpfed_pb2 as pb
@@ -196,7 +196,7 @@ _B64_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=-
 @given(st.one_of(st.binary(max_size=40).map(base64.b64encode),
                  st.text(alphabet=_B64_CHARS, max_size=24).map(str.encode)))
 def test_canonical_base64_decoder_accepts_exactly_what_b64encode_produces(raw):
-    from aggregator.rounds import _canonical_b64decode
+    from aggregator.contribution_wire import canonical_b64decode as _canonical_b64decode
     try:
         reference = base64.b64decode(raw, validate=True)
         canonical = base64.b64encode(reference) == raw
@@ -208,7 +208,7 @@ def test_canonical_base64_decoder_accepts_exactly_what_b64encode_produces(raw):
 @pytest.mark.parametrize("raw", [b"QR==", b"QUJDRB==", b"QUF=", b"QQ", b"QQ=", b"QQ===",
                                  b"QQ==QQ==", b"Q-==", b"QUJD\n", b"=QQ="])
 def test_canonical_base64_decoder_rejects_non_canonical_forms(raw):
-    from aggregator.rounds import _canonical_b64decode
+    from aggregator.contribution_wire import canonical_b64decode as _canonical_b64decode
     assert _canonical_b64decode(raw) is None
 
 

@@ -110,7 +110,7 @@ def test_rejections_leave_the_round_untouched(federation):
         assert federation.manager.aggregated_statistics("r1") == before, name
     status = federation.manager.status("r1")
     assert [c.site_id for c in status.contributions] == ["site-a"]
-    assert status.state == pb.RoundStatus.OPEN
+    assert status.state == pb.RoundStatus.RELEASE
     # The identical envelope again is an idempotent duplicate.
     reply = federation.stub.Contribute(good)
     assert reply.accepted and reply.duplicate
@@ -153,7 +153,8 @@ def test_deadline_without_quorum_fails_naming_missing_sites(federation):
     status = federation.coordinator.wait("r1", 5, poll_s=0.05)
     assert status.state == pb.RoundStatus.FAILED
     assert "site-b" in status.message and "site-c" in status.message
-    assert list(status.missing_sites) == ["site-b", "site-c"]
+    assert list(status.dropped) == ["site-b", "site-c"]
+    assert list(status.consented) == ["site-a", "site-b", "site-c"]
 
 
 def test_refusal_is_recorded_and_shown(federation):
@@ -165,7 +166,7 @@ def test_refusal_is_recorded_and_shown(federation):
     federation.stub.Refuse(refusal)
     status = federation.coordinator.status("r1")
     assert [(r.site_id, r.reason) for r in status.refusals] == [("site-b", "budget exhausted")]
-    assert status.state == pb.RoundStatus.OPEN
+    assert status.state == pb.RoundStatus.RELEASE
     refusal_c = federation.site_keys["site-c"].sign(pb.Refusal(
         round_id="r1", site_id="site-c", spec_digest=digest, reason="policy",
         timestamp_unix_ms=int(time.time() * 1000), nonce=secrets.token_hex(16)))
@@ -180,7 +181,8 @@ def _hello(federation, site):
 
 
 def test_subscribe_streams_signed_specs(federation):
-    federation.start_round(federation.spec(round_id="r-before", sites=["site-a", "site-b"]))
+    federation.start_round(federation.spec(round_id="r-before", sites=["site-a", "site-b"]),
+                           consent=False)
     stream = federation.stub.Subscribe(_hello(federation, "site-a"))
     received = []
 
@@ -192,8 +194,10 @@ def test_subscribe_streams_signed_specs(federation):
     reader = threading.Thread(target=read)
     reader.start()
     time.sleep(0.3)
-    federation.start_round(federation.spec(round_id="r-after", sites=["site-a", "site-b"]))
-    federation.start_round(federation.spec(round_id="r-other", sites=["site-b", "site-c"]))
+    federation.start_round(federation.spec(round_id="r-after", sites=["site-a", "site-b"]),
+                           consent=False)
+    federation.start_round(federation.spec(round_id="r-other", sites=["site-b", "site-c"]),
+                           consent=False)
     reader.join(5)
     stream.cancel()
     from dpfed.wire.signing import verify
@@ -215,14 +219,14 @@ def test_subscribe_rejects_unknown_key_and_replayed_hello(federation):
 
 
 def test_restart_keeps_contributions_and_status(federation):
-    federation.start_round(federation.spec(quorum=2))
+    federation.start_round(federation.spec(quorum=2, sites=["site-a", "site-b"]))
     first = federation.contribution("site-a", "r1", random_statistics(seed=1))
     federation.stub.Contribute(first)
     expected = federation.manager.expected_noise("r1")
     federation.stop()
     federation.start()
     status = federation.coordinator.status("r1")
-    assert status.state == pb.RoundStatus.OPEN
+    assert status.state == pb.RoundStatus.RELEASE
     assert [c.site_id for c in status.contributions] == ["site-a"]
     # The noise each stored contribution declared is read back: one draw so far.
     assert federation.manager.aggregated_statistics("r1").noise == expected

@@ -79,6 +79,9 @@ def test_cli_round_start_wait_result_and_sites(federation, tmp_path, capsys):
     conf = ["--config", str(tmp_path / "coordinator.toml")]
     assert main(["round", "start", "--spec", str(tmp_path / "round.toml"), *conf]) == 0
     assert "cli-1" in capsys.readouterr().out
+    for site in ["site-a", "site-b"]:
+        federation.stub.SendPhase(federation.consent(site, "cli-1"))
+    federation.stub.Refuse(federation.refusal("site-c", "cli-1", "not this time"))
     for i, site in enumerate(["site-a", "site-b"]):
         federation.stub.Contribute(federation.contribution(site, "cli-1", random_statistics(seed=i)))
     federation.coordinator.wait("cli-1", 10, poll_s=0.05)

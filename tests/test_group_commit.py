@@ -68,8 +68,8 @@ def test_concurrent_inserts_are_all_durable_and_a_failure_stays_with_its_caller(
 
 def test_round_waits_for_contributions_being_stored(federation, monkeypatch):
     """A deadline that passes while a contribution is being committed is decided once it is
-    durable (here: quorum reached, so the round is fitted, not failed); meanwhile the site's
-    retry is told to retry and the slot counts towards the quorum."""
+    durable (here: quorum reached, so the round is fitted, not failed, and site-c, which
+    never released, is listed as dropped); meanwhile the site's retry is told to retry."""
     manager = federation.manager
     federation.start_round(federation.spec(quorum=2))
     stats = random_statistics(seed=1)
@@ -93,17 +93,15 @@ def test_round_waits_for_contributions_being_stored(federation, monkeypatch):
     with pytest.raises(Rejected) as info:             # the same site, still being stored
         manager.contribute(envelope)
     assert info.value.code == "UNAVAILABLE"
-    with pytest.raises(Rejected) as info:             # quorum is taken by the slot in flight
-        manager.contribute(federation.contribution("site-c", "r1", stats))
-    assert info.value.code == "FAILED_PRECONDITION"
     manager._on_deadline("r1")                         # deadline passes mid-commit
-    assert manager.status("r1").state == pb.RoundStatus.OPEN
+    assert manager.status("r1").state == pb.RoundStatus.RELEASE
     release.set()
     worker.join(10)
     assert outcome["reply"].accepted and not outcome["reply"].duplicate
     status = federation.coordinator.wait("r1", 10, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE, status.message
     assert [c.site_id for c in status.contributions] == ["site-a", "site-b"]
+    assert list(status.dropped) == ["site-c"]
 
 
 def test_a_failed_commit_frees_the_slot_and_the_deadline_then_applies(federation, monkeypatch):
@@ -131,7 +129,7 @@ def test_a_failed_commit_frees_the_slot_and_the_deadline_then_applies(federation
     worker.start()
     assert entered.wait(10)
     manager._on_deadline("r1")
-    assert manager.status("r1").state == pb.RoundStatus.OPEN
+    assert manager.status("r1").state == pb.RoundStatus.RELEASE
     release.set()
     worker.join(10)
     assert isinstance(outcome["error"], sqlite3.OperationalError)

@@ -330,13 +330,22 @@ class FakeAggregator(pb_grpc.AggregatorServicer):
     def __init__(self, spec_envelope, fail_first_contribute=True):
         self.spec_envelope = spec_envelope
         self.fail_next = fail_first_contribute
-        self.hellos, self.contributions, self.refusals = [], [], []
+        self.hellos, self.contributions, self.refusals, self.consents = [], [], [], []
         self.contribute_calls = 0
         self.got_contribution = threading.Event()
 
     def Subscribe(self, request, context):
         self.hellos.append(request)
-        yield self.spec_envelope
+        yield self.spec_envelope            # consent phase
+        while context.is_active() and not self.consents:
+            time.sleep(0.02)
+        if self.consents:                   # release phase: every consenting site releases
+            from dpfed.wire.canonical import canonical_bytes
+            notice = pb.PhaseNotice(round_id="r", phase="release",
+                                    spec_envelope=self.spec_envelope.SerializeToString(),
+                                    participants=[self.consents[0].site_id])
+            yield pb.SignedEnvelope(payload=canonical_bytes(notice),
+                                    payload_type="dpfed.v1.PhaseNotice")
         while context.is_active() and not self.got_contribution.is_set():
             time.sleep(0.05)
         # End the stream with UNAVAILABLE, as a restarting aggregator would.
@@ -357,6 +366,11 @@ class FakeAggregator(pb_grpc.AggregatorServicer):
     def Refuse(self, request, context):
         self.refusals.append(request)
         return pb.Ack(message="noted")
+
+    def SendPhase(self, request, context):
+        from dpfed.wire.canonical import parse_canonical
+        self.consents.append(parse_canonical(request.payload, "dpfed.v1.PhaseMessage"))
+        return pb.Ack(message="consent recorded")
 
 
 def start_fake(servicer):

@@ -74,12 +74,28 @@ def coordinator_over(pki_out, address, tls_name, key_name="coord") -> Coordinato
                        tls_of(pki_out, "coordinator", tls_name), timeout_s=10)
 
 
-def start_round(pki, address, round_id, quorum=1):
+def start_round(pki, address, round_id, quorum=1, *, sites=(), consent=True, refusing=()):
+    """Start a round for ``sites`` (default every site). With ``consent`` each invited site
+    consents over its own TLS identity (those in ``refusing`` refuse instead), so the round is
+    in its release phase on return; without, real site nodes answer."""
     ours, _ = pki
     with coordinator_over(ours, address, "coord") as c:
-        return c.start_round(make_spec(round_id, coordinator_id="coord", quorum=quorum,
-                                       deadline_unix_ms=int(time.time() * 1000) + 60_000,
-                                       fit_method="laplace", fit_draws=200, fit_seed=1))
+        status = c.start_round(make_spec(round_id, coordinator_id="coord", quorum=quorum,
+                                         sites=list(sites),
+                                         deadline_unix_ms=int(time.time() * 1000) + 60_000,
+                                         fit_method="laplace", fit_draws=200, fit_seed=1))
+    if consent:
+        for site_id in (sites or SITES):
+            key = signing_key(ours, "site", site_id)
+            fields = dict(round_id=round_id, site_id=site_id, spec_digest=status.spec_digest,
+                          nonce=secrets.token_hex(16), timestamp_unix_ms=int(time.time() * 1000))
+            with client_channel(address, tls_of(ours, "site", site_id)) as ch:
+                stub = pb_grpc.AggregatorStub(ch)
+                if site_id in refusing:
+                    stub.Refuse(key.sign(pb.Refusal(reason="not this round", **fields)), timeout=5)
+                else:
+                    stub.SendPhase(key.sign(pb.PhaseMessage(phase="consent", **fields)), timeout=5)
+    return status
 
 
 def site_contribution(key: SigningKey, site_id: str, round_id: str, digest: str) -> pb.SignedEnvelope:
@@ -138,7 +154,7 @@ def test_round_end_to_end_over_mutual_tls(pki, aggregator, tmp_path):
             while not any(s.connected for s in coordinator.list_sites() if s.site_id == "site-a"):
                 assert time.monotonic() < deadline, "site-a never connected over TLS"
                 time.sleep(0.05)
-            start_round(pki, address, "tls-round")
+            start_round(pki, address, "tls-round", sites=["site-a"], consent=False)
             status = coordinator.wait("tls-round", 30, poll_s=0.05)
             assert status.state == pb.RoundStatus.DONE, status.message
             # n is the site's noisy n (add/remove): the one its ledger recorded.
@@ -246,7 +262,7 @@ def test_coordinator_identity_mismatch_is_denied(pki, aggregator):
     with pytest.raises(Rejected):
         server.manager.status("r-coord")   # no round was created
     with coordinator_over(ours, address, "coord") as c:
-        assert c.start_round(spec).state == pb.RoundStatus.OPEN
+        assert c.start_round(spec).state == pb.RoundStatus.CONSENT
 
 
 # ---- who may read ------------------------------------------------------------------------------
@@ -265,7 +281,7 @@ def test_read_only_rpcs_are_for_coordinators_only(pki, aggregator):
     to the round, even of a finished round) reads nothing."""
     ours, _ = pki
     server, address = aggregator
-    digest = start_round(pki, address, "r-read", quorum=1).spec_digest
+    digest = start_round(pki, address, "r-read", quorum=1, refusing=("site-b",)).spec_digest
     with client_channel(address, tls_of(ours, "site", "site-a")) as ch:
         assert pb_grpc.AggregatorStub(ch).Contribute(
             site_contribution(signing_key(ours, "site", "site-a"), "site-a", "r-read", digest),
@@ -331,7 +347,7 @@ def test_untrusted_coordinator_sees_a_sites_n_and_reasons_redacted(pki, aggregat
             while not any(s.connected for s in coord.list_sites() if s.site_id == "site-a"):
                 assert time.monotonic() < deadline, "site-a never connected over TLS"
                 time.sleep(0.05)
-            start_round(pki, address, "r-trusted")
+            start_round(pki, address, "r-trusted", sites=["site-a"], consent=False)
             assert coord.wait("r-trusted", 30, poll_s=0.05).state == pb.RoundStatus.DONE
             other.start_round(make_spec("r-other", coordinator_id="other-coord", quorum=1,
                                         deadline_unix_ms=int(time.time() * 1000) + 60_000))

@@ -23,6 +23,8 @@ PAYLOAD_TYPES = {
     "dpfed.v1.Contribution": pb.Contribution,
     "dpfed.v1.Refusal": pb.Refusal,
     "dpfed.v1.SiteHello": pb.SiteHello,
+    "dpfed.v1.PhaseMessage": pb.PhaseMessage,
+    "dpfed.v1.PhaseNotice": pb.PhaseNotice,
 }
 
 
