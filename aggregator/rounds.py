@@ -110,7 +110,7 @@ class RoundManager:
                 live.consents = self.store.consents(stored.round_id)
                 if stored.participants is not None:
                     live.participants = frozenset(stored.participants)
-                if stored.state in (RELEASE, FITTING):
+                if stored.state in (CONSENT, RELEASE, FITTING):
                     stored_contributions = self.store.contributions(stored.round_id)
                     for c in stored_contributions:
                         env_c = parse_envelope(c.envelope)

@@ -73,6 +73,11 @@ class Coordinator:
     def result(self, round_id: str) -> pb.RoundResult:
         return self.stub.GetResult(pb.RoundQuery(round_id=round_id), timeout=self.timeout_s)
 
+    def list_rounds(self, *, limit: int = 0, before: str = "") -> pb.ListRoundsReply:
+        """Summaries of the aggregator's rounds, newest first (ListRounds)."""
+        return self.stub.ListRounds(pb.ListRoundsRequest(limit=limit, before=before),
+                                    timeout=self.timeout_s)
+
     def list_sites(self) -> list[pb.SiteInfo]:
         return list(self.stub.ListSites(pb.ListSitesRequest(), timeout=self.timeout_s).sites)
 

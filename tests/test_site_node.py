@@ -521,3 +521,81 @@ def test_retry_of_the_round_that_exhausted_the_budget_still_gets_stored_bytes(si
     again = node.handle_round(last)
     assert again.payload_type == "dpfed.v1.Contribution"
     assert again.SerializeToString() == first.SerializeToString()
+
+
+# ---- phases: consent, release notice, re-signing a stale stored release ------------------------
+
+
+def _notice(spec_envelope, participants, phase="release"):
+    from dpfed.wire.canonical import canonical_bytes
+    notice = pb.PhaseNotice(round_id="round-1", phase=phase,
+                            spec_envelope=spec_envelope.SerializeToString(),
+                            participants=participants)
+    return pb.SignedEnvelope(payload=canonical_bytes(notice), payload_type="dpfed.v1.PhaseNotice")
+
+
+def test_consent_draws_nothing_and_debits_nothing(site):
+    node, coordinator, site_key = site
+    envelope = coordinator.sign(make_spec())
+    answer = node.consent(envelope)
+    consent = verify(answer, {site_key.key_id: site_key.public_key}, "dpfed.v1.PhaseMessage")
+    assert consent.phase == "consent" and consent.round_id == "round-1"
+    assert consent.spec_digest == digest(envelope.payload) and not consent.body
+    assert node.ledger.spent == 0 and node.ledger.releases() == []
+    # A spec beyond the policy is refused at consent, still for free.
+    refused = node.consent(coordinator.sign(make_spec("round-2", epsilon=50.0)))
+    assert refused.payload_type == "dpfed.v1.Refusal"
+    assert parse_canonical(refused.payload, "dpfed.v1.Refusal").epsilon_spent == 0
+    assert node.ledger.spent == 0
+
+
+def test_release_notice_releases_once_and_only_for_participants(site):
+    node, coordinator, site_key = site
+    envelope = coordinator.sign(make_spec())
+    assert node.handle_notice(_notice(envelope, ["hospital-b"])) is None
+    assert node.handle_notice(_notice(envelope, ["hospital-a"], phase="unmask")) is None
+    garbage = pb.SignedEnvelope(payload=b"{", payload_type="dpfed.v1.PhaseNotice")
+    assert node.handle_notice(garbage) is None
+    assert node.ledger.spent == 0
+    first = node.handle_notice(_notice(envelope, ["hospital-a", "hospital-b"]))
+    contribution_of(node, first, site_key)
+    again = node.handle_notice(_notice(envelope, ["hospital-a", "hospital-b"]))
+    assert again.SerializeToString() == first.SerializeToString()
+    assert node.ledger.spent == pytest.approx(1.0)
+    # A forged spec inside a notice is refused like a forged spec.
+    from dpfed.wire.signing import SigningKey
+    forged = SigningKey.generate().sign(make_spec("round-3"))
+    answer = node.handle_notice(_notice(forged, ["hospital-a"]))
+    assert answer.payload_type == "dpfed.v1.Refusal"
+    assert node.ledger.spent == pytest.approx(1.0)
+
+
+def test_a_stale_stored_release_is_resigned_over_the_same_statistics(site, monkeypatch):
+    from site_node import node as node_module
+    node, coordinator, site_key = site
+    envelope = coordinator.sign(make_spec())
+    first = contribution_of(node, node.handle_round(envelope), site_key)
+    release = node.ledger.get_release("round-1")
+    assert node.fresh_envelope(release).payload == release.envelope.payload   # still fresh
+    later = node_module.now_ms() + node_module.RESIGN_AFTER_MS + 1000
+    monkeypatch.setattr(node_module, "now_ms", lambda: later)
+    resent = node.handle_round(envelope)
+    c = contribution_of(node, resent, site_key)
+    assert c.statistics == first.statistics and c.n == first.n
+    assert c.noise == first.noise and c.epsilon_spent == first.epsilon_spent
+    assert c.timestamp_unix_ms == later and c.nonce != first.nonce
+    assert node.ledger.get_release("round-1").envelope.payload == resent.payload
+    assert node.ledger.spent == pytest.approx(1.0)
+
+
+def test_the_ledger_never_replaces_a_release_with_other_statistics(site):
+    from site_node.ledger import LedgerError
+    node, coordinator, site_key = site
+    envelope = coordinator.sign(make_spec())
+    first = contribution_of(node, node.handle_round(envelope), site_key)
+    other = pb.Contribution()
+    other.CopyFrom(first)
+    other.statistics = first.statistics[:-8] + bytes(8)
+    with pytest.raises(LedgerError):
+        node.ledger.replace_envelope("round-1", site_key.sign(other))
+    assert node.ledger.get_release("round-1").envelope.payload == node.handle_round(envelope).payload

@@ -17,6 +17,7 @@ examples:
   dpfed round start --spec round.toml --config coordinator.toml --wait --json
   dpfed round status r-20250101-120000-abc123 --config coordinator.toml
   dpfed round result r-20250101-120000-abc123 --config coordinator.toml [--json]
+  dpfed round list --config coordinator.toml [--limit 20] [--json]
 
 coordinator.toml holds the connection so it need not be typed each time:
   aggregator = "127.0.0.1:50051"
@@ -135,8 +136,16 @@ def _print_status(status) -> None:
     if status.refusals:
         print("  refusals: " + "; ".join(f"{r.site_id}: {r.hidden or r.reason}"
                                          for r in status.refusals))
+    if status.consented:
+        print(f"  consented: {len(status.consented)}: " + ", ".join(status.consented))
     if status.missing_sites:
         print("  waiting for: " + ", ".join(status.missing_sites))
+    if status.dropped:
+        print("  dropped (consented, never released): " + ", ".join(status.dropped))
+    if status.phases:
+        print("  phases: " + ", ".join(
+            f"{p.phase} {p.seconds:.3f} s" if p.seconds else f"{p.phase} (running)"
+            for p in status.phases))
     if status.round_seconds or status.fit_seconds:
         print(f"  round {status.round_seconds:.3f} s, fit {status.fit_seconds:.2f} s")
 
@@ -201,6 +210,32 @@ def status_cmd(args) -> int:
     return _exit_for_state(status)
 
 
+def list_cmd(args) -> int:
+    reply, code = query(args, "round list",
+                        lambda c: c.list_rounds(limit=args.limit, before=args.before or ""))
+    if code is not None:
+        return code
+    if args.json:
+        from google.protobuf import json_format
+        print(json.dumps([json_format.MessageToDict(r, preserving_proto_field_name=True)
+                          for r in reply.rounds], indent=2))
+        return exitcodes.OK
+    if not reply.rounds:
+        print("no rounds")
+        return exitcodes.OK
+    import datetime as dt
+    from dpfed.v1 import dpfed_pb2 as pb
+    width = max(8, *(len(r.round_id) for r in reply.rounds))
+    print(f"{'round':<{width}}  {'state':<8}  {'started (UTC)':<19}  {'eps':>5}  "
+          f"{'consent':>7}  {'released':>8}  {'refused':>7}  target")
+    for r in reply.rounds:
+        started = dt.datetime.fromtimestamp(r.started_unix_ms / 1000, dt.timezone.utc)
+        print(f"{r.round_id:<{width}}  {pb.RoundStatus.State.Name(r.state):<8}  "
+              f"{started:%Y-%m-%d %H:%M:%S}  {r.epsilon:>5.3g}  "
+              f"{r.consented:>3}/{r.invited:<3}  {r.contributed:>8}  {r.refused:>7}  {r.target}")
+    return exitcodes.OK
+
+
 def format_result_table(summary: dict) -> str:
     names = summary.get("feature_names") or [f"beta{i}" for i in range(summary["dim"])]
     mean = summary["beta_mean"]
@@ -252,6 +287,16 @@ def register(subparsers) -> None:
     add_connection_args(st, signing=False)
     st.add_argument("--json", action="store_true", help="print the status as JSON")
     st.set_defaults(func=status_cmd)
+    ls = sub.add_parser("list", help="list rounds, newest first",
+                        description="List the aggregator's rounds, newest first: state, start "
+                                    "time, epsilon, consents, releases and refusals.",
+                        epilog=EPILOG, formatter_class=fmt)
+    add_connection_args(ls, signing=False)
+    ls.add_argument("--limit", type=int, default=50, help="at most this many rounds (default 50)")
+    ls.add_argument("--before", metavar="ROUND_ID",
+                    help="only rounds started before this one (the next page)")
+    ls.add_argument("--json", action="store_true", help="print the list as JSON")
+    ls.set_defaults(func=list_cmd)
     r = sub.add_parser("result", help="print the posterior of a finished round",
                        epilog=EPILOG, formatter_class=fmt)
     r.add_argument("round_id")

@@ -28,6 +28,8 @@ def format_report(result: dict) -> str:
         "",
         f"  timings: round {t['round_s']:.2f} s, fit {t['fit_s']:.1f} s "
         f"({result['fit_method']}), baselines {t['baselines_s']:.1f} s, total {t['total_s']:.1f} s",
+        "  phases: " + ", ".join(f"{p['phase'].lower()} {p['seconds']:.2f} s"
+                                 for p in result.get("phases", [])),
         "",
         "  held-out Spearman correlation (predicted vs measured)",
         f"    private federated model   {_fmt(m['spearman_private'])}",

@@ -176,6 +176,11 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
         },
         "timings": {"round_s": float(status.round_seconds), "fit_s": float(status.fit_seconds),
                     "baselines_s": baseline_fit_s, "total_s": time.monotonic() - t_start},
+        # The round's phases (consent, release, fitting) and how long each took; sites that
+        # consented but never released.
+        "aggregation": "independent",
+        "phases": [{"phase": p.phase, "seconds": float(p.seconds)} for p in status.phases],
+        "dropped": list(status.dropped),
         "n_total": summary.get("n_total"),
         "beta_mean": [float(v) for v in private.beta_mean],
         "top_features": feature_table(private, problem.feature_names),
