@@ -36,7 +36,8 @@ class RoundSpecError(ValueError):
 # keys of the release work, allowed here so both changes merge.
 ROUND_KEYS = frozenset({"round_id", "target", "features", "epsilon", "x_bound", "y_bound",
                         "budget_split", "quorum", "deadline_s", "sites", "public", "fit",
-                        "normalize_rows", "expected_site_n", "neighbouring", "xtx_sensitivity"})
+                        "normalize_rows", "expected_site_n", "neighbouring", "xtx_sensitivity",
+                        "consent_s"})
 PUBLIC_KEYS = frozenset({"path", "normalize_rows", "source"})
 FIT_KEYS = frozenset({"method", "draws", "seed"})
 
@@ -150,6 +151,11 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
         deadline_unix_ms=now_ms + int(float(config.get("deadline_s", 600)) * 1000),
         sites=[str(s) for s in config.get("sites", [])],
         created_unix_ms=now_ms)
+    if "consent_s" in config:   # else the aggregator's default (docs/protocol.md)
+        consent_s = float(config["consent_s"])
+        if not 0 < consent_s * 1000 < spec.deadline_unix_ms - now_ms:
+            raise RoundSpecError("consent_s must be positive and shorter than deadline_s")
+        spec.consent_deadline_unix_ms = now_ms + int(consent_s * 1000)
     fit = config.get("fit", {})
     spec.fit_method = str(fit.get("method", "auto"))
     spec.fit_draws = int(fit.get("draws", 5000))

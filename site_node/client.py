@@ -56,9 +56,10 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXC
 # or was shed may still be running there; it is resent only after a reconnect backoff.
 RETRY_IN_PLACE = frozenset({grpc.StatusCode.UNAVAILABLE})
 
-# TEST HOOK (tests/test_crash_site.py): DPFED_TEST_CRASH_AT=after_debit|after_send makes the
-# site process SIGKILL itself right after the release is debited and stored (before sending),
-# or right after the aggregator answered (before the acknowledgement is recorded). Never set
+# TEST HOOK (tests/test_crash_site.py): DPFED_TEST_CRASH_AT=after_consent|after_debit|after_send
+# makes the site process SIGKILL itself right after its consent was taken (nothing drawn yet),
+# right after the release is debited and stored (before sending), or right after the
+# aggregator answered (before the acknowledgement is recorded). Never set
 # it in production; it exists to prove that a crash at these points loses no epsilon
 # accounting and resends the stored bytes.
 CRASH_ENV = "DPFED_TEST_CRASH_AT"
@@ -274,6 +275,7 @@ class SiteClient:
                         message.phase, message.round_id, _details(exc))
             return
         log.info("sent %s for round %s", message.phase, message.round_id)
+        _crash_point("after_consent")
 
     def send_refusal(self, stub, envelope: pb.SignedEnvelope) -> None:
         refusal = parse_canonical(envelope.payload, REFUSAL)

@@ -107,6 +107,20 @@ def test_aggregator_killed_mid_round_loses_and_duplicates_nothing(fed_keys, tmp_
         coord.start_round(fed.spec("r1", quorum=3, deadline_s=120))
         digest = coord.status("r1").spec_digest
         ch, stub = _stubs(agg.port)
+        stub.SendPhase(fed.consent("site-a", "r1", digest=digest), timeout=5)
+        stub.SendPhase(fed.consent("site-b", "r1", digest=digest), timeout=5)
+        ch.close()
+        coord.close()
+        agg.kill()                                   # in the consent phase: 2 of 3 consented
+
+        agg.start()
+        coord = Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
+        status = coord.status("r1")
+        assert status.state == pb.RoundStatus.CONSENT
+        assert list(status.consented) == ["site-a", "site-b"] and not status.contributions
+        ch, stub = _stubs(agg.port)
+        stub.SendPhase(fed.consent("site-c", "r1", digest=digest), timeout=5)
+        assert coord.status("r1").state == pb.RoundStatus.RELEASE
         stats = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(fed.SITES)}
         envs = {s: fed.contribution(s, "r1", stats[s], digest=digest) for s in fed.SITES}
         for s in ("site-a", "site-b"):
@@ -118,7 +132,7 @@ def test_aggregator_killed_mid_round_loses_and_duplicates_nothing(fed_keys, tmp_
         agg.start()                                  # same state file, same port
         coord = Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
         status = coord.status("r1")
-        assert status.state == pb.RoundStatus.OPEN
+        assert status.state == pb.RoundStatus.RELEASE
         assert [c.site_id for c in status.contributions] == ["site-a", "site-b"]
         ch, stub = _stubs(agg.port)
         again = stub.Contribute(envs["site-a"], timeout=5)   # a site resending after the outage
@@ -151,6 +165,8 @@ def test_deadline_passing_while_down_fails_naming_missing_sites(fed_keys, tmp_pa
         coord.start_round(fed.spec("r2", quorum=2, deadline_s=2.0))
         digest = coord.status("r2").spec_digest
         ch, stub = _stubs(agg.port)
+        for s in fed.SITES:
+            stub.SendPhase(fed.consent(s, "r2", digest=digest), timeout=5)
         stub.Contribute(fed.contribution("site-a", "r2", random_statistics(), digest=digest),
                         timeout=5)
         ch.close()
@@ -171,13 +187,22 @@ def test_deadline_passing_while_down_fails_naming_missing_sites(fed_keys, tmp_pa
 
 
 def test_silent_site_does_not_block_a_round_at_quorum(federation):
-    """Quorum 2 of 3: two answers close the round; the third site never says anything."""
-    federation.start_round(federation.spec("r3", quorum=2, deadline_s=60))
+    """Quorum 2 of 3: the third site never says anything. The consent phase ends at its
+    deadline without it, and the two participants' releases close the round."""
+    now = int(time.time() * 1000)
+    federation.start_round(federation.spec("r3", quorum=2, deadline_s=60,
+                                           consent_deadline_unix_ms=now + 800), consent=False)
+    for s in ("site-a", "site-b"):
+        federation.stub.SendPhase(federation.consent(s, "r3"))
+    end = time.monotonic() + 10
+    while federation.manager.status("r3").state == pb.RoundStatus.CONSENT:
+        assert time.monotonic() < end
+        time.sleep(0.05)
     for i, s in enumerate(("site-a", "site-b")):
         federation.stub.Contribute(federation.contribution(s, "r3", random_statistics(seed=i)))
     status = federation.coordinator.wait("r3", 10, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE
-    assert list(status.missing_sites) == ["site-c"]
+    assert list(status.consented) == ["site-a", "site-b"] and not status.dropped
 
 
 def test_silent_site_below_quorum_fails_at_the_deadline_naming_it(federation):
@@ -186,4 +211,4 @@ def test_silent_site_below_quorum_fails_at_the_deadline_naming_it(federation):
         federation.stub.Contribute(federation.contribution(s, "r4", random_statistics(seed=i)))
     status = federation.coordinator.wait("r4", 10, poll_s=0.05)
     assert status.state == pb.RoundStatus.FAILED
-    assert "missing: site-c" in status.message
+    assert "dropped: site-c" in status.message

@@ -1,6 +1,8 @@
 """A site process SIGKILLed at the two dangerous moments of a release, then restarted.
 
 The kill is the documented test hook DPFED_TEST_CRASH_AT (site_node/client.py):
+* after_consent: the site consented (nothing drawn, nothing debited) and the round moved to
+  its release phase; on restart the site is pushed the release notice and releases once;
 * after_debit: the release is debited and stored, nothing sent yet;
 * after_send: the aggregator accepted it, the site never recorded the acknowledgement.
 On restart the site resends the *stored* envelope (byte-identical: same noise, nonce and
@@ -75,7 +77,7 @@ def _start_round(coordinator, quorum=1):
     coordinator.start_round(spec)
 
 
-@pytest.mark.parametrize("crash_at", ["after_debit", "after_send"])
+@pytest.mark.parametrize("crash_at", ["after_consent", "after_debit", "after_send"])
 def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
     config_path, agg, coordinator, procs = setup
     _start_round(coordinator)
@@ -84,13 +86,18 @@ def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
     assert first.wait(20) == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
 
     ledger_path = config_path.parent / "state/ledger.sqlite"
+    stored_envelope = None
     with PrivacyLedger(ledger_path) as ledger:
-        [release] = ledger.releases()
-        assert not release.acknowledged
-        assert ledger.spent == pytest.approx(EPSILON)      # debited before anything left
-        stored_envelope = release.envelope.SerializeToString()
+        if crash_at == "after_consent":
+            assert ledger.releases() == [] and ledger.spent == 0   # consent costs nothing
+        else:
+            [release] = ledger.releases()
+            assert not release.acknowledged
+            assert ledger.spent == pytest.approx(EPSILON)  # debited before anything left
+            stored_envelope = release.envelope.SerializeToString()
+    assert coordinator.status("crash-1").state == pb.RoundStatus.RELEASE
     held = agg.store.contributions("crash-1")
-    if crash_at == "after_debit":
+    if crash_at in ("after_consent", "after_debit"):
         assert held == []                                  # nothing was sent
     else:
         assert len(held) == 1 and held[0].envelope == stored_envelope
@@ -110,5 +117,6 @@ def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
         assert release.acknowledged
         assert ledger.spent == pytest.approx(EPSILON * len(ledger.releases()))
     [held] = agg.store.contributions("crash-1")
-    assert held.envelope == stored_envelope                # byte-identical: no fresh noise
+    if stored_envelope is not None:
+        assert held.envelope == stored_envelope            # byte-identical: no fresh noise
     assert status.contributions[0].n == release.n       # the stored (noisy) n, not fresh

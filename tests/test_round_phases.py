@@ -172,3 +172,15 @@ def test_list_rounds_newest_first_with_paging(federation):
     assert [r.round_id for r in more.rounds] == ["r1", "r0"]
     assert _code(lambda: federation.coordinator.list_rounds(before="nope")) == \
         grpc.StatusCode.NOT_FOUND
+
+
+def test_round_toml_consent_s_sets_the_consent_deadline():
+    from coordinator.roundspec import RoundSpecError, build_round_spec
+    base = {"target": "y", "features": ["a", "b"], "epsilon": 1.0, "x_bound": 1.0,
+            "y_bound": 1.0, "deadline_s": 600, "sites": ["s1"]}
+    spec = build_round_spec({**base, "consent_s": 30}, now_ms=1_000_000)
+    assert spec.consent_deadline_unix_ms == 1_030_000
+    assert build_round_spec(base, now_ms=1_000_000).consent_deadline_unix_ms == 0
+    for bad in (0, -1, 600, 900):
+        with pytest.raises(RoundSpecError):
+            build_round_spec({**base, "consent_s": bad}, now_ms=1_000_000)
