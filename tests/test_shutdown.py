@@ -72,6 +72,8 @@ def test_sigterm_finishes_the_call_in_flight_and_refuses_new_ones(fed_keys, tmp_
                 for i, s in enumerate(fed.SITES)}
         channel = grpc.insecure_channel(f"127.0.0.1:{agg.port}")
         stub = pb_grpc.AggregatorStub(channel)
+        for s in fed.SITES:   # consent phase first: releases are taken in the release phase
+            stub.SendPhase(fed.consent(s, "r1", digest=digest), timeout=5)
         outcome: queue.Queue = queue.Queue()
 
         def in_flight():
@@ -115,7 +117,7 @@ def test_sigterm_finishes_the_call_in_flight_and_refuses_new_ones(fed_keys, tmp_
     try:
         with Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord") as coord:
             status = coord.status("r1")
-            assert status.state == pb.RoundStatus.OPEN
+            assert status.state == pb.RoundStatus.RELEASE
             assert [c.site_id for c in status.contributions] == ["site-a"]
             ch = grpc.insecure_channel(f"127.0.0.1:{agg.port}")
             stub = pb_grpc.AggregatorStub(ch)
