@@ -33,6 +33,8 @@ class SimulatedRound:
     site_seconds_max: dict[str, float] = field(default_factory=dict)
     aggregator_seconds: dict[str, float] = field(default_factory=dict)
     bytes_to_aggregator: dict[str, int] = field(default_factory=dict)
+    #: Every message the aggregator received, as bytes: {phase name: {site: bytes}}.
+    seen: dict[str, dict[str, bytes]] = field(default_factory=dict)
 
 
 def run_round(config: RoundConfig, inputs: Mapping[str, np.ndarray], identities: Mapping,
@@ -75,6 +77,7 @@ def run_round(config: RoundConfig, inputs: Mapping[str, np.ndarray], identities:
         out.site_seconds_max[phase.name] = site_max
         out.aggregator_seconds[phase.name] = agg_t
         out.bytes_to_aggregator[phase.name] = nbytes
+        out.seen[phase.name] = replies
         return {s: m.to_bytes() for s, m in closing.items()} if isinstance(closing, dict) else closing
 
     bundles = step(Phase.ADVERTISE, lambda s: sites[s].advertise(), agg.close_advertisements)
