@@ -1,6 +1,5 @@
 """dpfed.secagg.fixedpoint: encoding mod 2^64, scale choice, overflow refusal, grid sensitivity."""
 
-import itertools
 import math
 
 import numpy as np

@@ -14,7 +14,7 @@ from scipy import stats
 from dpfed.secagg import csprng, keys, masks
 from dpfed.secagg import fixedpoint as fp
 from dpfed.secagg.errors import ForgedMessage, ParameterError
-from dpfed.secagg.messages import MaskedInput, Phase
+from dpfed.secagg.messages import MaskedInput
 from dpfed.secagg.protocol import RoundConfig
 from dpfed.secagg.simulate import run_round
 from dpfed.wire.signing import SigningKey

@@ -39,7 +39,7 @@ import numpy as np
 
 from dpfed.secagg.codec import MAX_ID_BYTES, Reader, Writer
 from dpfed.secagg.errors import MalformedMessage
-from dpfed.secagg.keys import DOMAIN, sign, verify
+from dpfed.secagg.keys import sign, verify
 from dpfed.secagg.shamir import Share
 
 __all__ = ["Phase", "AGGREGATOR", "MAGIC", "Message", "KeyAdvertisement",
@@ -257,7 +257,8 @@ class EncryptedShare:
             if not isinstance(v, str) or not v or len(v.encode("utf-8")) > MAX_ID_BYTES:
                 raise MalformedMessage(f"{name} must be a short non-empty string")
         _check_bytes(self.nonce, NONCE_BYTES, "nonce")
-        if not isinstance(self.ciphertext, bytes) or not 16 <= len(self.ciphertext) <= MAX_CIPHERTEXT:
+        ct = self.ciphertext
+        if not isinstance(ct, bytes) or not 16 <= len(ct) <= MAX_CIPHERTEXT:
             raise MalformedMessage("ciphertext length out of range")
 
     def write(self, w: Writer) -> None:

@@ -96,7 +96,8 @@ class RoundConfig:
             raise ParameterError("site_ids must be a tuple of short non-empty strings")
         if list(ids) != sorted(set(ids)) or len(ids) < 2:
             raise ParameterError("site_ids must be sorted, distinct and at least 2")
-        if not (isinstance(self.vector_length, int) and 1 <= self.vector_length <= MAX_VECTOR_LENGTH):
+        if not (isinstance(self.vector_length, int)
+                and 1 <= self.vector_length <= MAX_VECTOR_LENGTH):
             raise ParameterError("vector_length out of range")
         if not (isinstance(self.threshold, int) and 1 <= self.threshold <= self.degree + 1):
             raise ParameterError("threshold must be in [1, degree + 1]")
@@ -530,7 +531,8 @@ class AggregatorSession(_Session):
         if self.phase != Phase.UNMASK:
             return False
         t = self.config.threshold
-        return (all(len(self._seed_shares.get(u, {})) >= t for u in self._participants[Phase.UNMASK])
+        u3 = self._participants[Phase.UNMASK]
+        return (all(len(self._seed_shares.get(u, {})) >= t for u in u3)
                 and all(len(self._key_shares.get(v, {})) >= t for v in self._dropped))
 
     def _reconstruct(self, shares: dict[str, Share]) -> bytes:

@@ -78,7 +78,9 @@ def run_round(config: RoundConfig, inputs: Mapping[str, np.ndarray], identities:
         out.aggregator_seconds[phase.name] = agg_t
         out.bytes_to_aggregator[phase.name] = nbytes
         out.seen[phase.name] = replies
-        return {s: m.to_bytes() for s, m in closing.items()} if isinstance(closing, dict) else closing
+        if isinstance(closing, dict):
+            return {s: m.to_bytes() for s, m in closing.items()}
+        return closing
 
     bundles = step(Phase.ADVERTISE, lambda s: sites[s].advertise(), agg.close_advertisements)
     deliveries = step(Phase.SHARE_KEYS, lambda s: sites[s].share_keys(bundles[s])
