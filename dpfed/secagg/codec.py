@@ -54,8 +54,11 @@ class Writer:
         return self
 
     def blob(self, data: bytes) -> "Writer":
-        data = bytes(data)
-        self.u32(len(data))
+        if type(data) is not bytes:
+            data = bytes(data)
+        if len(data) >= 2 ** 32:
+            raise MalformedMessage("field too long")
+        self._parts.append(_U32.pack(len(data)))
         self._parts.append(data)
         return self
 
@@ -63,7 +66,8 @@ class Writer:
         return self.blob(value.encode("utf-8"))
 
     def fixed(self, data: bytes, n: int) -> "Writer":
-        data = bytes(data)
+        if type(data) is not bytes:
+            data = bytes(data)
         if len(data) != n:
             raise MalformedMessage(f"expected exactly {n} bytes, got {len(data)}")
         self._parts.append(data)

@@ -88,11 +88,16 @@ class Message:
         raise NotImplementedError
 
     def signed_bytes(self) -> bytes:
-        """The bytes the signature covers (everything but the signature itself)."""
-        w = Writer().fixed(MAGIC, 4).u8(self.TYPE).u8(int(self.PHASE))
-        w.text(self.round_id).fixed(self.config_digest, DIGEST_BYTES).text(self.sender)
-        self._write_body(w)
-        return w.getvalue()
+        """The bytes the signature covers (everything but the signature itself). Cached: every
+        field is immutable, and ``dataclasses.replace`` makes a new instance."""
+        cached = self.__dict__.get("_signed_bytes")
+        if cached is None:
+            w = Writer().fixed(MAGIC, 4).u8(self.TYPE).u8(int(self.PHASE))
+            w.text(self.round_id).fixed(self.config_digest, DIGEST_BYTES).text(self.sender)
+            self._write_body(w)
+            cached = w.getvalue()
+            object.__setattr__(self, "_signed_bytes", cached)
+        return cached
 
     def to_bytes(self) -> bytes:
         return self.signed_bytes() + Writer().blob(self.signature).getvalue()
