@@ -115,8 +115,8 @@ def test_grid_sensitivity_bounds_brute_force_differences(neighbouring):
         for part in ("xtx", "xty", "yty"):
             m = a[part].size
             delta = _real_sensitivity(part, d, bx, by, neighbouring)
-            g = fp.grid_sensitivity(delta, s, m,
-                                    float_error=fp.float_sum_error_bound(n + 1, bx * max(bx, by)))
+            err = m * fp.float_sum_error_bound(n + 1, max(bx, by) ** 2)
+            g = fp.grid_sensitivity(delta, s, m, float_error=err)
             diff = float(np.sum(np.abs(a[part] - b[part])))
             assert diff <= g, (part, d, n, s, diff, g)
             worst_ratio = max(worst_ratio, diff / g)

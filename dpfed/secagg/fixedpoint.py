@@ -280,8 +280,10 @@ def grid_sensitivity(real_l1_sensitivity: float, scale: float, n_entries: int, *
     jump one grid unit, however small Delta is. We return ceil(s Delta') + m, where Delta' =
     Delta + 2 ``float_error``: the ceiling absorbs floating-point error in the caller's Delta (it
     is >= floor of the exact value whenever the float is within 1 of it), and ``float_error``
-    bounds how far each site's *computed* f differs from the exact f (summation error,
-    ``float_sum_error_bound``), which the rounding step inherits.
+    bounds, in L1 over the m entries, how far a site's *computed* f differs from the exact f
+    (summation error, m * ``float_sum_error_bound``), which the rounding step inherits: with
+    computed values a_j + s e_j, b_j + s e'_j the per-entry bound becomes
+    s (|delta_j| + |e_j| + |e'_j|) + 1.
 
     ``integer_valued``: f takes integer values and s is an integer (n with s = 1): rounding is
     the identity and the bound is ceil(s Delta), with no per-entry term."""

@@ -98,20 +98,39 @@ def split(secret: bytes, threshold: int, indices: Sequence[int]) -> list[Share]:
 
 
 def interpolate_at_zero(points: Iterable[tuple[int, int]]) -> int:
-    """f(0) of the unique polynomial of degree < len(points) through ``points`` (mod P)."""
+    """f(0) of the unique polynomial of degree < len(points) through ``points`` (mod P).
+
+    s = sum_i y_i w_i with Lagrange weights w_i = prod_{j != i} x_j / (x_j - x_i). The x are
+    small integers (site positions), so the products are formed exactly in integers and reduced
+    once, and the t denominators are inverted together with one modular inversion
+    (Montgomery's batch-inversion trick): O(t^2) small-integer products, O(t) field products."""
     pts = list(points)
     xs = [x % PRIME for x, _ in pts]
     if len(set(xs)) != len(xs) or 0 in xs:
         raise ReconstructionError("interpolation points must have distinct non-zero x")
-    total = 0
-    for i, (xi, yi) in enumerate(pts):
-        num, den = 1, 1
-        for j, (xj, _) in enumerate(pts):
+    n = len(xs)
+    all_x = 1
+    for x in xs:
+        all_x *= x
+    nums = [all_x // x % PRIME for x in xs]
+    dens = []
+    for i, xi in enumerate(xs):
+        d = 1
+        for j, xj in enumerate(xs):
             if j != i:
-                num = num * xj % PRIME
-                den = den * (xj - xi) % PRIME
-        total = (total + yi * num * pow(den, -1, PRIME)) % PRIME
-    return total
+                d *= xj - xi
+        dens.append(d % PRIME)
+    # batch inversion: prefix products, one inverse, then unwind
+    prefix = [1] * (n + 1)
+    for i, d in enumerate(dens):
+        prefix[i + 1] = prefix[i] * d % PRIME
+    inv = pow(prefix[n], -1, PRIME)
+    total = 0
+    for i in range(n - 1, -1, -1):
+        inv_i = inv * prefix[i] % PRIME          # 1 / dens[i]
+        inv = inv * dens[i] % PRIME
+        total += pts[i][1] * nums[i] % PRIME * inv_i
+    return total % PRIME
 
 
 def _evaluate(points: Sequence[tuple[int, int]], x: int) -> int:
