@@ -4,8 +4,8 @@
         [--dropouts 0.1] [--json]
 
 For each K: K sites with d-dimensional statistics (vector length d(d+1)/2 + d + 2), each
-encoding random statistics in fixed point and adding its distributed discrete Laplace share
-(T = number of sites that will contribute), then the four phases of the protocol, with a
+releasing random statistics through ``calibration.calibrate(...).release`` (fixed point plus its
+distributed discrete Laplace share, eps = 1, T = number of sites that will contribute), then the four phases of the protocol, with a
 fraction of the sites dropping out after key sharing (before sending their masked input). Every
 message goes through its byte encoding (dpfed.secagg.simulate.run_round). Per phase it reports
 the sites' summed CPU time, the slowest single site, the aggregator's time and the bytes sent
@@ -24,11 +24,12 @@ import time
 
 import numpy as np
 
-from dpfed.secagg import dlaplace
 from dpfed.secagg import fixedpoint as fp
+from dpfed.secagg.calibration import calibrate
 from dpfed.secagg.messages import Phase
 from dpfed.secagg.protocol import RoundConfig
 from dpfed.secagg.simulate import run_round
+from dpfed.sensitivity import noise_calibration
 from dpfed.wire.signing import SigningKey
 
 
@@ -41,14 +42,14 @@ def bench(K: int, d: int, dropout: float) -> dict:
     cfg = RoundConfig.create(f"bench-{K}", ids, L, min_contributors=T,
                              dropout_fraction=dropout, corrupt_fraction=0.1)
     idents = {s: SigningKey.generate() for s in ids}
-    scale = 2.0 ** 30
-    b_grid = layout.per_entry({"xtx": 1e6, "xty": 1e6, "yty": 1e6, "n": 20.0})
+    grid = calibrate(d=d, n_max=1000, n_sites=K, x_bound=0.2, y_bound=1.0,
+                     calibration=noise_calibration(d, 1.0, 0.2, 1.0), noise_threshold=T)
     rng = np.random.default_rng(0)     # synthetic *statistics* only; the noise is CSPRNG
     x, noise_s = {}, []
     for s in ids:
-        stats = rng.normal(size=L)
+        upper = rng.uniform(-5, 5, size=L - 1)
         t0 = time.perf_counter()
-        x[s] = fp.add_signed(fp.encode(stats, scale), dlaplace.noise_share(b_grid, T))
+        x[s] = grid.release(upper, 1000)          # encode + distributed noise share
         noise_s.append(time.perf_counter() - t0)
     dropped = ids[::K // n_drop][:n_drop] if n_drop else ()
     t0 = time.perf_counter()
@@ -67,7 +68,7 @@ def bench(K: int, d: int, dropout: float) -> dict:
     return {"sites": K, "dim": d, "vector_length": L, "dropouts": n_drop,
             "degree": cfg.degree, "threshold": cfg.threshold,
             "complete_graph": cfg.graph().complete,
-            "noise_share_site_mean_s": round(float(np.mean(noise_s)), 4),
+            "release_site_mean_s": round(float(np.mean(noise_s)), 4),
             "phases": phases, "round_wall_s": round(wall, 3),
             "critical_path_s": round(critical, 3), "exact_sum": True}
 
@@ -86,7 +87,7 @@ def main(argv=None):
         if not args.json:
             print(f"K={K} d={args.dim} L={r['vector_length']} dropouts={r['dropouts']} "
                   f"degree={r['degree']} t={r['threshold']} "
-                  f"noise/site={r['noise_share_site_mean_s']:.4f}s "
+                  f"release/site={r['release_site_mean_s']:.4f}s "
                   f"wall={r['round_wall_s']:.2f}s critical={r['critical_path_s']:.3f}s")
             for p, v in r["phases"].items():
                 print(f"  {p:13s} sites {v['sites_total_s']:8.3f}s (max {v['site_max_s']:.4f}s)"

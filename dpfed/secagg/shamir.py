@@ -21,6 +21,7 @@ forged share), as well as a result >= 2^256 (which a wrong share produces with p
 
 from __future__ import annotations
 
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Iterable, Sequence
@@ -113,13 +114,7 @@ def interpolate_at_zero(points: Iterable[tuple[int, int]]) -> int:
     for x in xs:
         all_x *= x
     nums = [all_x // x % PRIME for x in xs]
-    dens = []
-    for i, xi in enumerate(xs):
-        d = 1
-        for j, xj in enumerate(xs):
-            if j != i:
-                d *= xj - xi
-        dens.append(d % PRIME)
+    dens = [math.prod([xj - xi for xj in xs if xj != xi]) % PRIME for xi in xs]
     # batch inversion: prefix products, one inverse, then unwind
     prefix = [1] * (n + 1)
     for i, d in enumerate(dens):
