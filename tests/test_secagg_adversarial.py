@@ -11,6 +11,7 @@ import pytest
 from dpfed.secagg import csprng
 from dpfed.secagg import fixedpoint as fp
 from dpfed.secagg.errors import (AbortedRound, ForgedMessage, MalformedMessage, OutOfPhase,
+                                 ParameterError,
                                  ReplayedMessage, TooFewSurvivors, UnknownSender, UnsafeRequest,
                                  WrongRound)
 from dpfed.secagg.messages import (AdvertisementBundle, EncryptedShare, KeyAdvertisement,
@@ -432,3 +433,16 @@ def test_site_refuses_too_few_claimed_contributions(keys):
     with pytest.raises(TooFewSurvivors):
         r.sites["s0"].unmask(_resign(r, dataclasses.replace(req, n_survivors=1)))
     assert r.sites["s0"].phase == Phase.FAILED
+
+
+def test_sites_shown_different_parameters_cannot_complete_a_round(keys):
+    idents, _ = keys
+    honest = RoundConfig.create("round-9", IDS, L, min_contributors=4, noise_threshold=4)
+    weaker = RoundConfig.create("round-9", IDS, L, min_contributors=4, noise_threshold=2)
+    public = {s: k.public_key for s, k in idents.items()}
+    agg = AggregatorSession(honest, public)
+    fooled = SiteSession(weaker, "s0", idents["s0"], public)   # told T = 2: larger shares
+    with pytest.raises(WrongRound):
+        agg.receive(fooled.advertise())
+    with pytest.raises(ParameterError, match="noise_threshold"):
+        RoundConfig.create("round-9", IDS, L, min_contributors=2, noise_threshold=3)

@@ -28,9 +28,9 @@ def test_harary_graph_is_k_regular_symmetric_and_connected(K, k):
 
 def test_graph_is_deterministic_for_a_round_and_differs_between_rounds():
     ids = _ids(200)
-    a = RoundConfig("round-1", ids, 10, 30, 21, 100)
-    b = RoundConfig("round-1", ids, 10, 30, 21, 100)
-    c = RoundConfig("round-2", ids, 10, 30, 21, 100)
+    a = RoundConfig("round-1", ids, 10, 30, 21, 100, 90)
+    b = RoundConfig("round-1", ids, 10, 30, 21, 100, 90)
+    c = RoundConfig("round-2", ids, 10, 30, 21, 100, 90)
     assert a.digest == b.digest and a.graph().edges() == b.graph().edges()
     assert a.graph().edges() != c.graph().edges()
     # the relabelling is a real permutation, not the identity ring

@@ -3,7 +3,10 @@ Figure 4, with the sparse graph of Bell et al., CCS 2020).
 
 ``RoundConfig`` is the public description of a round that every party must agree on (round id,
 sorted site ids, vector length, graph degree k, Shamir threshold t, the minimum number of
-contributions ``min_contributors``); its SHA-256 digest is bound into every message and key.
+contributions ``min_contributors`` = T + c, and the noise threshold T each site's share is
+calibrated for); its SHA-256 digest is bound into every message and key, so sites that were
+shown different parameters (say a larger T, i.e. smaller noise shares) cannot complete a round
+together.
 One ``SiteSession`` per site per round and one ``AggregatorSession`` per round exchange the
 messages of ``dpfed.secagg.messages``:
 
@@ -85,6 +88,7 @@ class RoundConfig:
     degree: int
     threshold: int
     min_contributors: int
+    noise_threshold: int
 
     def __post_init__(self):
         ids = self.site_ids
@@ -103,26 +107,34 @@ class RoundConfig:
             raise ParameterError("threshold must be in [1, degree + 1]")
         if not (isinstance(self.min_contributors, int) and 1 <= self.min_contributors <= len(ids)):
             raise ParameterError("min_contributors must be in [1, number of sites]")
+        if not (isinstance(self.noise_threshold, int)
+                and 1 <= self.noise_threshold <= self.min_contributors):
+            raise ParameterError("noise_threshold T must be in [1, min_contributors]: the sum "
+                                 "must hold at least T noise shares")
         object.__setattr__(self, "_digest", hashlib.sha256(DOMAIN + self.to_bytes()).digest())
         object.__setattr__(self, "_graph", NeighbourGraph(ids, self.degree, self._digest))
 
     @classmethod
     def create(cls, round_id: str, site_ids, vector_length: int, *, min_contributors: int,
-               dropout_fraction: float = 0.1, corrupt_fraction: float = 0.1,
-               adversary: str = "semi_malicious", **graph_options) -> "RoundConfig":
-        """Degree and threshold from ``graph.choose_graph_parameters``."""
+               noise_threshold: int | None = None, dropout_fraction: float = 0.1,
+               corrupt_fraction: float = 0.1, adversary: str = "semi_malicious",
+               **graph_options) -> "RoundConfig":
+        """Degree and threshold from ``graph.choose_graph_parameters``; ``noise_threshold`` T
+        (the shares that make one full draw) defaults to ``min_contributors`` (T + c with c
+        colluders allowed: pass T explicitly)."""
         ids = tuple(sorted(site_ids))
         p: GraphParameters = choose_graph_parameters(
             len(ids), dropout_fraction=dropout_fraction, corrupt_fraction=corrupt_fraction,
             adversary=adversary, **graph_options)
-        return cls(round_id, ids, vector_length, p.degree, p.threshold, min_contributors)
+        return cls(round_id, ids, vector_length, p.degree, p.threshold, min_contributors,
+                   min_contributors if noise_threshold is None else noise_threshold)
 
     def to_bytes(self) -> bytes:
         w = Writer().fixed(b"DSAC", 4).text(self.round_id).u32(len(self.site_ids))
         for s in self.site_ids:
             w.text(s)
         return (w.u64(self.vector_length).u32(self.degree).u32(self.threshold)
-                .u32(self.min_contributors).getvalue())
+                .u32(self.min_contributors).u32(self.noise_threshold).getvalue())
 
     @property
     def digest(self) -> bytes:
