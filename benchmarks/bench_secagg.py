@@ -7,8 +7,8 @@ For each K: K sites with d-dimensional statistics (vector length d(d+1)/2 + d + 
 releasing random statistics through ``calibration.calibrate(...).release`` (fixed point plus its
 distributed discrete Laplace share, eps = 1, T = number of sites that will contribute), then the
 four phases of the protocol, with a fraction of the sites dropping out after key sharing (before
-sending their masked input). Every
-message goes through its byte encoding (dpfed.secagg.simulate.run_round). Per phase it reports
+sending their masked input). Every message goes through its byte encoding
+(dpfed.secagg.simulate.run_round). Per phase it reports
 the sites' summed CPU time, the slowest single site, the aggregator's time and the bytes sent
 to the aggregator; ``critical_path_s`` = sum over phases of (slowest site + aggregator), what a
 round with sites in parallel and a free network would take. The machine's load average is
