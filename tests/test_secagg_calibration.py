@@ -1,0 +1,90 @@
+"""dpfed.secagg.calibration: the grid calibration reproduces the release's noise law on the sum
+of T sites (K sites pay the noise of one release), n stays on the integer grid, and the decoded
+secure sum is the true sum plus that noise."""
+
+import math
+
+import numpy as np
+import pytest
+
+from dpfed.secagg import calibration as cal_mod
+from dpfed.secagg import fixedpoint as fp
+from dpfed.secagg.errors import TooFewSurvivors
+from dpfed.secagg.protocol import RoundConfig
+from dpfed.secagg.simulate import run_round
+from dpfed.sensitivity import expected_noise, noise_calibration
+from dpfed.wire.signing import SigningKey
+
+Z = 4.9          # two-sided 1e-6
+
+
+def _grid(d=4, K=8, T=8, neighbouring="add_remove", eps=1.0):
+    nc = noise_calibration(d, eps, 1.0, 1.0, neighbouring=neighbouring)
+    return nc, cal_mod.calibrate(d=d, n_max=200, n_sites=K, x_bound=1.0, y_bound=1.0,
+                                 calibration=nc, noise_threshold=T)
+
+
+def test_grid_noise_is_the_nominal_noise_plus_a_negligible_rounding_margin():
+    nc, g = _grid()
+    nominal = {"xtx": nc.xtx_scale, "xty": nc.xty_scale, "yty": nc.yty_scale, "n": nc.n_scale}
+    real = g.real_noise_scales()
+    for p in fp.PARTS:
+        assert real[p] >= nominal[p]                       # never less noise than nominal
+        assert real[p] <= nominal[p] * (1 + 1e-4), p       # and only a hair more
+    assert g.scales["n"] == 1.0 and g.grid_noise["n"] == pytest.approx(1 / nc.n_epsilon)
+
+
+def test_secure_sum_of_T_sites_carries_the_noise_of_one_release():
+    nc, g = _grid(K=10, T=10)
+    one_release = expected_noise(4, 1.0, 1.0, 1.0)
+    desc = g.noise_description(10)
+    for p in fp.PARTS:
+        assert desc.variance(p) == pytest.approx(one_release.variance(p), rel=1e-3), p
+        assert desc.draws(p) == 1
+    ten_independent = sum([one_release] * 9, one_release)
+    assert desc.variance("xty") < ten_independent.variance("xty") / 9
+    with pytest.raises(TooFewSurvivors):
+        g.noise_description(9)
+
+
+def test_empirical_noise_of_the_sum_matches_the_description():
+    d, T, R = 12, 5, 120
+    _, g = _grid(d=d, K=T, T=T, eps=3.0)
+    zeros_upper = np.zeros(g.layout.length - 1)
+    sums = np.stack([fp.decode(fp.wrap_sum(g.release(zeros_upper, 0) for _ in range(T)),
+                               g.scale_vector) for _ in range(R)])
+    desc = g.noise_description(T)
+    for p, sl in g.layout.slices().items():
+        x = sums[:, sl].ravel()
+        v = np.mean(x ** 2)
+        se = np.std(x ** 2) / math.sqrt(x.size)
+        assert abs(v - desc.variance(p)) < Z * se, (p, v, desc.variance(p))
+    assert np.all(sums[:, -1] == np.round(sums[:, -1]))     # n: integer noise
+
+
+def test_replace_one_releases_n_exactly():
+    _, g = _grid(neighbouring="replace_one")
+    assert g.grid_noise["n"] is None
+    x = fp.wrap_sum(g.release(np.zeros(g.layout.length - 1), 30) for _ in range(3))
+    assert g.decode(x)[1] == 90.0
+    assert g.noise_description(8).n == ()
+
+
+def test_end_to_end_release_through_the_protocol():
+    d, K = 3, 6
+    _, g = _grid(d=d, K=K, T=K)
+    ids = tuple(f"h{i}" for i in range(K))
+    cfg = RoundConfig.create("calibrated", ids, g.layout.length, min_contributors=K)
+    rng = np.random.default_rng(9)
+    truth_upper, truth_n, x = 0.0, 0, {}
+    for s in ids:
+        X = np.clip(rng.normal(size=(150, d)), -1, 1)
+        y = np.clip(rng.normal(size=150), -1, 1)
+        upper = np.concatenate([(X.T @ X)[np.triu_indices(d)], X.T @ y, [y @ y]])
+        truth_upper, truth_n = truth_upper + upper, truth_n + 150
+        x[s] = g.release(upper, 150)
+    sim = run_round(cfg, x, {s: SigningKey.generate() for s in ids})
+    upper, n = g.decode(sim.result.vector)
+    b_real = g.layout.per_entry(g.real_noise_scales())
+    assert np.all(np.abs(np.append(upper, n) - np.append(truth_upper, truth_n)) < 40 * b_real)
+    assert n == round(n)
