@@ -17,6 +17,9 @@ Per drug with at least ``min_lines`` measured cell lines (262 of GDSC v17's 265)
 - clipping bounds: ``dpfed.bounds.choose_bounds(n_site, d, eps)`` (method.md section 4, synthetic
   data, no privacy cost) scaled by the public sigmas, with n_site the smallest site's size
   (K sites share the n private lines in near-equal blocks, each releasing with the same eps);
+  with secure aggregation (issue 10, ``aggregations``) the aggregator sees ONE noise draw on
+  the sum of all n rows, the trade-off of a single site with n rows, so its bounds are chosen
+  for n (``bounds_size``);
 - the public range of the pre-processed target needed by the rescaling baselines (y_range) is
   the largest |y| over the 30 candidate public lines, also public;
 - n = 0 means public only: every method reduces to the Gamma-prior posterior of the 10 public
@@ -33,9 +36,15 @@ from dpfed.preprocess import Preprocessing
 from dpfed.simulation import Problem, Split, gdsc_problem, public_preprocessing, public_sigmas
 
 __all__ = ["ProtocolConfig", "RepeatSplit", "RepeatData", "QUICK", "eligible_drugs",
-           "repeat_split", "prepare_repeat", "private_rows", "bounds_table", "site_size"]
+           "repeat_split", "prepare_repeat", "private_rows", "bounds_table", "site_size",
+           "AGGREGATIONS", "federations", "bounds_size"]
 
 PAPER_SIZES = (0, 100, 200, 300, 400, 500, 600, 700, 800)
+#: How robust_private's K >= 2 site releases are combined (issue 10): "independent" (K
+#: releases, K noise draws on the sum) or "secure" (secure aggregation with distributed noise:
+#: one draw on the sum, ``evaluation.methods.robust_private.secure_sum``). K = 1 is always
+#: independent.
+AGGREGATIONS = ("independent", "secure")
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,7 @@ class ProtocolConfig:
     sizes: tuple[int, ...] = PAPER_SIZES
     epsilons: tuple[float, ...] = (1.0, 2.0)
     sites: tuple[int, ...] = (1, 3, 10)      # K, for robust_private only
+    aggregations: tuple[str, ...] = AGGREGATIONS  # for robust_private with K >= 2
     repeats: int = 50
     n_test: int = 100
     n_candidates: int = 30
@@ -86,6 +96,11 @@ class ProtocolConfig:
         object.__setattr__(self, "sizes", tuple(sorted(set(int(n) for n in self.sizes))))
         object.__setattr__(self, "epsilons", tuple(float(e) for e in self.epsilons))
         object.__setattr__(self, "sites", tuple(sorted(set(int(k) for k in self.sites))))
+        aggs = tuple(self.aggregations) if not isinstance(self.aggregations, str) else ()
+        if not aggs or any(a not in AGGREGATIONS for a in aggs):
+            raise ValueError(f"aggregations must be a non-empty subset of {AGGREGATIONS}, "
+                             f"got {self.aggregations!r}")
+        object.__setattr__(self, "aggregations", tuple(a for a in AGGREGATIONS if a in aggs))
 
     @property
     def features(self) -> tuple[str, ...]:
@@ -152,6 +167,23 @@ def site_size(n: int, k: int) -> int:
     return n // k
 
 
+def federations(config: ProtocolConfig, method: str) -> list[tuple[int, str]]:
+    """The (K, aggregation) variants of ``method``: robust_private gets every K of the config,
+    K = 1 independent only and K >= 2 once per aggregation; every other method (K = 1)
+    ``(1, "independent")``."""
+    if method != "robust_private":
+        return [(1, "independent")]
+    return [(k, agg) for k in config.sites
+            for agg in (("independent",) if k == 1 else config.aggregations)]
+
+
+def bounds_size(n: int, k: int, aggregation: str = "independent") -> int:
+    """The n the clipping bounds are chosen for: the smallest site's (``site_size``) when the
+    K releases are independent (each carries its own noise draw); the total n with secure
+    aggregation, whose sum of n rows carries one draw, like a single site's release of n rows."""
+    return n if aggregation == "secure" else site_size(n, k)
+
+
 @dataclass(frozen=True)
 class RepeatData:
     """One repeat, pre-processed with the public parameters, ready for the methods."""
@@ -216,8 +248,8 @@ def bounds_table(config: ProtocolConfig, d: int, *, cache_dir=None) -> dict[tupl
         for n in config.sizes:
             if n == 0:
                 continue
-            for k in config.sites:
-                m = site_size(n, k)
+            for k, agg in federations(config, "robust_private"):
+                m = bounds_size(n, k, agg)
                 if m < 2 or (m, eps) in table:
                     continue
                 choice = choose_bounds(m, d, eps, cache_dir=cache_dir, **mechanism)

@@ -1,6 +1,8 @@
 """Results of ``dpfed evaluate``: CSV of every cell, summary table, plots, published reference.
 
-Summary statistics of a (method, epsilon, n_private, sites) group of rows:
+Summary statistics of a (method, epsilon, n_private, sites, aggregation) group of rows
+(``aggregation``: "independent" or "secure", issue 10; rows of a results.csv written before
+that column existed are read as "independent"):
 
 - ``spearman_mean``: mean over every (drug, repeat) cell with a defined correlation (a constant
   prediction has none and is counted in ``undefined``), as in the paper (mean over drugs and
@@ -12,7 +14,8 @@ Summary statistics of a (method, epsilon, n_private, sites) group of rows:
   drug's private pool are skipped, so large n cover fewer drugs).
 
 Plots (matplotlib, Agg backend): Spearman vs private n, one line per method (robust_private per
-K), one figure per epsilon: the analogue of the paper's Figures 2 (eps = 2) and 6 (eps = 1).
+K and aggregation, secure dash-dotted), one figure per epsilon: the analogue of the paper's
+Figures 2 (eps = 2) and 6 (eps = 1).
 """
 
 from __future__ import annotations
@@ -32,23 +35,30 @@ __all__ = ["summarise", "write_csv", "read_csv", "markdown_table", "published_ta
            "ratio_table", "plot_curves", "write_report", "label"]
 
 
-def label(method: str, sites: int) -> str:
-    return f"{method} (K={sites})" if method == "robust_private" else method
+def label(method: str, sites: int, aggregation: str = "independent") -> str:
+    if method != "robust_private":
+        return method
+    return f"{method} (K={sites}{', secure' if aggregation == 'secure' else ''})"
+
+
+def _aggregation(row: dict) -> str:
+    return row.get("aggregation") or "independent"
 
 
 def _key(row: dict):
     eps = row["epsilon"]
     return (row["method"], None if eps is None or (isinstance(eps, float) and math.isnan(eps))
-            else float(eps), int(row["n_private"]), int(row["sites"]))
+            else float(eps), int(row["n_private"]), int(row["sites"]), _aggregation(row))
 
 
 def summarise(rows: Iterable[dict]) -> list[dict]:
-    """One dict per (method, epsilon, n_private, sites) (module docstring), sorted."""
+    """One dict per (method, epsilon, n_private, sites, aggregation) (module docstring),
+    sorted."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for row in rows:
         groups[_key(row)].append(row)
     out = []
-    for (method, eps, n, k), rs in groups.items():
+    for (method, eps, n, k, agg), rs in groups.items():
         vals = np.array([float(r["spearman"]) for r in rs], dtype=np.float64)
         ok = np.isfinite(vals)
         by_repeat: dict[int, list[float]] = defaultdict(list)
@@ -57,7 +67,7 @@ def summarise(rows: Iterable[dict]) -> list[dict]:
                 by_repeat[int(r["repeat"])].append(v)
         rep_means = np.array([np.mean(v) for v in by_repeat.values()])
         out.append(dict(
-            method=method, epsilon=eps, n_private=n, sites=k,
+            method=method, epsilon=eps, n_private=n, sites=k, aggregation=agg,
             spearman_mean=float(np.mean(vals[ok])) if ok.any() else float("nan"),
             spearman_sd=float(np.std(rep_means, ddof=1)) if rep_means.size > 1 else float("nan"),
             drugs=len({int(r["drug"]) for r in rs}), repeats=len({int(r["repeat"]) for r in rs}),
@@ -65,7 +75,7 @@ def summarise(rows: Iterable[dict]) -> list[dict]:
             errors=sum(1 for r in rs if r.get("error")),
             unconverged=sum(1 for r in rs if r.get("converged") is False)))
     out.sort(key=lambda s: (s["method"], -1 if s["epsilon"] is None else s["epsilon"],
-                            s["sites"], s["n_private"]))
+                            s["sites"], s["aggregation"], s["n_private"]))
     return out
 
 
@@ -86,7 +96,10 @@ def read_csv(path: Path) -> list[dict]:
                              n_private=int(r["n_private"]), sites=int(r["sites"]),
                              spearman=float(r["spearman"]) if r["spearman"] else float("nan"),
                              converged=None if r["converged"] == "" else r["converged"] == "True",
-                             error=r["error"] or None))
+                             error=r["error"] or None,
+                             aggregation=r.get("aggregation") or "independent",
+                             noise_threshold=int(r["noise_threshold"])
+                             if r.get("noise_threshold") else None))
     return rows
 
 
@@ -99,10 +112,10 @@ def markdown_table(summary: Sequence[dict]) -> str:
     sizes = sorted({s["n_private"] for s in summary})
     cells: dict[tuple, dict[int, dict]] = defaultdict(dict)
     for s in summary:
-        cells[(s["method"], s["epsilon"], s["sites"])][s["n_private"]] = s
+        cells[(s["method"], s["epsilon"], s["sites"], s["aggregation"])][s["n_private"]] = s
     head = "| method | eps | " + " | ".join(str(n) for n in sizes) + " |"
     lines = [head, "|" + "---|" * (len(sizes) + 2)]
-    for (method, eps, k), by_n in cells.items():
+    for (method, eps, k, agg), by_n in cells.items():
         vals = []
         for n in sizes:
             s = by_n.get(n)
@@ -111,7 +124,7 @@ def markdown_table(summary: Sequence[dict]) -> str:
                 continue
             sd = _fmt(s["spearman_sd"])
             vals.append(_fmt(s["spearman_mean"]) + (f" ± {sd}" if sd else ""))
-        lines.append(f"| {label(method, k)} | {'' if eps is None else f'{eps:g}'} | "
+        lines.append(f"| {label(method, k, agg)} | {'' if eps is None else f'{eps:g}'} | "
                      + " | ".join(vals) + " |")
     drugs = {n: max((s["drugs"] for s in summary if s["n_private"] == n), default=0)
              for n in sizes}
@@ -142,9 +155,9 @@ def ratio_table(rows: Sequence[dict], *, all_sizes: bool = False) -> list[dict]:
     for eps in eps_values:
         sizes = sorted({k[0][2] for k in by_cell if k[0][0] == "robust_private" and k[0][1] == eps})
         for n in reversed(sizes):
-            pairs = [(v, by_cell.get((("nonprivate", None, n, 1), d, rep)))
+            pairs = [(v, by_cell.get((("nonprivate", None, n, 1, "independent"), d, rep)))
                      for (key, d, rep), v in by_cell.items()
-                     if key == ("robust_private", eps, n, 1)]
+                     if key == ("robust_private", eps, n, 1, "independent")]
             pairs = [(p, q) for p, q in pairs if q is not None]
             if pairs:
                 priv = float(np.mean([p for p, _ in pairs]))
@@ -169,13 +182,15 @@ def plot_curves(summary: Sequence[dict], epsilon: float, path: Path, *, title: s
     lines: dict[str, list[dict]] = defaultdict(list)
     for s in summary:
         if s["epsilon"] is None or s["epsilon"] == epsilon:
-            lines[label(s["method"], s["sites"])].append(s)
+            lines[label(s["method"], s["sites"], s["aggregation"])].append(s)
     for name, ss in sorted(lines.items()):
         ss = sorted(ss, key=lambda s: s["n_private"])
         x = [s["n_private"] for s in ss]
         y = [s["spearman_mean"] for s in ss]
         sd = np.array([s["spearman_sd"] for s in ss], dtype=float)
-        line, = ax.plot(x, y, marker="o", ms=3, label=name)
+        secure = ss[0].get("aggregation") == "secure"
+        line, = ax.plot(x, y, marker="s" if secure else "o", ms=3, ls="-." if secure else "-",
+                        label=name)
         if np.any(np.isfinite(sd)):
             ax.fill_between(x, np.array(y) - sd, np.array(y) + sd, color=line.get_color(),
                             alpha=0.12, lw=0)
@@ -229,7 +244,7 @@ def write_report(rows: Sequence[dict], out_dir: Path, *, wall_s: float | None = 
     if bad:
         text += ["Cells with errors, unconverged ADVI or undefined correlation:", ""]
         for s in bad:
-            text.append(f"- {label(s['method'], s['sites'])} eps={s['epsilon']} n={s['n_private']}: "
+            text.append(f"- {label(s['method'], s['sites'], s['aggregation'])} eps={s['epsilon']} n={s['n_private']}: "
                         f"{s['errors']} errors, {s['unconverged']} unconverged, "
                         f"{s['undefined']} undefined of {s['cells']}")
     (out_dir / "summary.md").write_text("\n".join(text) + "\n")

@@ -2,13 +2,17 @@
 
 One *task* is one drug and a chunk of its repeats (``plan_tasks``); ``run_task`` is a pure
 function of the task (plus OpenDP's unseeded DP noise) that returns one row per
-(drug, repeat, method, epsilon, n_private, sites) cell:
+(drug, repeat, method, epsilon, n_private, sites, aggregation) cell:
 
-    drug, repeat, method, epsilon, n_private, sites, spearman, converged, error
+    drug, repeat, method, epsilon, n_private, sites, neighbouring, spearman, converged, error,
+    aggregation, noise_threshold
 
 ``epsilon`` is None for ``nonprivate`` (it does not depend on eps); ``sites`` is K for
-``robust_private`` and 1 for everything else. ``converged`` is the ADVI convergence flag of the
-cell's Gamma-prior fit (None for methods that do not end in one); ``error`` is the message of a
+``robust_private`` and 1 for everything else. ``aggregation`` is "secure" for robust_private's
+secure-aggregation rows (K >= 2, issue 10; ``noise_threshold`` T = K, every site honest, so the
+sum carries one noise draw) and "independent" for every other row (K independent releases;
+K = 1 and the single-site methods are always independent; ``noise_threshold`` empty).
+``converged`` is the ADVI convergence flag of the cell's Gamma-prior fit (None for methods that do not end in one); ``error`` is the message of a
 method that raised on this cell (its spearman is NaN): one failing cell does not end an
 hour-long run, and the report counts them.
 
@@ -29,8 +33,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from dpfed.statistics import Statistics, exact_statistics
-from evaluation.protocol import (ProtocolConfig, RepeatData, load_problem, prepare_repeat,
-                                 site_size)
+from evaluation.protocol import (ProtocolConfig, RepeatData, bounds_size, federations,
+                                 load_problem, prepare_repeat, site_size)
 from evaluation.scoring import TestRanks
 
 __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_grid",
@@ -38,7 +42,7 @@ __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_gr
 
 ROW_FIELDS = ("drug", "repeat", "method", "epsilon", "n_private", "sites", "neighbouring",
               "spearman",
-              "converged", "error")
+              "converged", "error", "aggregation", "noise_threshold")
 
 DEFAULT_METHODS = ("robust_private", "nonprivate", "nonprivate_robust", "private_unclipped",
                    "output_perturbation", "functional_mechanism", "adassp")
@@ -79,11 +83,13 @@ def plan_tasks(drugs: Sequence[int], config: ProtocolConfig, methods: Sequence[s
     return tasks
 
 
-def _row(data: RepeatData, method: str, eps, n: int, k: int, neighbouring: str, **kw) -> dict:
+def _row(data: RepeatData, method: str, eps, n: int, k: int, neighbouring: str,
+         aggregation: str = "independent", **kw) -> dict:
     row = dict(drug=data.drug, repeat=data.repeat, method=method,
                epsilon=None if eps is None else float(eps), n_private=int(n), sites=int(k),
                neighbouring=neighbouring, spearman=float("nan"), converged=None,
-               error=None)
+               error=None, aggregation=aggregation,
+               noise_threshold=int(k) if aggregation == "secure" else None)
     row.update(kw)
     return row
 
@@ -138,12 +144,11 @@ def run_task(task: Task) -> TaskResult:
                 for name, method in methods.items():
                     if name in _EPS_FREE and i_eps > 0:
                         continue
-                    site_counts = cfg.sites if name == "robust_private" else (1,)
-                    for k in site_counts:
+                    for k, agg in federations(cfg, name):
                         m = site_size(n, k)
-                        key = (m, float(eps))
+                        key = (bounds_size(n, k, agg), float(eps))
                         row = _row(data, name, None if name in _EPS_FREE else eps, n, k,
-                                   cfg.neighbouring)
+                                   cfg.neighbouring, agg)
                         if m < 2 or key not in task.bounds:
                             continue  # fewer than 2 rows per site: no release to make
                         om_x, om_y = task.bounds[key]
@@ -151,7 +156,8 @@ def run_task(task: Task) -> TaskResult:
                                                  budget_split=cfg.budget_split, n_sites=k,
                                                  y_range=data.y_range,
                                                  neighbouring=cfg.neighbouring,
-                                                 xtx_sensitivity=cfg.xtx_sensitivity)
+                                                 xtx_sensitivity=cfg.xtx_sensitivity,
+                                                 aggregation=agg)
                         try:
                             t_fit = time.perf_counter()
                             beta = timed(name, method.fit, training, setting,
@@ -172,11 +178,12 @@ def _public_only_rows(row: dict, methods: Sequence[str], cfg: ProtocolConfig) ->
     out = []
     for name in methods:
         epsilons = (None,) if name in _EPS_FREE else cfg.epsilons
-        site_counts = cfg.sites if name == "robust_private" else (1,)
         for eps in epsilons:
-            for k in site_counts:
+            for k, agg in federations(cfg, name):
                 out.append({**row, "method": name,
-                            "epsilon": None if eps is None else float(eps), "sites": int(k)})
+                            "epsilon": None if eps is None else float(eps), "sites": int(k),
+                            "aggregation": agg,
+                            "noise_threshold": int(k) if agg == "secure" else None})
     return out
 
 

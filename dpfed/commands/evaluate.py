@@ -22,8 +22,11 @@ examples:
   dpfed evaluate --executor dask --workers 8      (dask.distributed LocalCluster; dpfed[evaluate])
 
 Progress (tasks done/total, rate, ETA) goes to stderr. --json prints one object:
-  {"results": [{"method", "epsilon", "n_private", "sites", "spearman_mean", "spearman_sd",
-                "drugs", "repeats"}, ...], "wall_s": ..., "out": ...}
+  {"results": [{"method", "epsilon", "n_private", "sites", "aggregation", "spearman_mean",
+                "spearman_sd", "drugs", "repeats"}, ...], "wall_s": ..., "out": ...}
+--aggregation independent,secure (default: both): robust_private with K >= 2 sites as K
+  independent releases (K noise draws) and as a secure aggregate (one distributed draw, T = K);
+  K = 1 is always independent.
 exit codes: 0 ok, 1 every cell failed or internal error, 2 bad arguments,
             6 a needed extra (dask, matplotlib) is not installed, 130 interrupted
 """
@@ -48,6 +51,17 @@ def _floats(text: str) -> tuple[float, ...]:
 
 def _names(text: str) -> tuple[str, ...]:
     return tuple(v.strip() for v in text.split(",") if v.strip())
+
+
+def _aggregations(text: str) -> tuple[str, ...]:
+    from evaluation.protocol import AGGREGATIONS
+
+    names = _names(text)
+    bad = [v for v in names if v not in AGGREGATIONS]
+    if bad or not names:
+        raise argparse.ArgumentTypeError(
+            f"expected a comma-separated subset of {','.join(AGGREGATIONS)}, got {text!r}")
+    return names
 
 
 class _Progress:
@@ -93,6 +107,7 @@ def evaluate(args) -> int:
         options["repeats"] = args.repeats
     options["epsilons"] = args.epsilons
     options["sites"] = args.sites
+    options["aggregations"] = args.aggregation
     options["seed"] = args.seed
     options["neighbouring"] = args.neighbouring
     options["xtx_sensitivity"] = args.xtx_sensitivity
@@ -125,7 +140,8 @@ def evaluate(args) -> int:
     say = (lambda m: print(f"[evaluate] {m}", file=sys.stderr, flush=True))
     d = len(config.features)
     say(f"{len(drugs)} drugs x {config.repeats} repeats, n {list(config.sizes)}, "
-        f"eps {list(config.epsilons)}, K {list(config.sites)}, methods {', '.join(methods)}")
+        f"eps {list(config.epsilons)}, K {list(config.sites)} "
+        f"({'/'.join(config.aggregations)} for K >= 2), methods {', '.join(methods)}")
     say("choosing bounds on synthetic data (cached in the output folder)")
     bounds = bounds_table(config, d, cache_dir=out / "bounds-cache")
     tasks = plan_tasks(drugs, config, methods, bounds, repeats_per_task=args.repeats_per_task)
@@ -141,8 +157,8 @@ def evaluate(args) -> int:
     command = "dpfed evaluate " + " ".join(shlex.quote(a) for a in (args.argv or []))
     summary = write_report(rows, out, wall_s=wall_s, command=command)
     if args.json:
-        keys = ("method", "epsilon", "n_private", "sites", "spearman_mean", "spearman_sd",
-                "drugs", "repeats")
+        keys = ("method", "epsilon", "n_private", "sites", "aggregation", "spearman_mean",
+                "spearman_sd", "drugs", "repeats")
         results = [{k: (None if isinstance(s[k], float) and s[k] != s[k] else s[k]) for k in keys}
                    for s in summary]
         print(json.dumps({"results": results, "wall_s": wall_s, "out": str(out),
@@ -174,6 +190,11 @@ def register(subparsers) -> None:
                    help="comparison methods (default: all seven)")
     p.add_argument("--sites", type=_ints, default=(1, 3, 10), metavar="K,K,...",
                    help="site counts K for robust_private (default 1,3,10)")
+    p.add_argument("--aggregation", type=_aggregations, default=("independent", "secure"),
+                   metavar="A,A,...",
+                   help="how robust_private combines K >= 2 sites: independent (K noise draws "
+                        "on the sum), secure (secure aggregation, one distributed draw, T = K); "
+                        "default both; K = 1 is always independent")
     p.add_argument("--epsilons", type=_floats, default=(1.0, 2.0), metavar="E,E,...",
                    help="privacy budgets per site (default 1,2)")
     p.add_argument("--neighbouring", choices=("add_remove", "replace_one"), default="add_remove",

@@ -29,6 +29,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from aggregator.aggregate import FIT_METHODS
+from evaluation.protocol import AGGREGATIONS
 from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
                                validate_privacy_parameters)
 
@@ -136,7 +137,9 @@ class PrivacySetting:
     ``DEFAULT_DELTA`` (1e-5). ``n_sites``: the private rows are split into K contiguous,
     near-equal parts (``split_rows``), each released by its own site with the same epsilon, and
     the releases are summed (method.md section 3); methods that cannot be federated raise
-    ValueError for K > 1.
+    ValueError for K > 1. ``aggregation``: how K >= 2 releases are combined,
+    "independent" (default: K noise draws on the sum) or "secure" (secure aggregation with
+    distributed noise, issue 10: one draw on the sum; robust_private only).
 
     ``x_range``/``y_range``: the public *range* of the pre-processed data, used by the methods
     that bound the data by linear rescaling instead of projection (private_unclipped,
@@ -159,8 +162,12 @@ class PrivacySetting:
     y_range: float | None = None
     neighbouring: str = "add_remove"
     xtx_sensitivity: str = "exact"
+    aggregation: str = "independent"
 
     def __post_init__(self):
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got "
+                             f"{self.aggregation!r}")
         check_neighbouring(self.neighbouring)
         check_xtx_rule(self.xtx_sensitivity)
         split = self.budget_split

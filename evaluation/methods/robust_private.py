@@ -10,6 +10,14 @@ the same per-site mechanism). The aggregator sums the releases and adds the exac
 unclipped statistics of the public rows (as ``coordinator.roundspec`` does), then fits the
 Gamma-prior model: by default the noise-aware posterior (method.md section 8), which knows
 the sum holds K independent release noises (``Statistics.noise``).
+
+With ``PrivacySetting.aggregation == "secure"`` (issue 10, method.md section 10) the sum is
+what a secure round hands the aggregator instead (``secure_sum``): each site's clipped
+statistics on the fixed-point grid plus its 1/T share of distributed discrete Laplace noise
+(``dpfed.secagg.calibration``, the code the round protocol runs), summed modulo 2^64 and
+decoded. With T = K (every site honest) the sum carries ONE discrete Laplace draw at the
+grid-calibrated scale, and its ``Statistics.noise`` says so
+(``GridCalibration.noise_description(K)``).
 """
 
 from __future__ import annotations
@@ -19,10 +27,67 @@ from typing import ClassVar
 
 import numpy as np
 
-from dpfed.statistics import Statistics, exact_statistics
+from dpfed.secagg import fixedpoint
+from dpfed.secagg.calibration import GridCalibration, calibrate
+from dpfed.sensitivity import noise_calibration
+from dpfed.statistics import Statistics, exact_statistics, validate_shapes
 from evaluation.methods.base import PrivacySetting, TrainingData, split_rows, validate_posterior
 from evaluation.methods.posterior_fit import posterior_beta
-from site_node.release import release_many
+from site_node.release import clipped_statistics, release_many
+
+
+def secure_inputs(blocks, setting: PrivacySetting, noise_threshold: int | None = None
+                  ) -> tuple[GridCalibration, list[np.ndarray]]:
+    """The grid calibration of a secure round of ``len(blocks)`` = K sites and each site's
+    input x_u (``GridCalibration.release``: its clipped Sxx upper triangle, Sxy, Syy and n in
+    fixed point, plus its noise share), i.e. exactly what each site hands
+    ``dpfed.secagg.protocol.SiteSession.masked_input``. ``noise_threshold`` T defaults to K
+    (every site honest). All public inputs: eps, bounds, split, relation, K, the largest
+    site's rows (n_max) and T."""
+    shaped = [validate_shapes(x, y) for x, y in blocks]
+    if len(shaped) < 2:
+        raise ValueError("secure aggregation needs at least 2 sites (K = 1 is independent)")
+    d = shaped[0][0].shape[1]
+    if any(x.shape[1] != d for x, _ in shaped):
+        raise ValueError("every block must have the same number of columns d")
+    k = len(shaped)
+    t = k if noise_threshold is None else int(noise_threshold)
+    cal = noise_calibration(d, setting.epsilon, setting.x_bound, setting.y_bound,
+                            setting.budget_split, neighbouring=setting.neighbouring,
+                            xtx_sensitivity=setting.xtx_sensitivity)
+    grid = calibrate(d=d, n_max=max(x.shape[0] for x, _ in shaped), n_sites=k,
+                     x_bound=setting.x_bound, y_bound=setting.y_bound, calibration=cal,
+                     noise_threshold=t)
+    iu = np.triu_indices(d)
+    inputs = []
+    for x, y in shaped:
+        sxx, sxy, syy = clipped_statistics(x, y, setting.x_bound, setting.y_bound)
+        inputs.append(grid.release(np.concatenate([sxx[iu], sxy, [syy]]), x.shape[0]))
+    return grid, inputs
+
+
+def decode_secure_sum(grid: GridCalibration, vector, contributors: int) -> Statistics:
+    """The Statistics of an unmasked secure sum of ``contributors`` inputs: decoded values, n
+    clamped at 0 (post-processing, as each independent release clamps its own n), and the
+    noise description of the sum (one draw when T = contributors)."""
+    upper, n = grid.decode(vector)
+    return Statistics.from_upper(grid.layout.d, max(0, int(round(n))), upper,
+                                 grid.noise_description(contributors))
+
+
+def secure_sum(blocks, setting: PrivacySetting, noise_threshold: int | None = None
+               ) -> Statistics:
+    """What a secure round of K = ``len(blocks)`` sites hands the aggregator: the sum modulo
+    2^64 of the sites' inputs (``secure_inputs``), decoded (``decode_secure_sum``).
+
+    The masks are not simulated: every masked input is x_u + PRG(b_u) + sum_v +-PRG(s_uv) mod
+    2^64, the pairwise masks cancel in the sum and the aggregator removes the self-masks it
+    reconstructs, all in exact integer arithmetic modulo 2^64, so the unmasked sum of a round
+    in which no site drops out is sum_u x_u mod 2^64 bit for bit (checked against
+    ``dpfed.secagg.simulate.run_round`` on the same inputs in
+    tests/evaluation/test_secure_aggregation.py)."""
+    grid, inputs = secure_inputs(blocks, setting, noise_threshold)
+    return decode_secure_sum(grid, fixedpoint.wrap_sum(inputs), len(inputs))
 
 
 def public_statistics(data: TrainingData) -> Statistics:
@@ -53,6 +118,8 @@ class RobustPrivate:
                   for rows in split_rows(data.n_private, setting.n_sites)]
         if not blocks:
             return total
+        if setting.aggregation == "secure" and len(blocks) >= 2:
+            return total + secure_sum(blocks, setting)
         # The K sites' releases, their noise drawn in 3 OpenDP calls (release_many: each
         # site's block gets exactly the mechanism and guarantee of release_statistics).
         for site in release_many(blocks, epsilon=setting.epsilon, x_bound=setting.x_bound,

@@ -35,6 +35,7 @@ def test_bad_arguments_exit_2(tmp_path):
     assert _run("--methods", "magic", "--out", str(tmp_path), cwd=tmp_path).returncode == 2
     assert _run("--repeats", "0", cwd=tmp_path).returncode == 2
     assert _run("--sizes", "a,b", cwd=tmp_path).returncode == 2
+    assert _run("--aggregation", "independent,trusted", cwd=tmp_path).returncode == 2
 
 
 def test_help_has_an_example():

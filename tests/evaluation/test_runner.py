@@ -21,13 +21,20 @@ def test_task_rows_cover_the_grid(cfg_and_bounds):
     methods = ("robust_private", "nonprivate", "adassp")
     (task,) = plan_tasks([1047], cfg, methods, bounds, repeats_per_task=2)
     result = run_task(task)
-    keys = {(r["method"], r["epsilon"], r["n_private"], r["sites"], r["repeat"]) for r in result.rows}
+    keys = {(r["method"], r["epsilon"], r["n_private"], r["sites"], r["aggregation"],
+             r["repeat"]) for r in result.rows}
     expected = set()
     for rep in (0, 1):
         for n in (0, 100):
-            expected |= {("robust_private", 2.0, n, 1, rep), ("robust_private", 2.0, n, 3, rep),
-                         ("nonprivate", None, n, 1, rep), ("adassp", 2.0, n, 1, rep)}
+            # K = 1 is always independent; K = 3 once per aggregation (issue 10)
+            expected |= {("robust_private", 2.0, n, 1, "independent", rep),
+                         ("robust_private", 2.0, n, 3, "independent", rep),
+                         ("robust_private", 2.0, n, 3, "secure", rep),
+                         ("nonprivate", None, n, 1, "independent", rep),
+                         ("adassp", 2.0, n, 1, "independent", rep)}
     assert keys == expected and len(result.rows) == len(expected)
+    assert all(r["noise_threshold"] == (3 if r["aggregation"] == "secure" else None)
+               for r in result.rows)
     assert all(set(r) == set(ROW_FIELDS) for r in result.rows)
     assert not any(r["error"] for r in result.rows)
     assert all(math.isfinite(r["spearman"]) for r in result.rows)
@@ -35,8 +42,8 @@ def test_task_rows_cover_the_grid(cfg_and_bounds):
     for rep in (0, 1):
         zero = {r["spearman"] for r in result.rows if r["n_private"] == 0 and r["repeat"] == rep}
         assert len(zero) == 1
-    # The Gamma-prior fits (robust_private x 2 K, nonprivate, public-only), one each.
-    assert result.fits == 2 * (2 + 1 + 1)
+    # The Gamma-prior fits (robust_private x 3 (K, aggregation), nonprivate, public-only).
+    assert result.fits == 2 * (3 + 1 + 1)
     assert all(r["converged"] for r in result.rows if r["method"] != "adassp" or r["n_private"] == 0)
 
 
