@@ -9,6 +9,10 @@ the mean paired difference of Spearman correlations with its standard error (sd 
 per-cell differences / sqrt(cells); cells of one repeat share a split, so this slightly
 understates the se), plus the public-only fit (n = 0) on the same cells for context.
 
+``pooled``: per eps, the difference averaged over n within each (drug, repeat) first, then
+over the (drug, repeat) units (the nested n of one unit share their lines and public fit, so
+only units are treated as independent), for n in 100..700 (n = 800 reaches 1 drug here).
+
 Verdict per row, d = secure - K=1 with standard error se: "confirmed" if d +- 2 se lies within
 +-0.01 (the run has the power to say so); "met" if |d| <= 0.01 but the interval reaches past
 it; "missed (n.s.)" if |d| > 0.01 but within 2 se of the band (not distinguishable from
@@ -95,6 +99,37 @@ def score(rows, k: int = 10) -> list[dict]:
     return out
 
 
+def pooled(rows, k: int = 10, sizes=range(100, 701, 100)) -> list[dict]:
+    """Per eps: secure - K=1 and secure - independent averaged over ``sizes`` per
+    (drug, repeat), then mean +- se over those units (module docstring)."""
+    vals: dict[tuple, float] = {}
+    for r in rows:
+        if r["method"] != "robust_private" or r.get("error") or int(r["n_private"]) not in sizes:
+            continue
+        rho = float(r["spearman"])
+        if not math.isfinite(rho) or int(r["sites"]) not in (1, k):
+            continue
+        variant = "single" if int(r["sites"]) == 1 else (r.get("aggregation") or "independent")
+        vals[(variant, float(r["epsilon"]), int(r["n_private"]), int(r["drug"]),
+              int(r["repeat"]))] = rho
+    out = []
+    for eps in sorted({key[1] for key in vals}):
+        row = dict(epsilon=eps)
+        for other in ("single", "independent"):
+            per_unit: dict[tuple, list[float]] = defaultdict(list)
+            for (v, e, n, drug, rep), rho in vals.items():
+                if v == "secure" and e == eps and (other, e, n, drug, rep) in vals:
+                    per_unit[(drug, rep)].append(rho - vals[(other, e, n, drug, rep)])
+            units = [sum(d) / len(d) for d in per_unit.values()]
+            m = sum(units) / len(units) if units else float("nan")
+            se = (math.sqrt(sum((u - m) ** 2 for u in units) / (len(units) - 1) / len(units))
+                  if len(units) > 1 else float("nan"))
+            row[f"secure_minus_{other}"], row[f"se_{other}"], row[f"units_{other}"] = \
+                m, se, len(units)
+        out.append(row)
+    return out
+
+
 def markdown(table: list[dict], k: int) -> str:
     lines = [f"| eps | n | cells | K=1 | K={k} secure | K={k} independent | public-only | "
              f"secure - K=1 ± se | secure - independent ± se | target (±{TARGET}) |",
@@ -115,12 +150,14 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=10, help="the K of the secure rows (default 10)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    table = score(read_csv(args.results), args.k)
+    rows = read_csv(args.results)
+    table = score(rows, args.k)
+    pool = pooled(rows, args.k)
     if not table:
         print("no (eps, n) with both K=1 and secure K rows", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(table, indent=1))
+        print(json.dumps({"table": table, "pooled": pool}, indent=1))
     else:
         print(markdown(table, args.k))
         count = lambda *v: sum(r["verdict"] in v for r in table)  # noqa: E731
@@ -130,6 +167,12 @@ def main(argv=None) -> int:
               f"within 2 se, {count('missed')} missed beyond 2 se; worst secure - K=1 = "
               f"{worst['secure_minus_single']:+.3f} ± {worst['se_single']:.3f} "
               f"(eps {worst['epsilon']:g}, n {worst['n_private']}, {worst['cells']} cells)")
+        print("\nPooled over n = 100..700 per (drug, repeat):")
+        for p in pool:
+            print(f"- eps {p['epsilon']:g}: secure - K=1 {p['secure_minus_single']:+.4f} ± "
+                  f"{p['se_single']:.4f} ({p['units_single']} drug-repeats); secure - "
+                  f"independent {p['secure_minus_independent']:+.4f} ± "
+                  f"{p['se_independent']:.4f}")
     return 0
 
 
