@@ -115,7 +115,7 @@ def _is_binary(col: np.ndarray) -> bool:
 
 def public_scales(x_public, y_public, preprocessing: Preprocessing) -> tuple[float, float]:
     """(sigma_x, sigma_y) of the public rows after pre-processing: the same rule as
-    ``dpfed.simulation.public_sigmas`` (pooled sd of the features, sd with ddof 1 of the
+    ``dpfed_apps.simulation.public_sigmas`` (pooled sd of the features, sd with ddof 1 of the
     centred target; 1/sqrt(d) and 1 as fallbacks)."""
     z = preprocessing.transform_x(x_public)
     yc = preprocessing.transform_y(y_public)

@@ -1,6 +1,6 @@
 """Provisioning a federation: its certificate authority and one kit per party.
 
-``dpfed provision --project project.toml --out DIR`` (dpfed.commands.provision) makes
+``dpfed provision --project project.toml --out DIR`` (dpfed_apps.commands.provision) makes
 
     DIR/ca/ca.key, ca.pem         the federation CA (ECDSA P-256; key 0600, folder 0700)
     DIR/public/                   every public thing: ca.pem, sites/<id>.pub|.pem,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dpfed.cli import main
+from dpfed_apps.cli import main
 
 
 def test_bench_round_small(capsys):

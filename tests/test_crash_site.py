@@ -35,7 +35,7 @@ def _site_process(config_path, crash_at: str | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "DPFED_TEST_CRASH_AT"}
     if crash_at:
         env["DPFED_TEST_CRASH_AT"] = crash_at
-    return subprocess.Popen([sys.executable, "-m", "dpfed.cli", "--log-level", "INFO", "site",
+    return subprocess.Popen([sys.executable, "-m", "dpfed_apps.cli", "--log-level", "INFO", "site",
                              "serve", "--config", str(config_path)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

@@ -91,7 +91,7 @@ def test_site_configs_load_with_tls_and_a_matching_certificate(deployed, hospita
 def test_coordinator_config_connects_over_tls(deployed):
     import argparse
 
-    from dpfed.commands.round import connect
+    from dpfed_apps.commands.round import connect
 
     example, _ = deployed
     args = argparse.Namespace(config=str(example / "coordinator/coordinator.toml"),
@@ -235,7 +235,7 @@ def test_compose_services_name_files_that_exist():
 def test_data_export_is_reproducible_and_disjoint(tmp_path, capsys):
     import csv
 
-    from dpfed.cli import main
+    from dpfed_apps.cli import main
 
     argv = ["data", "export", "--drug", "1047", "--sites", "hospital-a,hospital-b,hospital-c",
             "--out"]

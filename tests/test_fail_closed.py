@@ -39,7 +39,7 @@ def _env() -> dict:
 
 
 def _dpfed(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dpfed.cli", "--log-level", "DEBUG", *args]
+    return [sys.executable, "-m", "dpfed_apps.cli", "--log-level", "DEBUG", *args]
 
 
 def _serve(config_path: Path, log_path: Path) -> subprocess.Popen:
@@ -285,7 +285,7 @@ def test_no_data_value_reaches_any_output(tmp_path, caplog):
         assert "is the header row missing" in statuses["headerless"].refusals[0].reason
         assert "non-finite" in statuses["overflow"].refusals[0].reason
         # `dpfed round status` prints the same reasons.
-        from dpfed.commands.round import _print_status
+        from dpfed_apps.commands.round import _print_status
         import contextlib
         import io
         out = io.StringIO()

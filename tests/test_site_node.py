@@ -472,7 +472,7 @@ def test_rejected_release_is_recorded_not_resent_in_a_loop(tmp_path):
 
 
 def test_cli_check_and_ledger(tmp_path, capsys):
-    from dpfed.cli import main
+    from dpfed_apps.cli import main
 
     config_path, coordinator, _ = write_site(tmp_path)
     assert main(["site", "check", "--config", str(config_path)]) == 0

@@ -13,7 +13,7 @@ from aggregator import fit_posterior
 from dpfed.bounds import choose_bounds
 from dpfed.metrics import spearman
 from dpfed.preprocess import Preprocessing
-from dpfed.simulation import public_sigmas
+from dpfed_apps.simulation import public_sigmas
 from site_node import exact_statistics, release_statistics
 
 D, N_PRIVATE, N_PUBLIC, N_TEST, EPSILON = 10, 800, 10, 500, 2.0

@@ -11,7 +11,7 @@ import math
 import numpy as np
 
 from dpfed.preprocess import Preprocessing
-from dpfed.simulation.problem import Problem, Split
+from dpfed_apps.simulation.problem import Problem, Split
 
 
 def public_preprocessing(problem: Problem, split: Split) -> Preprocessing:

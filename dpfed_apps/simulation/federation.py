@@ -20,7 +20,7 @@ from typing import Callable
 
 import numpy as np
 
-from dpfed.simulation.problem import Problem, Split, site_ids
+from dpfed_apps.simulation.problem import Problem, Split, site_ids
 
 COORDINATOR_ID = "coordinator"
 # The round's split: the add/remove default of dpfed.sensitivity (Sxx, Sxy, Syy, n).
@@ -237,8 +237,8 @@ def tail(path: Path, lines: int = 20) -> str:
 
 
 def dpfed_command(log_level: str, *args: str) -> list[str]:
-    """``python -m dpfed.cli ARGS`` with the interpreter running us (same environment)."""
-    return [sys.executable, "-m", "dpfed.cli", "--log-level", log_level, *args]
+    """``python -m dpfed_apps.cli ARGS`` with the interpreter running us (same environment)."""
+    return [sys.executable, "-m", "dpfed_apps.cli", "--log-level", log_level, *args]
 
 
 def aggregator_command(config_path: Path, log_level: str = "INFO") -> list[str]:

@@ -24,12 +24,8 @@ example:
 
 
 def bench_round(args) -> int:
-    try:
-        from benchmarks.bench_round import run_repeated
-    except ImportError:  # run from outside the source tree: benchmarks/ is not installed
-        from pathlib import Path
-        sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-        from benchmarks.bench_round import run_repeated
+    from dpfed_apps.bench.round import run_repeated
+
     if args.sites < 1 or args.dim < 1 or args.repeat < 1:
         print("dpfed bench round: --sites, --dim and --repeat must be at least 1",
               file=sys.stderr)

@@ -14,7 +14,7 @@ from typing import Sequence
 import numpy as np
 
 from dpfed.preprocess import Preprocessing
-from dpfed.simulation.problem import Problem, Split
+from dpfed_apps.simulation.problem import Problem, Split
 from dpfed.statistics import Statistics, exact_statistics
 
 

@@ -29,8 +29,8 @@ def export(args) -> int:
 
     from dpfed import datasets
     from dpfed.provision import ProvisionError, check_name
-    from dpfed.simulation.federation import write_rows_csv
-    from dpfed.simulation.problem import gdsc_problem, split_rows
+    from dpfed_apps.simulation.federation import write_rows_csv
+    from dpfed_apps.simulation.problem import gdsc_problem, split_rows
 
     sites = [s.strip() for s in args.sites.split(",") if s.strip()]
     try:

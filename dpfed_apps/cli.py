@@ -40,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="how much the logs (on stderr) say (default: INFO)")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        module_name = "dpfed.commands." + name.replace("-", "_")
+        module_name = "dpfed_apps.commands." + name.replace("-", "_")
         try:
             module = importlib.import_module(module_name)
         except ModuleNotFoundError as exc:

@@ -16,14 +16,14 @@ Everything the coordinator uses (means, sigmas, bounds) comes from the public li
 public sizes n (bounded DP: n is public), never from the sites' private rows.
 """
 
-from dpfed.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
+from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
                                          LocalFederation, round_config, to_toml,
                                          write_federation, write_rows_csv)
-from dpfed.simulation.problem import (ID_COLUMN, Problem, Split, csv_problem, gdsc_problem,
+from dpfed_apps.simulation.problem import (ID_COLUMN, Problem, Split, csv_problem, gdsc_problem,
                                       site_ids, split_rows)
-from dpfed.simulation.public import public_preprocessing, public_sigmas, round_bounds
-from dpfed.simulation.report import format_report
-from dpfed.simulation.run import (DEFAULT_EPSILON, DEFAULT_PUBLIC, DEFAULT_SITES, DEFAULT_TEST,
+from dpfed_apps.simulation.public import public_preprocessing, public_sigmas, round_bounds
+from dpfed_apps.simulation.report import format_report
+from dpfed_apps.simulation.run import (DEFAULT_EPSILON, DEFAULT_PUBLIC, DEFAULT_SITES, DEFAULT_TEST,
                                   SimulationOptions, load_problem, run_simulation)
-from dpfed.simulation.scoring import (FittedModel, baseline_models, feature_table, fit_model,
+from dpfed_apps.simulation.scoring import (FittedModel, baseline_models, feature_table, fit_model,
                                       model_from_result, test_spearman, training_statistics)

@@ -72,7 +72,7 @@ def _inputs(args):
     """(x_public, y_public, feature_names, bounds, split) from --config and/or --public."""
     from pathlib import Path
 
-    from dpfed.simulation.problem import csv_problem
+    from dpfed_apps.simulation.problem import csv_problem
 
     target, features, public, bounds, split = args.target, None, args.public, None, None
     if args.features:
@@ -102,7 +102,7 @@ def _inputs(args):
 
 
 def run(args) -> int:
-    from dpfed.forecast import forecast_round
+    from dpfed_apps.forecast import forecast_round
 
     try:
         x_pub, y_pub, names, cfg_bounds, cfg_split = _inputs(args)

@@ -2,7 +2,7 @@
 
 Starts an aggregator and K site nodes as separate processes (real gRPC on loopback, real
 Ed25519 keys), runs one round and compares the private model with non-private and
-public-only baselines on held-out cell lines. See dpfed.simulation.
+public-only baselines on held-out cell lines. See dpfed_apps.simulation.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ class _Interrupts:
 
 
 def run(args) -> int:
-    from dpfed import simulation
-    from dpfed.cli import require
+    from dpfed_apps import simulation
+    from dpfed_apps.cli import require
 
     # The simulation runs every role: it needs the site and the aggregator extras.
     for module, extra in (("opendp", "all"), ("scipy", "all"), ("pymc", "all")):

@@ -9,12 +9,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpfed.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
+from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
                                          LocalFederation, Progress, _stderr_progress,
                                          free_port, round_config, to_toml, write_federation)
-from dpfed.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
-from dpfed.simulation.public import public_preprocessing, public_sigmas, round_bounds
-from dpfed.simulation.scoring import (baseline_models, feature_table, model_from_result,
+from dpfed_apps.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
+from dpfed_apps.simulation.public import public_preprocessing, public_sigmas, round_bounds
+from dpfed_apps.simulation.scoring import (baseline_models, feature_table, model_from_result,
                                       test_spearman)
 
 DEFAULT_SITES = 3
@@ -81,9 +81,9 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     progress(f"choosing bounds for n={n_bounds}, d={problem.dim}, eps={options.epsilon}")
     x_bound, y_bound = round_bounds(n_bounds, problem.dim, options.epsilon, sigma_x, sigma_y)
 
-    # What the round is expected to buy, from public inputs only (dpfed.forecast), computed
+    # What the round is expected to buy, from public inputs only (dpfed_apps.forecast), computed
     # before any budget is spent and shown beside the realised result.
-    from dpfed.forecast import forecast_round
+    from dpfed_apps.forecast import forecast_round
 
     forecast = forecast_round(x_public=problem.x[split.public], y_public=problem.y[split.public],
                               feature_names=problem.feature_names, preprocessing=prep,

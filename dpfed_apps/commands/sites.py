@@ -7,7 +7,7 @@ import json
 import time
 
 from dpfed import exitcodes
-from dpfed.commands.round import add_connection_args, query
+from dpfed_apps.commands.round import add_connection_args, query
 
 EPILOG = """\
 example:

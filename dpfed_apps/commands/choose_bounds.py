@@ -71,7 +71,7 @@ def run(args) -> int:
         if args.public:
             from dpfed.auxiliary import AuxiliarySource
             from dpfed.preprocess import Preprocessing
-            from dpfed.simulation.problem import csv_problem
+            from dpfed_apps.simulation.problem import csv_problem
 
             if not args.target:
                 raise ValueError("--public needs --target")

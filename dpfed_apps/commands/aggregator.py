@@ -19,7 +19,7 @@ example:
 
 
 def serve(args) -> int:
-    from dpfed.cli import require
+    from dpfed_apps.cli import require
 
     # Fail fast on a site-only installation, naming the extra, instead of a traceback.
     for module in ("scipy", "pymc"):

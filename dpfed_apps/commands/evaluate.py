@@ -73,7 +73,7 @@ class _Progress:
 
 
 def evaluate(args) -> int:
-    from dpfed.cli import require
+    from dpfed_apps.cli import require
 
     require("scipy", "aggregator")
     require("opendp", "site")
