@@ -71,10 +71,10 @@ class AggregatorServer:
         if cfg.crl is not None and cfg.tls is not None:
             from aggregator.config import ConfigError
             from aggregator.identity import RevocationList
-            from dpfed.provision import ProvisionError
+            from dpfed.identity import IdentityError
             try:
                 self.revocation = RevocationList(cfg.crl, cfg.tls.ca_cert)
-            except ProvisionError as exc:   # fail closed: no start with a list we cannot read
+            except IdentityError as exc:    # fail closed: no start with a list we cannot read
                 raise ConfigError(f"tls.crl: {exc}") from None
         Path(cfg.state_db).parent.mkdir(parents=True, exist_ok=True)
         self.store = RoundStore(cfg.state_db)

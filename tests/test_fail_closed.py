@@ -363,7 +363,7 @@ def test_keys_of_the_concurrent_release_work_are_allowed(tmp_path):
 def test_unknown_keys_in_every_other_loader(tmp_path):
     from aggregator.config import ConfigError as AggregatorConfigError, config_from_dict
     from coordinator.roundspec import RoundSpecError, build_round_spec
-    from dpfed.provision import ProvisionError, project_from_dict
+    from dpfed_apps.ca import ProvisionError, project_from_dict
 
     base = {"listen": "127.0.0.1:0", "insecure": True}
     for raw, message in [

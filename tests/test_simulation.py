@@ -6,7 +6,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from dpfed import simulation as sim
+from dpfed_apps import simulation as sim
 from dpfed.statistics import Statistics
 
 
@@ -108,7 +108,7 @@ def test_written_files_follow_the_interfaces(tmp_path, nutlin):
     assert names == ["site-1", "site-2"]
     site = tomllib.loads(layout.site_config("site-1").read_text())
     assert site["aggregator"] == "127.0.0.1:50999" and "insecure" not in site
-    assert site["tls"]["cert"].endswith("site-1.pem")   # mutual TLS, kits from dpfed.provision
+    assert site["tls"]["cert"].endswith("site-1.pem")   # mutual TLS, kits from dpfed_apps.ca
     assert site["data"]["id_column"] == "COSMIC_ID"
     assert site["policy"]["max_epsilon_per_round"] == 2.0
     agg = tomllib.loads(layout.aggregator_config.read_text())

@@ -6,7 +6,7 @@ simulated sites live in this one as lightweight clients (dpfed_apps/bench/simula
 Their releases are pre-computed and each site signs its own contribution before the clock
 starts (sites sign in parallel in reality, so one process signing 1000 in series would time
 this machine, not the federation). Plaintext by default; --tls provisions a CA and kits with
-dpfed.provision and uses mutual TLS with one connection per site, as in production.
+dpfed_apps.ca and uses mutual TLS with one connection per site, as in production.
 
     python benchmarks/bench_round.py --sites 10 100 1000 --dim 64 [--repeat 5] [--tls] [--json]
 
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
     p.add_argument("--channels", type=int, default=4, help="client gRPC channels")
     p.add_argument("--workers", type=int, default=16, help="aggregator gRPC worker threads")
     p.add_argument("--tls", action="store_true",
-                   help="mutual TLS with kits from dpfed.provision (one connection per site)")
+                   help="mutual TLS with kits from dpfed_apps.ca (one connection per site)")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     for d in args.dim:

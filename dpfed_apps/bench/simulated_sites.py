@@ -8,7 +8,7 @@ series would time this machine, not the federation. The signed envelopes are ser
 up front, and sent as bytes through a generic stub, because the client shares the machine's
 two cores with the aggregator and every millisecond it spends counts against the round.
 
-With ``tls=True`` the federation is provisioned with dpfed.provision into a temporary folder
+With ``tls=True`` the federation is provisioned with dpfed_apps.ca into a temporary folder
 (CA, one kit per site and coordinator, the aggregator's own aggregator.toml) and every call
 uses mutual TLS as in production: each site dials with its own certificate on its own
 connection, so the aggregator's key-owner = certificate-identity check runs on every call.
@@ -103,7 +103,7 @@ class Federation:
     spec_envelope: object                 # pb.SignedEnvelope, signed by the coordinator
     contributions: list[bytes]            # serialised SignedEnvelope of site i
     folder: Path
-    tls_root: Path | None = None          # dpfed.provision output, with tls=True
+    tls_root: Path | None = None          # dpfed_apps.ca output, with tls=True
     _channels: list = field(default_factory=list)
 
     @property
@@ -113,7 +113,7 @@ class Federation:
     def _channel(self, kind: str, party: str):
         import grpc
 
-        from dpfed.provision import kit_dir, kit_tls
+        from dpfed_apps.ca import kit_dir, kit_tls
         from dpfed.transport import CHANNEL_OPTIONS
         # Own subchannel pool: otherwise gRPC shares one connection between equal channels.
         options = [*CHANNEL_OPTIONS, ("grpc.use_local_subchannel_pool", 1)]
@@ -186,8 +186,8 @@ def _plaintext_parties(site_ids: list[str], folder: Path, raw_extra: dict):
 
 
 def _provisioned_parties(site_ids: list[str], folder: Path, raw_extra: dict):
-    """dpfed.provision's CA and kits; the aggregator runs its kit's own aggregator.toml."""
-    from dpfed.provision import kit_dir, project_from_dict, provision
+    """dpfed_apps.ca's CA and kits; the aggregator runs its kit's own aggregator.toml."""
+    from dpfed_apps.ca import kit_dir, project_from_dict, provision
     from dpfed.wire.signing import SigningKey
     root = folder / "federation"
     provision(project_from_dict({"federation": "bench", "sites": site_ids,

@@ -34,11 +34,11 @@ def serve(args) -> int:
         else:
             # An expired or mismatched certificate would only show as failed handshakes at the
             # clients; say so here, before listening.
-            from dpfed.provision import certificate_problems
+            from dpfed.identity import certificate_problems
             problems = certificate_problems(config.tls, "aggregator", "aggregator")
             if problems:
                 raise ConfigError("[tls]: " + "; ".join(problems))
-            from dpfed.provision import expiry_warning
+            from dpfed.identity import expiry_warning
             warning = expiry_warning(config.tls.cert)
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)

@@ -35,8 +35,8 @@ exit codes: 0 ok, 2 a key exists already (--force makes new ones) or bad argumen
 def run(args) -> int:
     from pathlib import Path
 
-    from dpfed.provision import (AGGREGATOR, COORDINATOR, SITE, ProvisionError, make_request,
-                                 request_for_existing_key)
+    from dpfed_apps.ca import (AGGREGATOR, COORDINATOR, SITE, ProvisionError, make_request,
+                               request_for_existing_key)
     kind, name = ((SITE, args.site) if args.site else (COORDINATOR, args.coordinator)
                   if args.coordinator else (AGGREGATOR, AGGREGATOR))
     out = Path(args.out)

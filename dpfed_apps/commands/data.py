@@ -28,7 +28,7 @@ def export(args) -> int:
     from pathlib import Path
 
     from dpfed import datasets
-    from dpfed.provision import ProvisionError, check_name
+    from dpfed.identity import IdentityError, check_name
     from dpfed_apps.simulation.federation import write_rows_csv
     from dpfed_apps.simulation.problem import gdsc_problem, split_rows
 
@@ -37,7 +37,7 @@ def export(args) -> int:
         for s in sites:
             check_name(s, "site id")
         if len(set(sites)) != len(sites) or not sites:
-            raise ProvisionError("--sites must name distinct sites")
+            raise IdentityError("--sites must name distinct sites")
         features = ([f.strip() for f in args.features.split(",") if f.strip()]
                     if args.features else None)
         problem = gdsc_problem(args.drug, features)

@@ -50,7 +50,7 @@ exit codes: 0 ok, 2 invalid project.toml or output folder, 1 other error
 
 
 def run(args) -> int:
-    from dpfed.provision import ProvisionError, load_project, load_request, provision
+    from dpfed_apps.ca import ProvisionError, load_project, load_request, provision
     if getattr(args, "action", None) == "renew":
         return run_renew(args)
     if getattr(args, "action", None) == "revoke":
@@ -90,10 +90,10 @@ def run(args) -> int:
 
 
 def run_renew(args) -> int:
-    from dpfed.provision import ProvisionError, load_request, renew
+    from dpfed_apps.ca import ProvisionError, load_request, renew
     try:
         request = load_request(args.csr, need_pub=False) if args.csr else None
-        from dpfed.provision import DEFAULT_CERT_DAYS
+        from dpfed_apps.ca import DEFAULT_CERT_DAYS
         path = renew(args.out, args.name, days=args.days or DEFAULT_CERT_DAYS, request=request)
     except (ProvisionError, OSError) as exc:
         print(f"dpfed provision renew: {exc}", file=sys.stderr)
@@ -108,7 +108,7 @@ def run_renew(args) -> int:
 
 
 def run_revoke(args) -> int:
-    from dpfed.provision import ProvisionError, revoke
+    from dpfed_apps.ca import ProvisionError, revoke
     try:
         serial = int(args.serial, 16) if args.serial else None
         new, path = revoke(args.out, args.name, serial=serial)

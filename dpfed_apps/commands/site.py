@@ -99,12 +99,12 @@ def cmd_serve(args) -> int:
     else:
         # An expired or mismatched certificate would only show as failed handshakes and
         # PERMISSION_DENIED from the aggregator; say so before dialling.
-        from dpfed.provision import certificate_problems
+        from dpfed.identity import certificate_problems
         problems = certificate_problems(config.tls, "site", config.site_id)
         if problems:
             print(f"dpfed site serve: [tls]: {'; '.join(problems)}", file=sys.stderr)
             return exitcodes.USAGE
-        from dpfed.provision import expiry_warning
+        from dpfed.identity import expiry_warning
         warning = expiry_warning(config.tls.cert)
         if warning:
             print(f"warning: {warning}", file=sys.stderr)
@@ -344,13 +344,13 @@ def cmd_check(args) -> int:
     except (OSError, ValueError) as exc:
         problems.append(f"signing_key {config.signing_key}: {exc}")
     if config.tls is not None:
-        from dpfed.provision import certificate_problems
+        from dpfed.identity import certificate_problems
         tls_problems = certificate_problems(config.tls, "site", config.site_id)
         problems += [f"[tls]: {p}" for p in tls_problems]
         if not tls_problems:
             print(f"tls: {config.tls.cert} (dpfed://site/{config.site_id}, signed by "
                   f"{config.tls.ca_cert})")
-            from dpfed.provision import expiry_warning
+            from dpfed.identity import expiry_warning
             warning = expiry_warning(config.tls.cert)
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)

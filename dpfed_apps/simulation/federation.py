@@ -2,7 +2,7 @@
 
 ``LocalFederation`` starts ``dpfed aggregator serve`` and K ``dpfed site serve`` processes
 talking real gRPC on loopback and always stops them (a context manager). Every channel is
-mutual TLS with a CA and kits made by dpfed.provision, as in a deployment.
+mutual TLS with a CA and kits made by dpfed_apps.ca, as in a deployment.
 """
 
 from __future__ import annotations
@@ -88,12 +88,12 @@ class FederationLayout:
 
     @property
     def pki(self) -> Path:
-        """The CA and one kit per party (dpfed.provision layout)."""
+        """The CA and one kit per party (dpfed_apps.ca layout)."""
         return self.root / "pki"
 
     def kit(self, name: str) -> Path:
         """The kit folder of a site, the coordinator or the aggregator."""
-        from dpfed.provision import AGGREGATOR, COORDINATOR, SITE, kit_dir
+        from dpfed_apps.ca import AGGREGATOR, COORDINATOR, SITE, kit_dir
         kind = (AGGREGATOR if name == AGGREGATOR else
                 COORDINATOR if name == COORDINATOR_ID else SITE)
         return kit_dir(self.pki, kind, name)
@@ -103,7 +103,7 @@ class FederationLayout:
 
     def tls(self, name: str):
         """The TlsFiles (dpfed.transport) of a party's kit."""
-        from dpfed.provision import kit_tls
+        from dpfed_apps.ca import kit_tls
         return kit_tls(self.kit(name), name)
 
     @property
@@ -150,9 +150,9 @@ class FederationLayout:
 
 def write_federation(layout: FederationLayout, problem: Problem, split: Split, *, port: int,
                      epsilon: float, total_epsilon: float | None = None) -> list[str]:
-    """CA and kits (dpfed.provision), per-site CSVs, site.toml files and aggregator.toml
+    """CA and kits (dpfed_apps.ca), per-site CSVs, site.toml files and aggregator.toml
     (docs/interfaces.md) with [tls] tables. Returns the site ids."""
-    from dpfed.provision import Project, provision
+    from dpfed_apps.ca import Project, provision
 
     layout.make()
     names = site_ids(len(split.sites))
