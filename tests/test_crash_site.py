@@ -1,6 +1,6 @@
 """A site process SIGKILLed at the two dangerous moments of a release, then restarted.
 
-The kill is the documented test hook DPFED_TEST_CRASH_AT (site_node/client.py):
+The kill is the documented test hook DPFED_TEST_CRASH_AT (dpfed/faults.py):
 * after_debit: the release is debited and stored, nothing sent yet;
 * after_send: the aggregator accepted it, the site never recorded the acknowledgement.
 On restart the site resends the *stored* envelope (byte-identical: same noise, nonce and
