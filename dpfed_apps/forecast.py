@@ -156,9 +156,9 @@ def simulate_release(rng: np.random.Generator, sites: Sequence[tuple[np.ndarray,
 
 
 def _spearman_many(x_test, y_test, betas) -> np.ndarray:
-    from dpfed.bounds import _TestScorer
+    from dpfed.metrics import LinearTestRanks
 
-    return _TestScorer(np.asarray(x_test), np.asarray(y_test, dtype=np.float64)).spearman(betas)
+    return LinearTestRanks(x_test, y_test).spearman_many(betas, constant=0.0)
 
 
 def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, fit: Fit,

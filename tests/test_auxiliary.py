@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dpfed.auxiliary import AuxiliarySource, exclusive_groups
-from dpfed.bounds import AUX_OMEGAS, _TestScorer, _scales, choose_bounds
-from dpfed.metrics import spearman
+from dpfed.bounds import AUX_OMEGAS, _scales, choose_bounds
+from dpfed.metrics import LinearTestRanks, spearman
 from dpfed.preprocess import Preprocessing
 
 NAMES = ("A_mut", "B_mut", "C_mut", "tissue=x", "tissue=y", "tissue=z", "age")
@@ -106,7 +106,7 @@ def test_test_scorer_matches_spearman_with_ties():
     y = rng.normal(size=100)
     y[:10] = y[10]                                                   # ties in y too
     betas = rng.normal(size=(7, 4))
-    got = _TestScorer(x, y).spearman(betas)
+    got = LinearTestRanks(x, y).spearman_many(betas)
     want = [spearman(x @ b, y) for b in betas]
     assert np.allclose(got, want)
 
