@@ -49,7 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from dpfed.metrics import LinearTestRanks
-from dpfed.preprocess import Preprocessing
+from dpfed.preprocess import Preprocessing, public_sigmas  # noqa: F401 - public_sigmas re-exported
 # From dpfed.sensitivity, not site_node.sensitivity (the same names): importing site_node pulls
 # in OpenDP, which a coordinator's core install (`pip install dpfed`) does not have.
 from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, validate_privacy_parameters,
@@ -135,23 +135,6 @@ def row_normalised_sigma_x(d: int) -> float:
     if d < 1:
         raise ValueError(f"d must be >= 1, got {d}")
     return 1.0 / math.sqrt(d)
-
-
-def public_sigmas(x_public, y_public, preprocessing: Preprocessing) -> tuple[float, float]:
-    """(sigma_x, sigma_y) of *public* data after the site's pre-processing: the pooled standard
-    deviation of all features and the standard deviation of the target (thesis 3.4.2). Never
-    pass private rows: the result scales the thresholds and is not protected."""
-    x_public = np.asarray(x_public, dtype=np.float64)
-    y_public = np.asarray(y_public, dtype=np.float64)
-    if x_public.ndim != 2 or y_public.shape != (x_public.shape[0],) or x_public.shape[0] < 2:
-        raise ValueError("public data must be n x d features and n targets with n >= 2")
-    if not (np.all(np.isfinite(x_public)) and np.all(np.isfinite(y_public))):
-        raise ValueError("public data contain NaN or infinite values")
-    z, t = preprocessing.apply(x_public, y_public)
-    sx, sy = float(np.std(z)), float(np.std(t))
-    if not (sx > 0 and sy > 0):
-        raise ValueError("public data have zero spread; cannot scale the thresholds")
-    return sx, sy
 
 
 def split_grid(step: float = 0.05) -> list[tuple[float, float, float]]:

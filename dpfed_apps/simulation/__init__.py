@@ -21,7 +21,8 @@ from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, 
                                          write_federation, write_rows_csv)
 from dpfed_apps.simulation.problem import (ID_COLUMN, Problem, Split, csv_problem, gdsc_problem,
                                       site_ids, split_rows)
-from dpfed_apps.simulation.public import public_preprocessing, public_sigmas, round_bounds
+from dpfed.preprocess import public_sigmas
+from dpfed_apps.simulation.public import public_preprocessing, round_bounds
 from dpfed_apps.simulation.report import format_report
 from dpfed_apps.simulation.run import (DEFAULT_EPSILON, DEFAULT_PUBLIC, DEFAULT_SITES, DEFAULT_TEST,
                                   SimulationOptions, load_problem, run_simulation)

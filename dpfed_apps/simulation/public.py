@@ -1,4 +1,5 @@
-"""The public quantities of a round: pre-processing means, sigmas and clipping bounds.
+"""The public quantities of a round: pre-processing means and clipping bounds (the sigmas that
+scale them: ``dpfed.preprocess.public_sigmas``).
 
 Everything here comes from the public lines or from public sizes n (bounded DP: n is public),
 never from the sites' private rows (method.md section 4).
@@ -6,9 +7,7 @@ never from the sites' private rows (method.md section 4).
 
 from __future__ import annotations
 
-import math
 
-import numpy as np
 
 from dpfed.preprocess import Preprocessing
 from dpfed_apps.simulation.problem import Problem, Split
@@ -19,25 +18,6 @@ def public_preprocessing(problem: Problem, split: Split) -> Preprocessing:
     if split.public.size == 0:
         raise ValueError("the round needs public lines for its pre-processing means")
     return Preprocessing.from_public_data(problem.x[split.public], problem.y[split.public])
-
-
-def public_sigmas(preprocessing: Preprocessing, x_public: np.ndarray,
-                  y_public: np.ndarray) -> tuple[float, float]:
-    """``(sigma_x, sigma_y)``: scales of the pre-processed features and target, public lines only.
-
-    After row normalisation every row has unit norm, so the entries' root mean square is about
-    1/sqrt(d); that is the fallback when the public lines cannot say (all rows at the mean).
-    sigma_y falls back to 1 with fewer than two public lines.
-    """
-    d = preprocessing.dim
-    z, yc = preprocessing.apply(x_public, y_public)
-    sigma_x = float(np.std(z)) if z.size else 0.0
-    if not (math.isfinite(sigma_x) and sigma_x > 0):
-        sigma_x = 1.0 / math.sqrt(d)
-    sigma_y = float(np.std(yc, ddof=1)) if yc.size >= 2 else 1.0
-    if not (math.isfinite(sigma_y) and sigma_y > 0):
-        sigma_y = 1.0
-    return sigma_x, sigma_y
 
 
 def round_bounds(n_per_site: int, d: int, epsilon: float, sigma_x: float,

@@ -13,7 +13,8 @@ from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, 
                                          LocalFederation, Progress, _stderr_progress,
                                          free_port, round_config, to_toml, write_federation)
 from dpfed_apps.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
-from dpfed_apps.simulation.public import public_preprocessing, public_sigmas, round_bounds
+from dpfed.preprocess import public_sigmas
+from dpfed_apps.simulation.public import public_preprocessing, round_bounds
 from dpfed_apps.simulation.scoring import (baseline_models, feature_table, model_from_result,
                                       test_spearman)
 
@@ -72,7 +73,7 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     split = split_rows(problem.n, n_sites=options.n_sites, n_public=options.n_public,
                        n_test=options.n_test, seed=options.seed)
     prep = public_preprocessing(problem, split)
-    sigma_x, sigma_y = public_sigmas(prep, problem.x[split.public], problem.y[split.public])
+    sigma_x, sigma_y = public_sigmas(problem.x[split.public], problem.y[split.public], prep)
     # One pair of bounds for every site: chosen for the smallest site (n is public under
     # bounded DP), since smaller data sets want tighter clipping.
     n_bounds = min(split.site_sizes)
