@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpfed.intervals import credible_interval
 from dpfed.noise import EXACT
 from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values)
 from dpfed.v1 import dpfed_pb2 as pb
@@ -299,8 +300,8 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
               total: Statistics, public: Statistics | None, beta_mean: np.ndarray,
               beta_draws: np.ndarray, diagnostics: dict, round_s: float, fit_s: float) -> dict:
     """The round summary of docs/interfaces.md, plus per-coefficient posterior sd and 90%
-    credible intervals from the draws (the level used everywhere in dpfed)."""
-    ci = np.percentile(beta_draws, [5, 95], axis=0) if len(beta_draws) else np.zeros((2, 0))
+    credible intervals from the draws (dpfed.intervals: the level used everywhere in dpfed)."""
+    ci = credible_interval(beta_draws, 0.9)              # the "beta_ci90" key
     pre = spec.preprocessing
     return {
         "round_id": spec.round_id,
@@ -310,7 +311,7 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "sites": [{"site_id": s, "n": int(n), "epsilon": float(e)} for s, n, e in contributions],
         "beta_mean": [float(b) for b in beta_mean],
         "beta_sd": [float(s) for s in beta_draws.std(axis=0)] if len(beta_draws) else [],
-        "beta_ci90": [[float(lo), float(hi)] for lo, hi in zip(ci[0], ci[1])],
+        "beta_ci90": [[float(lo), float(hi)] for lo, hi in ci],
         "model": diagnostics.get("model", ""),
         "noise": total.noise.summary() if total.noise is not None else "unknown",
         "information": _jsonable(diagnostics.get("information", {})),

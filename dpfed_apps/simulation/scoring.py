@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from dpfed.intervals import CREDIBLE_LEVEL, credible_interval
 from dpfed.preprocess import Preprocessing
 from dpfed_apps.simulation.problem import Problem, Split
 from dpfed.statistics import Statistics, exact_statistics
@@ -31,11 +32,11 @@ class FittedModel:
         z^T beta^(k) over the draws, which equals z^T (mean of the draws) (method.md 1)."""
         return np.asarray(z, dtype=np.float64) @ self.beta_mean
 
-    def credible_intervals(self, level: float = 0.9) -> np.ndarray | None:
+    def credible_intervals(self, level: float = CREDIBLE_LEVEL) -> np.ndarray | None:
+        """dpfed.intervals.credible_interval of the draws; None with fewer than two."""
         if self.beta_draws is None or self.beta_draws.shape[0] < 2:
             return None
-        tail = (1.0 - level) / 2.0
-        return np.quantile(self.beta_draws, [tail, 1.0 - tail], axis=0).T
+        return credible_interval(self.beta_draws, level)
 
 
 def fit_model(stats: Statistics, *, method: str, draws: int, seed: int) -> FittedModel:
@@ -94,7 +95,7 @@ def model_from_result(result) -> FittedModel:
 
 def feature_table(model: FittedModel, feature_names: Sequence[str], top: int = 10) -> list[dict]:
     """Features ranked by |posterior mean| with their 90 % credible intervals (if draws)."""
-    ci = model.credible_intervals()
+    ci = model.credible_intervals(0.9)           # the "ci90" key
     order = np.argsort(-np.abs(model.beta_mean), kind="stable")[:top]
     rows = []
     for j in order:
