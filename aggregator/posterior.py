@@ -52,6 +52,7 @@ from aggregator.model import (DEFAULT_MODE, PRIOR_RATE, PRIOR_SHAPE, AdviState, 
                               get_advi_engine)
 from aggregator.repair import Repair, repair_statistics
 from dpfed.intervals import CREDIBLE_LEVEL, credible_interval, interval_quantiles
+from dpfed.jsonsafe import jsonable
 from dpfed.statistics import Statistics
 
 __all__ = ["Posterior", "PosteriorError", "ConvergenceError", "fit_posterior", "METHODS",
@@ -151,7 +152,8 @@ class Posterior:
         return credible_interval(self.beta_draws, level)
 
     def to_dict(self, include_draws: bool = False) -> dict:
-        """JSON-ready summary; the draws only with ``include_draws=True``."""
+        """JSON-ready summary (dpfed.jsonsafe: NaN and infinities as None); the draws only
+        with ``include_draws=True``."""
         ci = self.credible_interval(0.9)      # the "beta_ci90" key; CREDIBLE_LEVEL is 0.9
         out = {
             "method": self.method,
@@ -163,23 +165,11 @@ class Posterior:
             "beta_ci90": ci.tolist(),
             "lam": dict(self.lam),
             "lam0": dict(self.lam0),
-            "diagnostics": _jsonable(self.diagnostics),
+            "diagnostics": jsonable(self.diagnostics),
         }
         if include_draws:
             out["beta_draws"] = self.beta_draws.tolist()
         return out
-
-
-def _jsonable(v):
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, (np.floating, np.integer, np.bool_)):
-        return v.item()
-    return v
 
 
 def _softplus(x):

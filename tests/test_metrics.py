@@ -104,3 +104,18 @@ def test_credible_interval_one_implementation_one_default_level():
     assert credible_interval(np.zeros((0, 3))).shape == (0, 2)
     with pytest.raises(ValueError):
         interval_quantiles(1.0)
+
+
+def test_json_rule_nan_and_infinities_are_null():
+    """dpfed.jsonsafe: the one JSON sanitiser (round summaries, every --json)."""
+    import json
+
+    from dpfed import jsonsafe
+
+    obj = {"a": float("nan"), 1: [np.float32(1.5), np.inf, -np.inf], "b": (np.int64(3), True),
+           "c": np.array([[1.0, np.nan]]), "d": np.bool_(False), "e": None, "f": "nan"}
+    assert jsonsafe.jsonable(obj) == {"a": None, "1": [1.5, None, None], "b": [3, True],
+                                      "c": [[1.0, None]], "d": False, "e": None, "f": "nan"}
+    text = jsonsafe.dumps(obj, sort_keys=True)
+    assert "NaN" not in text and "Infinity" not in text
+    assert json.loads(text)["a"] is None

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 EPILOG = """\
 example:
@@ -32,7 +31,7 @@ def bench_round(args) -> int:
         return exitcodes.USAGE
     result = run_repeated(args.sites, args.dim, args.repeat, tls=args.tls)
     if args.json:
-        print(json.dumps(result))
+        print(jsonsafe.dumps(result))
     else:
         print(f"{result['sites']} sites, d={result['dim']}"
               f"{' (mutual TLS)' if result['tls'] else ''}: round {result['round_s']:.3f} s "

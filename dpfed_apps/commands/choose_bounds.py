@@ -8,10 +8,9 @@ privacy: nothing private is read.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 EPILOG = """\
 examples:
@@ -101,7 +100,7 @@ def run(args) -> int:
            "ridge": choice.ridge, "ridge_c": choice.ridge_c,
            "x_bound": bounds[0] if bounds else None, "y_bound": bounds[1] if bounds else None}
     if args.json:
-        print(json.dumps(out))
+        print(jsonsafe.dumps(out))
         return exitcodes.OK
     print(f"omega_x = {choice.omega_x:g}, omega_y = {choice.omega_y:g} "
           f"(mean synthetic Spearman {choice.best_score:.3f}; n={args.n}, d={args.d}, "

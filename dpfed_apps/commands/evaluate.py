@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import time
 from pathlib import Path
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 EPILOG = """\
 examples:
@@ -145,7 +144,7 @@ def evaluate(args) -> int:
                 "drugs", "repeats")
         results = [{k: (None if isinstance(s[k], float) and s[k] != s[k] else s[k]) for k in keys}
                    for s in summary]
-        print(json.dumps({"results": results, "wall_s": wall_s, "out": str(out),
+        print(jsonsafe.dumps({"results": results, "wall_s": wall_s, "out": str(out),
                           "cells": len(rows),
                           "errors": sum(1 for r in rows if r.get("error"))}))
     else:

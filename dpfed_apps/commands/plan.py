@@ -11,10 +11,9 @@ Costs no privacy: only public numbers and the public rows are read (method.md se
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 EPILOG = """\
 examples:
@@ -134,7 +133,7 @@ def run(args) -> int:
         print(f"dpfed plan: {exc}", file=sys.stderr)
         return exitcodes.USAGE
     if args.json:
-        print(json.dumps(result))
+        print(jsonsafe.dumps(result))
         return exitcodes.OK
     print(format_plan(result))
     return exitcodes.OK

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 EPILOG = """\
 example:
@@ -74,7 +73,7 @@ def run(args) -> int:
         print(f"note: add {', '.join(missing)} to the sites of {args.project} so it stays the "
               "record of the federation", file=sys.stderr)
     if args.json:
-        print(json.dumps(report.to_dict(), indent=2))
+        print(jsonsafe.dumps(report.to_dict(), indent=2))
         return exitcodes.OK
     print(f"{'created' if report.ca == 'created' else 'reused'} CA {report.out / 'ca'}")
     for kind, party, path in report.created:

@@ -8,7 +8,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 EPILOG = """\
 examples:
@@ -168,7 +168,7 @@ def start(args) -> int:
         except grpc.RpcError as exc:
             return rpc_exit_code(exc)
     if args.json:
-        print(json.dumps(_status_dict(status), indent=2))
+        print(jsonsafe.dumps(_status_dict(status), indent=2))
     else:
         _print_status(status)
     return _exit_for_state(status)
@@ -195,7 +195,7 @@ def status_cmd(args) -> int:
     if code is not None:
         return code
     if args.json:
-        print(json.dumps(_status_dict(status), indent=2))
+        print(jsonsafe.dumps(_status_dict(status), indent=2))
     else:
         _print_status(status)
     return _exit_for_state(status)
@@ -226,7 +226,7 @@ def result_cmd(args) -> int:
         return code
     summary = json.loads(result.summary_json)
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(jsonsafe.dumps(summary, indent=2))
     else:
         print(format_result_table(summary))
     return exitcodes.OK

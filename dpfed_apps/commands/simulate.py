@@ -8,13 +8,11 @@ public-only baselines on held-out cell lines. See dpfed_apps.simulation.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import signal
 import sys
 from pathlib import Path
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 # aggregator.aggregate.FIT_METHODS, spelled out so that --help needs no aggregator install
 # (tests/test_posterior_noise_aware.py checks the two agree).
@@ -68,16 +66,6 @@ def register(subparsers) -> None:
     p.add_argument("--timeout", type=float, default=600.0, help="round timeout in seconds")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     p.set_defaults(func=run)
-
-
-def _json_safe(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_json_safe(v) for v in obj]
-    return obj
 
 
 class _Interrupts:
@@ -135,7 +123,7 @@ def run(args) -> int:
         print("dpfed simulate: interrupted; all processes stopped", file=sys.stderr)
         return exitcodes.INTERRUPTED
     if args.json:
-        print(json.dumps(_json_safe(result), sort_keys=True))
+        print(jsonsafe.dumps(result, sort_keys=True))
     else:
         print(simulation.format_report(result))
     return exitcodes.OK

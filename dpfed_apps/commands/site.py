@@ -19,7 +19,7 @@ import sys
 import threading
 from datetime import datetime, timezone
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 
 log = logging.getLogger("dpfed.site")
 
@@ -238,7 +238,7 @@ def cmd_ledger(args) -> int:
         print(f"dpfed site ledger: {exc}", file=sys.stderr)
         return exitcodes.ERROR
     if args.json:
-        print(json.dumps(summary, indent=2, sort_keys=True))
+        print(jsonsafe.dumps(summary, indent=2, sort_keys=True))
         return exitcodes.OK
     total = summary["total_epsilon"]
     print(f"site:      {summary['site_id']}")

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
-from dpfed import exitcodes
+from dpfed import exitcodes, jsonsafe
 from dpfed_apps.commands.round import add_connection_args, query
 
 EPILOG = """\
@@ -26,7 +25,7 @@ def list_cmd(args) -> int:
              "last_seen_unix_ms": s.last_seen_unix_ms, "spent_epsilon": s.spent_epsilon,
              "declared_total_epsilon": s.declared_total_epsilon} for s in sites]
     if args.json:
-        print(json.dumps(rows, indent=2))
+        print(jsonsafe.dumps(rows, indent=2))
         return exitcodes.OK
     width = max([7, *(len(r["site_id"]) for r in rows)])
     print(f"{'site':<{width}}  {'connected':<9}  {'last seen':<20}  {'epsilon spent/total':<20}  "
