@@ -90,32 +90,3 @@ def test_wpc_index_weights_large_gaps():
     assert wpc_index(np.array([0.1, 0.0, 10.0]), measured) > 0.95
     assert concordance_index(np.array([0.1, 0.0, 10.0]), measured) == pytest.approx(2 / 3)
 
-
-def test_credible_interval_one_implementation_one_default_level():
-    """dpfed.intervals: the central interval every report uses, 0.9 unless a caller says."""
-    from dpfed.intervals import CREDIBLE_LEVEL, credible_interval, interval_quantiles
-
-    assert CREDIBLE_LEVEL == 0.9        # the round summary's key is "beta_ci90"
-    draws = np.random.default_rng(0).normal(size=(4000, 3))
-    ci = credible_interval(draws)
-    assert ci.shape == (3, 2)
-    np.testing.assert_allclose(ci, np.percentile(draws, [5, 95], axis=0).T)
-    np.testing.assert_allclose(credible_interval(draws, 0.5), np.quantile(draws, [0.25, 0.75], axis=0).T)
-    assert credible_interval(np.zeros((0, 3))).shape == (0, 2)
-    with pytest.raises(ValueError):
-        interval_quantiles(1.0)
-
-
-def test_json_rule_nan_and_infinities_are_null():
-    """dpfed.jsonsafe: the one JSON sanitiser (round summaries, every --json)."""
-    import json
-
-    from dpfed import jsonsafe
-
-    obj = {"a": float("nan"), 1: [np.float32(1.5), np.inf, -np.inf], "b": (np.int64(3), True),
-           "c": np.array([[1.0, np.nan]]), "d": np.bool_(False), "e": None, "f": "nan"}
-    assert jsonsafe.jsonable(obj) == {"a": None, "1": [1.5, None, None], "b": [3, True],
-                                      "c": [[1.0, None]], "d": False, "e": None, "f": "nan"}
-    text = jsonsafe.dumps(obj, sort_keys=True)
-    assert "NaN" not in text and "Infinity" not in text
-    assert json.loads(text)["a"] is None

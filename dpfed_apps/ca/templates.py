@@ -1,7 +1,7 @@
 """The files a kit carries besides keys and certificates: site.toml, aggregator.toml,
 coordinator.toml (the formats of docs/interfaces.md, what the roles' loaders parse) and
 START.md. The text is in templates/ next to this module (package data); this module only
-fills in the values, rendered as TOML where they land in a TOML value.
+fills in the values, rendered as TOML (dpfed.tomlwriter) where they land in a TOML value.
 
 Fields: ``{name}`` is the plain value (comments, paths, Markdown), ``{v[name]}`` the same value
 as a TOML literal. A fragment used inside another template (the [tls] table, a [[sites]]
@@ -10,24 +10,12 @@ entry) is inserted without its final newline.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 from importlib import resources
 
 from dpfed.identity import AGGREGATOR, COORDINATOR, SITE
+from dpfed.tomlwriter import toml_value
 from dpfed_apps.ca.project import Project
-
-
-def _toml(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return repr(v)
-    if isinstance(v, str):
-        return json.dumps(v)  # a JSON string is a valid TOML basic string
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml(x) for x in v) + "]"
-    raise TypeError(type(v).__name__)
 
 
 @lru_cache(maxsize=None)
@@ -39,7 +27,7 @@ def template(name: str) -> str:
 def render(template_name: str, *, toml: dict | None = None, **fields) -> str:
     """templates/``template_name`` with ``fields`` filled in and ``toml`` as ``{v[key]}`` TOML
     literals."""
-    return template(template_name).format(v={k: _toml(x) for k, x in (toml or {}).items()},
+    return template(template_name).format(v={k: toml_value(x) for k, x in (toml or {}).items()},
                                           **fields)
 
 

@@ -16,15 +16,16 @@ Everything the coordinator uses (means, sigmas, bounds) comes from the public li
 public sizes n (bounded DP: n is public), never from the sites' private rows.
 """
 
-from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
-                                         LocalFederation, round_config, to_toml,
-                                         write_federation, write_rows_csv)
-from dpfed_apps.simulation.problem import (ID_COLUMN, Problem, Split, csv_problem, gdsc_problem,
-                                      site_ids, split_rows)
 from dpfed.preprocess import public_sigmas
+from dpfed.tomlwriter import to_toml
+from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
+                                              LocalFederation, round_config, write_federation,
+                                              write_rows_csv)
+from dpfed_apps.simulation.problem import (ID_COLUMN, Problem, Split, csv_problem, gdsc_problem,
+                                           site_ids, split_rows)
 from dpfed_apps.simulation.public import public_preprocessing, round_bounds
 from dpfed_apps.simulation.report import format_report
 from dpfed_apps.simulation.run import (DEFAULT_EPSILON, DEFAULT_PUBLIC, DEFAULT_SITES, DEFAULT_TEST,
-                                  SimulationOptions, load_problem, run_simulation)
+                                       SimulationOptions, load_problem, run_simulation)
 from dpfed_apps.simulation.scoring import (FittedModel, baseline_models, feature_table, fit_model,
-                                      model_from_result, test_spearman, training_statistics)
+                                           model_from_result, test_spearman, training_statistics)

@@ -8,7 +8,6 @@ mutual TLS with a CA and kits made by dpfed_apps.ca, as in a deployment.
 from __future__ import annotations
 
 import csv
-import json
 import os
 import socket
 import subprocess
@@ -20,6 +19,7 @@ from typing import Callable
 
 import numpy as np
 
+from dpfed.tomlwriter import to_toml
 from dpfed_apps.simulation.problem import Problem, Split, site_ids
 
 COORDINATOR_ID = "coordinator"
@@ -42,35 +42,6 @@ def write_rows_csv(path: Path, problem: Problem, rows: np.ndarray) -> None:
         for r in rows:
             w.writerow([problem.ids[r], *(repr(float(v)) for v in problem.x[r]),
                         repr(float(problem.y[r]))])
-
-
-def _toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, np.integer)):
-        return str(int(v))
-    if isinstance(v, (float, np.floating)):
-        return repr(float(v))
-    if isinstance(v, (str, Path)):
-        return json.dumps(str(v))  # a JSON string is a valid TOML basic string
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
-    raise TypeError(f"cannot write {type(v).__name__} to TOML")
-
-
-def to_toml(config: dict) -> str:
-    """TOML for a config of scalars, lists, tables and arrays of tables (one level deep)."""
-    lines, tables = [], []
-    for key, value in config.items():
-        if isinstance(value, dict):
-            tables.append((f"[{key}]", value))
-        elif isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
-            tables.extend((f"[[{key}]]", v) for v in value)
-        else:
-            lines.append(f"{key} = {_toml_value(value)}")
-    for head, table in tables:
-        lines += ["", head] + [f"{k} = {_toml_value(v)}" for k, v in table.items()]
-    return "\n".join(lines) + "\n"
 
 
 def free_port() -> int:
