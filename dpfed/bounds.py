@@ -438,7 +438,7 @@ def sxx_share_splits(base: tuple[float, ...], shares=SXX_SHARES) -> list[tuple[f
     return out
 
 
-def _psd_ridge_solve(a: np.ndarray, rhs: np.ndarray, ridges) -> list[np.ndarray]:
+def psd_ridge_solve(a: np.ndarray, rhs: np.ndarray, ridges) -> list[np.ndarray]:
     """For each ridge r (broadcast over a's leading dims): (PSD(a) + r I)^-1 rhs.
     a (..., d, d) symmetric, rhs (..., k, d) (k right-hand sides per matrix)."""
     w, v = np.linalg.eigh(a)
@@ -473,7 +473,7 @@ def _aux_dataset_scores(data, sigma_x, sigma_y, omx, omy, splits, unit, ridge_cs
         sd_xx = math.sqrt(2.0) * b_xx
         ridges = [(1.0 + (c * sd_xx if ridge_kind == "noise_matched" else 0.0 * sd_xx))[:, None, None]
                   for c in ridge_cs]
-        for c, beta in enumerate(_psd_ridge_solve(a, rhs, ridges)):          # (N, mx, my, d)
+        for c, beta in enumerate(psd_ridge_solve(a, rhs, ridges)):          # (N, mx, my, d)
             out[s, c] = scorer.spearman_many(beta, constant=0.0).mean(axis=0)
     return out
 

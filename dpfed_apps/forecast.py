@@ -86,11 +86,10 @@ def closed_form_fit(ridge_c: float = 0.0) -> Fit:
     sxy (B, d) -> beta (B, d). ``ridge_c = 0`` is the paper's lambda = lambda0 = 1 form."""
 
     def fit(sxx, sxy, syy, n, noise: NoiseScales | None) -> np.ndarray:
+        from dpfed.bounds import psd_ridge_solve
+
         r = 1.0 + (ridge_c * noise.xtx_sd() if noise is not None else 0.0)
-        w, v = np.linalg.eigh(sxx)
-        w = np.maximum(w, 0.0)
-        t = np.einsum("bjk,bj->bk", v, sxy) / (w + r)
-        return np.einsum("bjk,bk->bj", v, t)
+        return psd_ridge_solve(sxx, np.asarray(sxy)[..., None, :], [r])[0][..., 0, :]
 
     fit.ridge_c = ridge_c  # type: ignore[attr-defined]
     return fit
