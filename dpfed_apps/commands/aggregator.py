@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dpfed import exitcodes
+from dpfed_apps.commands import add_command
 
 EPILOG = """\
 example:
@@ -52,12 +52,10 @@ def serve(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("aggregator", help="run the aggregator server",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "aggregator", __doc__,
+                    help="run the aggregator server", epilog=EPILOG)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    s = sub.add_parser("serve", help="serve until SIGTERM/SIGINT", epilog=EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    s = sub.add_parser("serve", help="serve until SIGTERM/SIGINT", epilog=EPILOG)
     s.add_argument("--config", required=True, help="aggregator.toml (see docs/interfaces.md)")
     s.add_argument("--insecure", action="store_true",
                    help="plaintext gRPC without certificates, even if the config has [tls] "

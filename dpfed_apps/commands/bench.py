@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dpfed import exitcodes, jsonsafe
+from dpfed_apps.commands import add_command
 
 EPILOG = """\
 example:
@@ -43,13 +43,9 @@ def bench_round(args) -> int:
 
 
 def register(subparsers) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = subparsers.add_parser("bench", help="benchmark a federated round",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=fmt)
+    p = add_command(subparsers, "bench", __doc__, help="benchmark a federated round", epilog=EPILOG)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    r = sub.add_parser("round", help="round latency with N simulated sites", epilog=EPILOG,
-                       formatter_class=fmt)
+    r = sub.add_parser("round", help="round latency with N simulated sites", epilog=EPILOG)
     r.add_argument("--sites", type=int, default=100, help="number of simulated sites")
     r.add_argument("--dim", type=int, default=64, help="number of features d")
     r.add_argument("--repeat", type=int, default=1,

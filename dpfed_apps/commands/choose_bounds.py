@@ -7,7 +7,6 @@ privacy: nothing private is read.
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dpfed import exitcodes, jsonsafe
@@ -30,7 +29,7 @@ n is the size of the SMALLEST site's data (public under bounded DP). sigma_x def
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "choose-bounds", help="choose clipping thresholds on synthetic data (no privacy cost)",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=EPILOG)
     p.add_argument("--n", type=int, required=True, help="rows at the (smallest) site")
     p.add_argument("--d", type=int, required=True, help="number of features")
     p.add_argument("--epsilon", type=float, required=True, help="epsilon each site spends")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dpfed import exitcodes
+from dpfed_apps.commands import add_command
 
 EPILOG = """\
 The production path (deploy/README.md): private keys are made where they are used and never
@@ -58,9 +58,8 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("csr", help="make this party's keys and a certificate request",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "csr", __doc__,
+                    help="make this party's keys and a certificate request", epilog=EPILOG)
     who = p.add_mutually_exclusive_group(required=True)
     who.add_argument("--site", metavar="SITE_ID")
     who.add_argument("--coordinator", metavar="COORDINATOR_ID")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dpfed import exitcodes
+from dpfed_apps.commands import add_command
 
 EPILOG = """\
 For demos and deployment tests: the bundled GDSC v17 cell lines of one drug, split at random
@@ -63,12 +63,11 @@ def export(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("data", help="write bundled GDSC data as site and public files",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "data", __doc__,
+                    help="write bundled GDSC data as site and public files", epilog=EPILOG)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     e = sub.add_parser("export", help="one CSV per site, a public CSV and held-out test lines",
-                       epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=EPILOG)
     e.add_argument("--drug", type=int, default=1047, help="GDSC drug id (default 1047, Nutlin-3a)")
     e.add_argument("--sites", required=True, help="comma-separated site ids, one file each")
     e.add_argument("--public", type=int, default=50, help="public rows (default 50)")

@@ -157,8 +157,7 @@ def evaluate(args) -> int:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("evaluate", help="the paper's experiment on GDSC data",
-                              description=__doc__.split(": ", 1)[1], epilog=EPILOG,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__.split(": ", 1)[1], epilog=EPILOG)
     p.add_argument("--quick", action="store_true",
                    help="a small grid: 3 known-marker drugs, 3 repeats, n in {0, 100, 400}")
     which = p.add_mutually_exclusive_group()

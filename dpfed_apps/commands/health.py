@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from dpfed import exitcodes
+from dpfed_apps.commands import add_command
 
 EPILOG = """\
 Uses the address and [tls] table of a site.toml or coordinator.toml (that party's client
@@ -89,9 +89,8 @@ def _grpc(address: str, tls, server_name) -> str | None:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("health", help="check that the aggregator is serving",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "health", __doc__,
+                    help="check that the aggregator is serving", epilog=EPILOG)
     p.add_argument("--config", help="site.toml or coordinator.toml (address and client certificate)")
     p.add_argument("--address", help="HOST:PORT of the aggregator (default: the config's)")
     p.add_argument("--tcp", action="store_true", help="only check that the port accepts connections")

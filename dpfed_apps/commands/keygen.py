@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 from dpfed import exitcodes
+from dpfed_apps.commands import add_command
 
 EPILOG = """\
 example:
@@ -31,9 +31,8 @@ def run(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("keygen", help="make an Ed25519 signing key pair",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "keygen", __doc__,
+                    help="make an Ed25519 signing key pair", epilog=EPILOG)
     p.add_argument("--name", required=True, help="party name: file stem of the key files")
     p.add_argument("--out", default=".", help="directory for NAME.key and NAME.pub (default: .)")
     p.add_argument("--force", action="store_true", help="overwrite an existing key")

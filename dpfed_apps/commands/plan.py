@@ -10,7 +10,6 @@ Costs no privacy: only public numbers and the public rows are read (method.md se
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dpfed import exitcodes, jsonsafe
@@ -39,7 +38,7 @@ The public CSV needs a header: an id column (default: the first), the target and
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "plan", help="forecast a round's gain over public-only data (no privacy cost)",
-        description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        description=__doc__, epilog=EPILOG)
     p.add_argument("--config", help="round.toml: target, features, public.path, bounds, split")
     p.add_argument("--public", help="CSV of the public rows (id, features, target)")
     p.add_argument("--target", help="target column of the public CSV")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 from dpfed import exitcodes, jsonsafe
+from dpfed_apps.commands import add_command
 
 EPILOG = """\
 example:
@@ -125,9 +125,8 @@ def run_revoke(args) -> int:
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("provision", help="make the federation's CA and per-party kits",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = add_command(subparsers, "provision", __doc__,
+                    help="make the federation's CA and per-party kits", epilog=EPILOG)
     p.add_argument("--project", help="project.toml naming the federation's parties")
     p.add_argument("--out", help="folder for the CA and the kits (created 0700)")
     p.add_argument("--add-site", action="append", metavar="SITE_ID",
@@ -136,16 +135,14 @@ def register(subparsers) -> None:
                    help="a party's certificate request from `dpfed csr` (repeatable; its .pub "
                         "next to it): that party's kit gets no private key")
     sub = p.add_subparsers(dest="action", metavar="ACTION")
-    fmt = argparse.RawDescriptionHelpFormatter
-    r = sub.add_parser("renew", help="a new certificate for an issued party", epilog=EPILOG,
-                       formatter_class=fmt)
+    r = sub.add_parser("renew", help="a new certificate for an issued party", epilog=EPILOG)
     r.add_argument("name", help="site or coordinator id, or 'aggregator'")
     r.add_argument("--out", required=True, dest="out", help="the federation folder (its ca/)")
     r.add_argument("--csr", help="a request for a new key (dpfed csr); default: the same key")
     r.add_argument("--days", type=int, default=None, help="validity in days (default 397)")
     r.set_defaults(func=run)
     v = sub.add_parser("revoke", help="revoke a party's certificates (writes public/crl.pem)",
-                       epilog=EPILOG, formatter_class=fmt)
+                       epilog=EPILOG)
     v.add_argument("name", help="site or coordinator id, or 'aggregator'")
     v.add_argument("--out", required=True, dest="out", help="the federation folder (its ca/)")
     v.add_argument("--serial", help="revoke only this certificate (hex serial)")

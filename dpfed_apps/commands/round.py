@@ -9,6 +9,8 @@ import tomllib
 from pathlib import Path
 
 from dpfed import exitcodes, jsonsafe
+from dpfed_apps.commands import add_command
+from dpfed_apps.cli import command_prog
 
 EPILOG = """\
 examples:
@@ -101,17 +103,18 @@ def connect(args, *, signing: bool):
                 raise UsageError(f"[tls] names {str(path)!r}, which does not exist")
     else:
         from dpfed.transport import warn_plaintext
-        warn_plaintext(args.command)
+        warn_plaintext(command_prog(args).removeprefix("dpfed "))
     try:
         return Coordinator(address, key, coord_id or "", tls, server_name=conf.get("server_name"))
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load the signing key: {exc}") from None
 
 
-def rpc_exit_code(exc) -> int:
+def rpc_exit_code(exc, args) -> int:
+    """The exit code of a failed RPC, after saying on stderr what the aggregator said."""
     import grpc
     code = exc.code()
-    print(f"dpfed round: aggregator said {code.name}: {exc.details()}", file=sys.stderr)
+    print(f"{command_prog(args)}: aggregator said {code.name}: {exc.details()}", file=sys.stderr)
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
         return exitcodes.UNAVAILABLE
     if code in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED):
@@ -155,7 +158,7 @@ def start(args) -> int:
         spec = build_round_spec(config, base_dir=spec_path.parent)
         coordinator = connect(args, signing=True)
     except (OSError, tomllib.TOMLDecodeError, RoundSpecError, UsageError, ValueError) as exc:
-        print(f"dpfed round start: {exc}", file=sys.stderr)
+        print(f"{command_prog(args)}: {exc}", file=sys.stderr)
         return exitcodes.USAGE
     with coordinator:
         try:
@@ -166,7 +169,7 @@ def start(args) -> int:
                 timeout = args.timeout or (spec.deadline_unix_ms - spec.created_unix_ms) / 1000 + 600
                 status = coordinator.wait(status.round_id, timeout)
         except grpc.RpcError as exc:
-            return rpc_exit_code(exc)
+            return rpc_exit_code(exc, args)
     if args.json:
         print(jsonsafe.dumps(_status_dict(status), indent=2))
     else:
@@ -174,24 +177,25 @@ def start(args) -> int:
     return _exit_for_state(status)
 
 
-def query(args, command: str, call):
+def query(args, call):
     """Connect read-only, run ``call(coordinator)`` and return ``(answer, None)``, or
-    ``(None, exit code)`` after saying on stderr what went wrong (bad options, or the RPC)."""
+    ``(None, exit code)`` after saying on stderr, naming the command, what went wrong (bad
+    options, or the RPC)."""
     import grpc
     try:
         coordinator = connect(args, signing=False)
     except UsageError as exc:
-        print(f"dpfed {command}: {exc}", file=sys.stderr)
+        print(f"{command_prog(args)}: {exc}", file=sys.stderr)
         return None, exitcodes.USAGE
     with coordinator:
         try:
             return call(coordinator), None
         except grpc.RpcError as exc:
-            return None, rpc_exit_code(exc)
+            return None, rpc_exit_code(exc, args)
 
 
 def status_cmd(args) -> int:
-    status, code = query(args, "round status", lambda c: c.status(args.round_id))
+    status, code = query(args, lambda c: c.status(args.round_id))
     if code is not None:
         return code
     if args.json:
@@ -221,7 +225,7 @@ def format_result_table(summary: dict) -> str:
 
 
 def result_cmd(args) -> int:
-    result, code = query(args, "round result", lambda c: c.result(args.round_id))
+    result, code = query(args, lambda c: c.result(args.round_id))
     if code is not None:
         return code
     summary = json.loads(result.summary_json)
@@ -233,13 +237,11 @@ def result_cmd(args) -> int:
 
 
 def register(subparsers) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = subparsers.add_parser("round", help="start and follow federated rounds (coordinator)",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=fmt)
+    p = add_command(subparsers, "round", __doc__,
+                    help="start and follow federated rounds (coordinator)", epilog=EPILOG)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     s = sub.add_parser("start", help="sign round.toml's spec and start the round",
-                       epilog=EPILOG, formatter_class=fmt)
+                       epilog=EPILOG)
     s.add_argument("--spec", required=True, help="round.toml (see docs/interfaces.md)")
     add_connection_args(s, signing=True)
     s.add_argument("--wait", action="store_true", help="wait until the round is DONE or FAILED")
@@ -247,13 +249,13 @@ def register(subparsers) -> None:
     s.add_argument("--json", action="store_true", help="print the round status as JSON")
     s.set_defaults(func=start)
     st = sub.add_parser("status", help="show a round's state, contributions and refusals",
-                        epilog=EPILOG, formatter_class=fmt)
+                        epilog=EPILOG)
     st.add_argument("round_id")
     add_connection_args(st, signing=False)
     st.add_argument("--json", action="store_true", help="print the status as JSON")
     st.set_defaults(func=status_cmd)
     r = sub.add_parser("result", help="print the posterior of a finished round",
-                       epilog=EPILOG, formatter_class=fmt)
+                       epilog=EPILOG)
     r.add_argument("round_id")
     add_connection_args(r, signing=False)
     r.add_argument("--json", action="store_true", help="print the whole summary JSON")

@@ -7,7 +7,6 @@ public-only baselines on held-out cell lines. See dpfed_apps.simulation.
 
 from __future__ import annotations
 
-import argparse
 import signal
 import sys
 from pathlib import Path
@@ -20,10 +19,6 @@ FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "pl
                "plug-in-fixed")
 
 HELP = "run a federation (aggregator + K sites as processes) on this machine and score it"
-
-
-class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    pass
 
 
 EPILOG = """\
@@ -40,8 +35,7 @@ exit codes: 0 done, 3 the round failed (the process logs are printed and the fol
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "simulate", help=HELP, description=HELP + ".",
-        formatter_class=_Formatter, epilog=EPILOG)
+        "simulate", help=HELP, description=HELP + ".", epilog=EPILOG)
     p.add_argument("--sites", type=int, default=3, help="number of site processes")
     p.add_argument("--epsilon", type=float, default=2.0, help="epsilon each site spends")
     p.add_argument("--drug", type=int, default=1047,

@@ -1,5 +1,6 @@
-"""``dpfed site``: what a hospital runs.
+"""dpfed site: what a hospital runs (its site node, its privacy ledger, a check of its kit).
 
+examples:
     dpfed site serve  --config site.toml   dial out to the aggregator and answer rounds
     dpfed site ledger --config site.toml   show the privacy budget and every release
     dpfed site ledger --acknowledge-reset --config site.toml
@@ -11,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import signal
@@ -20,19 +20,18 @@ import threading
 from datetime import datetime, timezone
 
 from dpfed import exitcodes, jsonsafe
+from dpfed_apps.commands import add_command
 
 log = logging.getLogger("dpfed.site")
 
 
 def register(subparsers) -> None:
-    parser = subparsers.add_parser("site", help="run a hospital's site node",
-                                   description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = add_command(subparsers, "site", __doc__, help="run a hospital's site node",
+                         epilog=__doc__.split("\n\n", 1)[1])
     sub = parser.add_subparsers(dest="site_command", metavar="SUBCOMMAND")
 
     serve = sub.add_parser(
         "serve", help="connect to the aggregator and answer rounds",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Dial out to the aggregator (no inbound port), answer round specs signed by a "
                     "trusted coordinator within this site's policy, and reconnect with backoff.",
         epilog="example:\n  dpfed site serve --config site.toml\n"
@@ -46,7 +45,6 @@ def register(subparsers) -> None:
 
     ledger = sub.add_parser(
         "ledger", help="show the privacy ledger (spent, remaining, releases)",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="examples:\n  dpfed site ledger --config site.toml\n"
                "  dpfed site ledger --config site.toml --json   # for monitoring scripts")
     ledger.add_argument("--config", required=True, help="site.toml")
@@ -65,7 +63,6 @@ def register(subparsers) -> None:
 
     check = sub.add_parser(
         "check", help="validate config, keys and data without releasing",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="example:\n  dpfed site check --config site.toml\n"
                "      exit 0 when the config, keys and data file are usable; 2 with the reason "
                "otherwise.\n      Nothing is released and nothing is debited.")

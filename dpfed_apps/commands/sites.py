@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
 import time
 
 from dpfed import exitcodes, jsonsafe
+from dpfed_apps.commands import add_command
 from dpfed_apps.commands.round import add_connection_args, query
 
 EPILOG = """\
@@ -16,7 +16,7 @@ example:
 
 
 def list_cmd(args) -> int:
-    sites, code = query(args, "sites list", lambda c: c.list_sites())
+    sites, code = query(args, lambda c: c.list_sites())
     if code is not None:
         return code
     # A site that does not trust this coordinator is listed by id only, with why (hidden).
@@ -44,12 +44,10 @@ def list_cmd(args) -> int:
 
 
 def register(subparsers) -> None:
-    fmt = argparse.RawDescriptionHelpFormatter
-    p = subparsers.add_parser("sites", help="list registered sites and their connections",
-                              description=__doc__.splitlines()[0].split(": ", 1)[1],
-                              epilog=EPILOG, formatter_class=fmt)
+    p = add_command(subparsers, "sites", __doc__,
+                    help="list registered sites and their connections", epilog=EPILOG)
     sub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    ls = sub.add_parser("list", help="list sites", epilog=EPILOG, formatter_class=fmt)
+    ls = sub.add_parser("list", help="list sites", epilog=EPILOG)
     add_connection_args(ls, signing=False)
     ls.add_argument("--json", action="store_true", help="print JSON")
     ls.set_defaults(func=list_cmd)
