@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import csv
 import gzip
-import math
 import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 
-from dpfed.preprocess import Preprocessing
+from dpfed.preprocess import Preprocessing, public_sigmas
 from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, check_neighbouring, check_xtx_rule,
                                default_budget_split)
 from dpfed.statistics import exact_statistics
@@ -93,7 +92,10 @@ def read_public_rows(path: Path, target: str, features: list[str]) -> tuple[np.n
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
 
 
-def _choose_bounds(config: dict, d: int, eps: float, xp: np.ndarray, yp: np.ndarray):
+def _choose_bounds(config: dict, d: int, eps: float, x_public: np.ndarray,
+                   y_public: np.ndarray, pre: Preprocessing):
+    """Bounds chosen for the round (dpfed.bounds), scaled by the public rows' sigmas
+    (dpfed.preprocess.public_sigmas; with no public rows, its fallbacks)."""
     try:
         from dpfed.bounds import choose_bounds
     except ImportError:
@@ -107,8 +109,7 @@ def _choose_bounds(config: dict, d: int, eps: float, xp: np.ndarray, yp: np.ndar
         wx, wy = chosen.omega_x, chosen.omega_y
     else:
         wx, wy = chosen
-    sigma_x = float(np.std(xp)) if xp.size else 1 / math.sqrt(d)
-    sigma_y = float(np.std(yp)) if yp.size > 1 else 1.0
+    sigma_x, sigma_y = public_sigmas(x_public, y_public, pre)
     return wx * sigma_x, wy * sigma_y
 
 
@@ -162,7 +163,7 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     spec.fit_seed = int(fit.get("seed", 0))
 
     public = config.get("public", {})
-    xp = yp = np.zeros(0)
+    x_raw, y_raw = np.zeros((0, d)), np.zeros(0)
     if public.get("path"):
         path = base / public["path"]
         x_raw, y_raw = read_public_rows(path, target, features)
@@ -180,5 +181,5 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     if "x_bound" in config and "y_bound" in config:
         spec.x_bound, spec.y_bound = float(config["x_bound"]), float(config["y_bound"])
     else:
-        spec.x_bound, spec.y_bound = _choose_bounds(config, d, eps, xp, yp)
+        spec.x_bound, spec.y_bound = _choose_bounds(config, d, eps, x_raw, y_raw, pre)
     return spec

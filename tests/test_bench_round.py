@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dpfed.cli import main
+from dpfed_apps.cli import main
 
 
 def test_bench_round_small(capsys):
@@ -24,7 +24,7 @@ def test_bench_round_reports_cpu_and_load_and_refuses_bad_sizes(capsys):
 
 
 def test_bench_round_over_mutual_tls_with_provisioned_kits(capsys):
-    """--tls: a CA and kits from dpfed.provision, one connection and certificate per site;
+    """--tls: a CA and kits from dpfed_apps.ca, one connection and certificate per site;
     the aggregator's certificate-identity check accepts every contribution."""
     assert main(["bench", "round", "--sites", "3", "--dim", "2", "--tls", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
