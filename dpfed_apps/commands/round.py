@@ -221,7 +221,7 @@ def list_cmd(args) -> int:
         return code
     if args.json:
         from google.protobuf import json_format
-        print(json.dumps([json_format.MessageToDict(r, preserving_proto_field_name=True)
+        print(jsonsafe.dumps([json_format.MessageToDict(r, preserving_proto_field_name=True)
                           for r in reply.rounds], indent=2))
         return exitcodes.OK
     if not reply.rounds:
@@ -292,9 +292,9 @@ def register(subparsers) -> None:
     ls = sub.add_parser("list", help="list rounds, newest first",
                         description="List the aggregator's rounds, newest first: state, start "
                                     "time, epsilon, consents, releases and refusals.",
-                        epilog=EPILOG, formatter_class=fmt)
+                        epilog=EPILOG)
     add_connection_args(ls, signing=False)
-    ls.add_argument("--limit", type=int, default=50, help="at most this many rounds (default 50)")
+    ls.add_argument("--limit", type=int, default=50, help="at most this many rounds ")
     ls.add_argument("--before", metavar="ROUND_ID",
                     help="only rounds started before this one (the next page)")
     ls.add_argument("--json", action="store_true", help="print the list as JSON")
