@@ -417,6 +417,13 @@ class AggregatorSession(_Session):
     # ------------------------------------------------------------------ receiving
     def receive(self, message) -> Message:
         """Accept one site message of the current phase (refusals: module docstring)."""
+        return self.record(self.check(message))
+
+    def check(self, message) -> Message:
+        """Every check ``receive`` makes, without changing anything: the parsed message if
+        ``receive`` would accept it now, else the refusal. With ``record`` it lets a caller
+        store the message durably between the checks and the state change (the gRPC round
+        keeps every accepted message in its store before counting it)."""
         self._check_alive()
         msg = _as_message(message)
         self._check_round(msg)
@@ -433,6 +440,20 @@ class AggregatorSession(_Session):
             raise UnknownSender(f"{msg.sender!r} is no longer in the round")
         msg.verify(self._site_keys[msg.sender])
         getattr(self, f"_accept_{type(msg).__name__}")(msg)
+        return msg
+
+    def record(self, msg: Message) -> Message:
+        """Record a message that ``check`` accepted; the phase and the sender's slot are checked
+        again (the session may have moved on since)."""
+        self._check_alive()
+        if msg.sender in self._store[msg.PHASE]:
+            raise ReplayedMessage(f"a second {type(msg).__name__} from {msg.sender!r}")
+        if msg.PHASE != self.phase:
+            raise OutOfPhase(f"the round is in phase {self.phase.name}; got a "
+                             f"{type(msg).__name__}")
+        apply = getattr(self, f"_apply_{type(msg).__name__}", None)
+        if apply is not None:
+            apply(msg)
         self._store[msg.PHASE][msg.sender] = msg
         return msg
 
@@ -461,6 +482,8 @@ class AggregatorSession(_Session):
                                    "wrong kind")
         if any(s.index != index for _, s in (*msg.seed_shares, *msg.key_shares)):
             raise ForgedMessage("a share whose index is not the sender's")
+
+    def _apply_UnmaskResponse(self, msg: UnmaskResponse) -> None:
         for owner, s in msg.seed_shares:
             self._seed_shares.setdefault(owner, {})[msg.sender] = s
         for owner, s in msg.key_shares:
