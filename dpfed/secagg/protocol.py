@@ -396,6 +396,7 @@ class AggregatorSession(_Session):
         self._key_shares: dict[str, dict[str, Share]] = {}
         self._dropped: set[str] = set()
         self._absent: set[str] = set()
+        self._outputs: dict[str, Message] = {}
         self.result: AggregateResult | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -408,6 +409,16 @@ class AggregatorSession(_Session):
 
     def _floor(self) -> int:
         return max(self.config.min_contributors, self.config.threshold)
+
+    def current_set(self) -> frozenset[str]:
+        """The sites that may send a message in the current phase (U0 = all sites, U1, U2,
+        U3); empty once the session is done or failed."""
+        return frozenset(self._participants.get(self.phase, ()))
+
+    def outputs(self) -> dict[str, Message]:
+        """What the last ``close_*`` returned, per site (the messages of the current phase's
+        recipients): the bundles, deliveries or unmask requests; empty in ADVERTISE."""
+        return dict(self._outputs)
 
     @property
     def released(self) -> tuple[str, ...]:
@@ -506,6 +517,7 @@ class AggregatorSession(_Session):
             out[u] = self._sign(AdvertisementBundle(**self._head(), recipient=u, adverts=mine))
         self._participants[Phase.SHARE_KEYS] = u1
         self.phase = Phase.SHARE_KEYS
+        self._outputs = out
         return out
 
     def close_share_keys(self) -> dict[str, ShareDelivery]:
@@ -526,6 +538,7 @@ class AggregatorSession(_Session):
                for v in sorted(u2)}
         self._participants[Phase.MASKED_INPUT] = u2
         self.phase = Phase.MASKED_INPUT
+        self._outputs = out
         return out
 
     def close_masked_inputs(self) -> dict[str, UnmaskRequest]:
@@ -559,6 +572,7 @@ class AggregatorSession(_Session):
         self._absent = u2 - u3
         self._participants[Phase.UNMASK] = u3
         self.phase = Phase.UNMASK
+        self._outputs = out
         return out
 
     def ready(self) -> bool:
