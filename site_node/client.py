@@ -57,6 +57,8 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXC
 RETRY_IN_PLACE = frozenset({grpc.StatusCode.UNAVAILABLE})
 
 # TEST HOOK (tests/test_crash_site.py): DPFED_TEST_CRASH_AT=after_consent|after_debit|after_send
+# (and, for secure rounds, after_advertise|after_share_keys|after_unmask: right after that
+# PhaseMessage was taken; tests/test_secure_round_kill.py)
 # makes the site process SIGKILL itself right after its consent was taken (nothing drawn yet),
 # right after the release is debited and stored (before sending), or right after the
 # aggregator answered (before the acknowledgement is recorded). Never set
@@ -275,7 +277,7 @@ class SiteClient:
                         message.phase, message.round_id, _details(exc))
             return
         log.info("sent %s for round %s", message.phase, message.round_id)
-        _crash_point("after_consent")
+        _crash_point(f"after_{message.phase}")   # after_consent, after_advertise, ...
 
     def send_refusal(self, stub, envelope: pb.SignedEnvelope) -> None:
         refusal = parse_canonical(envelope.payload, REFUSAL)
