@@ -120,3 +120,218 @@ def _assert_no_site_vector_stored(fed, round_id, seen):
             assert raw[:64] not in everything
             import base64
             assert base64.b64encode(raw[:48]) not in everything
+
+
+def _drivers(fed, sites=None):
+    return {s: SiteDriver(fed, s) for s in (sites or fed.sites)}
+
+
+def _through_keys(drivers):
+    """Every driver consents, advertises and shares keys (in step order)."""
+    for phase in ("consent", "keys", "share_keys"):
+        for d in drivers.values():
+            got, answer, _ = d.step()
+            assert got == phase and answer.payload_type != "dpfed.v1.Refusal", (
+                d.site, got, parse_canonical(answer.payload, answer.payload_type))
+
+
+@pytest.mark.parametrize("drop", [2, 3])
+def test_k_minus_t_dropouts_after_keys_still_give_the_sum_one_more_fails(tmp_path, drop):
+    """K = 5, T = 2: the complete graph's Shamir threshold is t = 3, so K - t = 2 sites may drop
+    out after key agreement; with 3 the round fails cleanly at the end of the release step.
+    Sites that dropped before releasing spent nothing; every ledger equals what the
+    aggregator recorded."""
+    fed = SecureFed(tmp_path, 5)
+    fed.start_aggregator()
+    try:
+        seen = _record_inputs(fed, fed.sites)
+        drivers = _drivers(fed)
+        coordinator = fed.coordinator()
+        coordinator.start_round(fed.spec(t=2, quorum=2, deadline_s=8))
+        _through_keys(drivers)
+        live = fed.manager._rounds["sec-1"]
+        assert live.secure.config.threshold == 3
+        dropped = fed.sites[:drop]
+        survivors = fed.sites[drop:]
+        for s in survivors:
+            got, answer, reply = drivers[s].step()
+            assert got == "release" and reply.accepted
+        if drop == 2:
+            status = wait_state(fed.manager, "sec-1", (pb.RoundStatus.UNMASK,) + FINAL, 15)
+            assert status.state == pb.RoundStatus.UNMASK, status.message
+            for s in survivors:
+                got, _, ack = drivers[s].step()
+                assert got == "unmask" and "recorded" in ack.message
+            status = wait_state(fed.manager, "sec-1", FINAL, 15)
+            assert status.state == pb.RoundStatus.DONE, status.message
+            assert sorted(status.dropped) == dropped
+            result = live.session.result
+            assert result.included == tuple(survivors) and result.dropped == tuple(dropped)
+            # The sum of the survivors' inputs, exactly: the dropouts' masks were removed.
+            assert np.array_equal(result.vector, fp.wrap_sum([seen[s][1] for s in survivors]))
+            assert sorted(seen) == survivors
+        else:
+            status = wait_state(fed.manager, "sec-1", FINAL, 15)
+            assert status.state == pb.RoundStatus.FAILED
+            assert "2 masked inputs < 3" in status.message, status.message
+            assert "2 site(s) released and are accounted for" in status.message
+        for s in dropped:   # dropped before the release: nothing debited, nothing stored
+            assert _spent(fed, s) == (0.0, [])
+            assert fed.manager.budgets.view(s).spent == 0
+        for s in survivors:
+            assert _spent(fed, s) == (pytest.approx(EPSILON), ["sec-1"])
+            assert fed.manager.budgets.view(s).spent == pytest.approx(EPSILON)
+        held = {c.site_id for c in fed.manager.store.contributions("sec-1")}
+        assert held == set(survivors)
+        for d in drivers.values():
+            d.close()
+    finally:
+        fed.stop()
+
+
+def test_a_round_that_fails_before_its_release_step_costs_no_site_anything(tmp_path):
+    """K = 3, T = 2 (t = 2): two sites advertise but never share keys; the key step fails
+    the round. No site drew noise that left it, none debited, nothing is recorded."""
+    fed = SecureFed(tmp_path, 3)
+    fed.start_aggregator()
+    try:
+        drivers = _drivers(fed)
+        coordinator = fed.coordinator()
+        coordinator.start_round(fed.spec(t=2, quorum=2, deadline_s=6))
+        for phase in ("consent", "keys"):
+            for d in drivers.values():
+                assert d.step()[0] == phase
+        assert drivers["site-a"].step()[0] == "share_keys"   # one site shares; two vanish
+        status = wait_state(fed.manager, "sec-1", FINAL, 15)
+        assert status.state == pb.RoundStatus.FAILED
+        assert "share_keys step ended" in status.message and "no site released" in status.message
+        for s in fed.sites:
+            assert _spent(fed, s) == (0.0, [])
+            assert fed.manager.budgets.view(s).spent == 0
+        assert fed.manager.store.contributions("sec-1") == []
+        for d in drivers.values():
+            d.close()
+    finally:
+        fed.stop()
+
+
+def _code(call):
+    with pytest.raises(grpc.RpcError) as info:
+        call()
+    return info.value.code()
+
+
+def _resigned(fed, envelope, key=None, **changes):
+    """``envelope``'s message with ``changes`` and a fresh nonce, signed by ``key`` (default:
+    the sender's own key)."""
+    import secrets
+    msg = parse_canonical(envelope.payload, envelope.payload_type)
+    msg.nonce = secrets.token_hex(16)
+    msg.timestamp_unix_ms = int(time.time() * 1000)
+    for k, v in changes.items():
+        setattr(msg, k, v)
+    return (key or fed.site_keys[msg.site_id]).sign(msg)
+
+
+def _tampered(body: bytes, key) -> bytes:
+    """The secagg message ``body`` with its signature replaced by ``key``'s (not its
+    sender's): it parses, names its sender, and fails signature verification."""
+    import dataclasses
+
+    from dpfed.secagg.keys import sign
+    from dpfed.secagg.messages import parse
+    msg = parse(body)
+    return dataclasses.replace(msg, signature=sign(key, msg.signed_bytes())).to_bytes()
+
+
+def test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step(fed):
+    from dpfed.wire.signing import SigningKey
+    drivers = _drivers(fed, fed.sites[:3])
+    coordinator = fed.coordinator()
+    coordinator.start_round(fed.spec(t=2, quorum=2, sites=fed.sites[:3], deadline_s=30))
+    stub = drivers["site-a"].stub
+    for d in drivers.values():
+        assert d.step()[0] == "consent"
+    stranger = SigningKey.generate()
+
+    def attacks(step, legit, other, earlier):
+        """``legit``: site-a's answer for ``step``, unsent; ``other``: site-b's, unsent;
+        ``earlier``: an answer of site-a to an earlier step (already taken)."""
+        send = stub.Contribute if legit.payload_type.endswith("Contribution") else stub.SendPhase
+        field = "masked" if send == stub.Contribute else "body"
+        body = getattr(parse_canonical(legit.payload, legit.payload_type), field)
+        other_body = getattr(parse_canonical(other.payload, other.payload_type), field)
+        # Forged: an unregistered key, another site's key, a tampered secagg message, another
+        # site's secagg message under this site's envelope.
+        assert _code(lambda: send(_resigned(fed, legit, key=stranger))) == \
+            grpc.StatusCode.UNAUTHENTICATED
+        assert _code(lambda: send(_resigned(fed, legit, key=fed.site_keys["site-b"]))) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        assert _code(lambda: send(_resigned(fed, legit, **{field: _tampered(body, stranger)}))) == \
+            grpc.StatusCode.UNAUTHENTICATED
+        assert _code(lambda: send(_resigned(fed, legit, **{field: other_body}))) == \
+            grpc.StatusCode.PERMISSION_DENIED
+        # Out of phase: an earlier step's message again, and every other step's phase.
+        if earlier is not None:
+            assert _code(lambda: stub.SendPhase(_resigned(fed, earlier))) == \
+                grpc.StatusCode.FAILED_PRECONDITION
+        for phase in ("advertise", "share_keys", "unmask"):
+            if phase != step:
+                fake = fed.site_keys["site-a"].sign(pb.PhaseMessage(
+                    round_id="sec-1", site_id="site-a", phase=phase, body=body,
+                    spec_digest=fed.manager.status("sec-1").spec_digest,
+                    timestamp_unix_ms=int(time.time() * 1000), nonce="%032x" % hash(phase)
+                    .__abs__()))
+                assert _code(lambda: stub.SendPhase(fake)) == grpc.StatusCode.FAILED_PRECONDITION
+        if step != "release":
+            masked = fed.site_keys["site-a"].sign(pb.Contribution(
+                round_id="sec-1", site_id="site-a", masked=b"x" * 64, epsilon_spent=EPSILON,
+                spec_digest=fed.manager.status("sec-1").spec_digest,
+                timestamp_unix_ms=int(time.time() * 1000), nonce="ab" * 16))
+            assert _code(lambda: stub.Contribute(masked)) == grpc.StatusCode.FAILED_PRECONDITION
+        # Another round: same body under a round id / spec digest the aggregator does not run.
+        assert _code(lambda: send(_resigned(fed, legit, round_id="sec-2"))) == \
+            grpc.StatusCode.FAILED_PRECONDITION
+        assert _code(lambda: send(_resigned(fed, legit, spec_digest="0" * 64))) == \
+            grpc.StatusCode.FAILED_PRECONDITION
+        # The legitimate message is taken; its replay (and a re-signed copy) is not.
+        reply = send(legit)
+        if send == stub.Contribute:
+            assert reply.accepted and not reply.duplicate
+            assert send(legit).duplicate       # the same release resent: idempotent
+            assert _code(lambda: send(_resigned(fed, legit, **{field: other_body}))) in (
+                grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.ALREADY_EXISTS)
+        else:
+            assert _code(lambda: send(legit)) == grpc.StatusCode.ALREADY_EXISTS
+            assert _code(lambda: send(_resigned(fed, legit))) == grpc.StatusCode.ALREADY_EXISTS
+
+    earlier = None
+    for step in ("keys", "share_keys", "release", "unmask"):
+        pushed = {s: d.next() for s, d in drivers.items()}
+        assert {notice_phase(p) for p in pushed.values()} == {step}
+        answers = {s: drivers[s].answer(p) for s, p in pushed.items()}
+        attacks({"keys": "advertise"}.get(step, step), answers["site-a"], answers["site-b"],
+                earlier)
+        drivers["site-b"].send(answers["site-b"])
+        if step == "unmask":
+            # t = 2 shares of every secret arrived with site-b's answer: the round unmasked
+            # and closed at once; a late answer is out of phase (and costs nothing).
+            assert _code(lambda: drivers["site-c"].send(answers["site-c"])) == \
+                grpc.StatusCode.FAILED_PRECONDITION
+        else:
+            drivers["site-c"].send(answers["site-c"])
+        if step != "release":
+            earlier = answers["site-a"]
+        wanted = {"keys": pb.RoundStatus.KEYS, "share_keys": pb.RoundStatus.RELEASE,
+                  "release": pb.RoundStatus.UNMASK, "unmask": pb.RoundStatus.DONE}[step]
+        if step == "keys":
+            continue   # still KEYS (share_keys next)
+        status = wait_state(fed.manager, "sec-1", (wanted, pb.RoundStatus.FAILED), 10)
+        assert status.state == wanted, status.message
+    # Nothing rejected changed anything: every site is in the sum, each ledger holds one
+    # release, and the aggregator recorded exactly those.
+    assert fed.manager._rounds["sec-1"].session.result.included == tuple(fed.sites[:3])
+    for s in fed.sites[:3]:
+        assert _spent(fed, s) == (pytest.approx(EPSILON), ["sec-1"])
+    for d in drivers.values():
+        d.close()
