@@ -335,3 +335,140 @@ def test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step(fe
         assert _spent(fed, s) == (pytest.approx(EPSILON), ["sec-1"])
     for d in drivers.values():
         d.close()
+
+
+@pytest.mark.parametrize("restart_in", ["advertise", "share_keys", "release", "unmask"])
+def test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay(tmp_path, restart_in):
+    """The aggregator (in this process) stops after half the sites answered a step and starts
+    again on the same store: the secagg session is rebuilt from the stored messages, the
+    sites still waited for are pushed the same notice again, and the round finishes with the
+    exact sum; nothing is lost or counted twice (K = 4, T = 2)."""
+    fed = SecureFed(tmp_path, 4)
+    fed.start_aggregator()
+    try:
+        seen = _record_inputs(fed, fed.sites)
+        drivers = _drivers(fed)
+        fed.coordinator().start_round(fed.spec(t=2, quorum=2, deadline_s=60))
+        order = ["consent", "keys", "share_keys", "release", "unmask"]
+        notice_of = {"advertise": "keys"}.get(restart_in, restart_in)
+        for phase in order[:order.index(notice_of)]:
+            for d in drivers.values():
+                assert d.step()[0] == phase
+        pushed = {s: d.next() for s, d in drivers.items()}
+        assert {notice_phase(p) for p in pushed.values()} == {notice_of}
+        before = {s: drivers[s].answer(p) for s, p in pushed.items()}
+        for s in fed.sites[:2]:
+            drivers[s].send(before[s])
+        fed.server.stop(0)
+        fed.start_aggregator()
+        live = fed.manager._rounds["sec-1"]
+        assert live.step == restart_in and sorted(live.answers or live.contributions) == \
+            fed.sites[:2]
+        for d in drivers.values():
+            d.reconnect(fed.address)
+        # Only the sites that had not answered are pushed the step's notice again; theirs is
+        # the same message as before the restart (the session's outputs are deterministic).
+        for s in fed.sites[2:]:
+            assert drivers[s].next().payload == pushed[s].payload
+        for s in fed.sites[:2]:
+            with pytest.raises(Exception):
+                drivers[s].next(timeout=0.3)
+        def unmasked():   # t shares of every secret suffice: the last answers come late
+            return fed.manager.status("sec-1").state in (pb.RoundStatus.FITTING,
+                                                         pb.RoundStatus.DONE)
+        for s in fed.sites[2:]:
+            if not unmasked():
+                drivers[s].send(before[s])
+        for phase in order[order.index(notice_of) + 1:]:
+            for d in drivers.values():
+                if unmasked():
+                    break
+                assert d.step()[0] == phase
+        status = wait_state(fed.manager, "sec-1", FINAL, 15)
+        assert status.state == pb.RoundStatus.DONE, status.message
+        result = fed.manager._rounds["sec-1"].session.result
+        assert np.array_equal(result.vector, fp.wrap_sum([seen[s][1] for s in fed.sites]))
+        assert [c.site_id for c in fed.manager.store.contributions("sec-1")] == fed.sites
+        for s in fed.sites:
+            assert _spent(fed, s) == (pytest.approx(EPSILON), ["sec-1"])
+            assert fed.manager.budgets.view(s).spent == pytest.approx(EPSILON)
+        for d in drivers.values():
+            d.close()
+    finally:
+        fed.stop()
+
+
+def test_the_aggregator_refuses_infeasible_secure_specs(federation):
+    """Secure with one site, T above the invited sites, T + c above them, no row bound, or
+    secure fields on an independent round: refused at StartRound with the reason."""
+    base = dict(aggregation="secure", noise_threshold=2, max_site_rows=1000)
+    cases = [
+        (dict(base, sites=["site-a"], quorum=1), "needs at least 2 sites"),
+        (dict(base, noise_threshold=4), "exceeds the 3 invited site(s)"),
+        (dict(base, noise_threshold=2, colluders=2), "plus colluders c = 2 exceeds"),
+        (dict(base, max_site_rows=0), "max_site_rows"),
+        (dict(base, noise_threshold=0), "noise_threshold T >= 1"),
+        (dict(aggregation="independent", noise_threshold=2), "for secure aggregation only"),
+        (dict(aggregation="pooled"), "aggregation must be one of"),
+        (dict(base, site_key_ids={"site-a": "0" * 32, "site-b": "0" * 32, "site-c": "0" * 32}),
+         "which is registered with key"),
+    ]
+    for i, (fields, reason) in enumerate(cases):
+        spec = federation.spec(round_id=f"bad-{i}", **fields)
+        with pytest.raises(grpc.RpcError) as info:
+            federation.coordinator.stub.StartRound(
+                federation.coordinator.sign_spec(spec), timeout=10)
+        assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert reason in info.value.details(), (fields, info.value.details())
+
+
+def test_too_few_consents_for_T_fail_the_secure_round_before_keys(federation):
+    """T = 2, quorum 1: one consent and two refusals end the consent phase with fewer
+    contributions than the sum must hold; the round fails before anyone drew anything."""
+    spec = federation.spec(quorum=1, aggregation="secure", noise_threshold=2,
+                           max_site_rows=1000)
+    federation.start_round(spec, consent=False)
+    federation.stub.SendPhase(federation.consent("site-a", "r1"))
+    federation.stub.Refuse(federation.refusal("site-b", "r1", "policy"))
+    federation.stub.Refuse(federation.refusal("site-c", "r1", "policy"))
+    status = federation.manager.status("r1")
+    assert status.state == pb.RoundStatus.FAILED
+    assert "no site released" in status.message
+    assert federation.manager.store.contributions("r1") == []
+
+
+def test_a_site_refuses_T_above_its_policy_and_rows_above_the_bound(tmp_path):
+    """policy.max_noise_threshold caps T (a site's 1/T share is a full draw only with T honest
+    contributors); a site with more rows than max_site_rows refuses at consent."""
+    fed = SecureFed(tmp_path, 3, max_noise_threshold=2, rows=120)
+    node = fed.node("site-a")
+    sign = fed.coordinator_key.sign
+    answer = node.consent(sign(fed.spec(t=3, quorum=3)))
+    refusal = parse_canonical(answer.payload, answer.payload_type)
+    assert answer.payload_type == "dpfed.v1.Refusal"
+    assert "exceeds this site's policy.max_noise_threshold = 2" in refusal.reason
+    answer = node.consent(sign(fed.spec(round_id="sec-2", t=2, rows=100)))
+    assert answer.payload_type == "dpfed.v1.Refusal"
+    assert "max_site_rows = 100" in parse_canonical(answer.payload, answer.payload_type).reason
+    answer = node.consent(sign(fed.spec(round_id="sec-3", t=2, rows=120)))
+    assert answer.payload_type == "dpfed.v1.PhaseMessage"
+    # A secure spec is never released independently, whatever a notice asks.
+    answer = node.handle_round(sign(fed.spec(round_id="sec-4", t=2)))
+    assert answer.payload_type == "dpfed.v1.Refusal"
+    assert node.ledger.spent == 0 and node.ledger.releases() == []
+
+
+def test_round_toml_accepts_the_aggregation_keys():
+    from coordinator.roundspec import RoundSpecError, build_round_spec
+    base = {"target": "y", "features": ["a", "b"], "epsilon": 1.0, "x_bound": 1.0,
+            "y_bound": 1.0}
+    spec = build_round_spec({**base, "aggregation": "secure", "noise_threshold": 3})
+    assert (spec.aggregation, spec.noise_threshold, spec.max_site_rows, spec.colluders) == \
+        ("secure", 3, 100_000, 0)
+    assert build_round_spec(base).aggregation == ""   # "" = independent (the default)
+    for bad, reason in (({"noise_threshold": 3}, "needs aggregation"),
+                        ({"aggregation": "secure"}, "needs noise_threshold"),
+                        ({"aggregation": "secure", "noise_threshold": 0}, ">= 1"),
+                        ({"aggregation": "mixed"}, "must be one of")):
+        with pytest.raises(RoundSpecError, match=reason):
+            build_round_spec({**base, **bad})
