@@ -472,3 +472,88 @@ def test_round_toml_accepts_the_aggregation_keys():
                         ({"aggregation": "mixed"}, "must be one of")):
         with pytest.raises(RoundSpecError, match=reason):
             build_round_spec({**base, **bad})
+
+
+def _restarted(fed, site):
+    """A new SiteNode over the same files: what a restarted site process holds (its ledger,
+    no in-memory key state)."""
+    from site_node.config import load_config
+    from site_node.node import SiteNode
+    node = SiteNode(load_config(fed.write_config(site)))
+    fed.nodes[site] = node
+    return node
+
+
+def test_a_site_restarted_before_release_drops_out_and_one_after_release_is_counted(tmp_path):
+    """K = 5, T = 2 (t = 3): site-a restarts after key agreement (its secrets are gone): it
+    ignores the release notice, spends nothing and is listed as dropped. site-b releases and
+    then restarts: its stored masked release is resent byte for byte (a duplicate), it
+    cannot answer the unmask request, the other holders' shares cover it, and it is counted
+    as released in the sum, its ledger and the aggregator's budget record."""
+    fed = SecureFed(tmp_path, 5)
+    fed.start_aggregator()
+    try:
+        seen = _record_inputs(fed, fed.sites)
+        drivers = _drivers(fed)
+        fed.coordinator().start_round(fed.spec(t=2, quorum=2, deadline_s=8))
+        _through_keys(drivers)
+        drivers["site-a"].node = _restarted(fed, "site-a")
+        phase, answer, _ = drivers["site-a"].step()
+        assert phase == "release" and answer is None
+        for s in ("site-b", "site-c", "site-d", "site-e"):
+            assert drivers[s].step()[2].accepted
+        stored = fed.node("site-b").ledger.get_release("sec-1").envelope
+        drivers["site-b"].node = _restarted(fed, "site-b")
+        [pending] = drivers["site-b"].node.ledger.releases()
+        assert pending.envelope.SerializeToString() == stored.SerializeToString()
+        assert drivers["site-b"].send(drivers["site-b"].node.fresh_envelope(pending)).duplicate
+        status = wait_state(fed.manager, "sec-1", (pb.RoundStatus.UNMASK,) + FINAL, 15)
+        assert status.state == pb.RoundStatus.UNMASK, status.message
+        phase, answer, _ = drivers["site-b"].step()
+        assert phase == "unmask" and answer is None      # no secrets left: no answer
+        for s in ("site-c", "site-d", "site-e"):   # t = 3 answers: every secret recovered
+            drivers[s].step()
+        status = wait_state(fed.manager, "sec-1", FINAL, 15)
+        assert status.state == pb.RoundStatus.DONE, status.message
+        assert list(status.dropped) == ["site-a"]
+        result = fed.manager._rounds["sec-1"].session.result
+        assert result.included == ("site-b", "site-c", "site-d", "site-e")
+        assert np.array_equal(result.vector,
+                              fp.wrap_sum([seen[s][1] for s in result.included]))
+        assert _spent(fed, "site-a") == (0.0, [])
+        assert fed.manager.budgets.view("site-a").spent == 0
+        for s in result.included:
+            assert _spent(fed, s) == (pytest.approx(EPSILON), ["sec-1"])
+            assert fed.manager.budgets.view(s).spent == pytest.approx(EPSILON)
+        for d in drivers.values():
+            d.close()
+    finally:
+        fed.stop()
+
+
+def test_a_site_refuses_relayed_identity_keys_the_coordinator_did_not_sign(fed):
+    """The coordinator pins the sites' key ids in the signed spec (site_key_ids, filled from
+    ListSites by Coordinator.start_round); a keys notice relaying another key for a holder
+    is refused before anything is advertised."""
+    from dpfed import secure_round
+    from dpfed.wire.signing import SigningKey
+    drivers = _drivers(fed, fed.sites[:3])
+    fed.coordinator().start_round(fed.spec(t=2, quorum=2, sites=fed.sites[:3]))
+    for d in drivers.values():
+        d.step()
+    pushed = drivers["site-a"].next()
+    spec = fed.manager._rounds["sec-1"].spec
+    assert dict(spec.site_key_ids) == {s: fed.site_keys[s].key_id for s in fed.sites[:3]}
+    notice = parse_canonical(pushed.payload, "dpfed.v1.PhaseNotice")
+    keys = secure_round.decode_keys(notice.body)
+    keys["site-b"] = SigningKey.generate().public_key      # the aggregator's own key
+    notice.body = secure_round.encode_keys(keys)
+    from dpfed.wire.canonical import canonical_bytes
+    forged = pb.SignedEnvelope(payload=canonical_bytes(notice), payload_type=pushed.payload_type)
+    answer = drivers["site-a"].answer(forged)
+    assert answer.payload_type == "dpfed.v1.Refusal"
+    assert "site_key_ids" in parse_canonical(answer.payload, answer.payload_type).reason
+    # The genuine notice is still answered.
+    assert drivers["site-a"].answer(pushed).payload_type == "dpfed.v1.PhaseMessage"
+    for d in drivers.values():
+        d.close()
