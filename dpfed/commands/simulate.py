@@ -109,9 +109,10 @@ def run(args) -> int:
     for module, extra in (("opendp", "all"), ("scipy", "all"), ("pymc", "all")):
         require(module, extra)
 
-    if args.sites < 1 or args.epsilon <= 0 or args.public < 1 or args.test < 2:
-        print("dpfed simulate: need --sites >= 1, --epsilon > 0, --public >= 1, --test >= 2",
-              file=sys.stderr)
+    if (args.sites < 1 or args.epsilon <= 0 or args.public < 1 or args.test < 2
+            or args.dropouts < 0):
+        print("dpfed simulate: need --sites >= 1, --epsilon > 0, --public >= 1, --test >= 2, "
+              "--dropouts >= 0", file=sys.stderr)
         return exitcodes.USAGE
     features = tuple(f.strip() for f in args.features.split(",") if f.strip()) if args.features else None
     options = simulation.SimulationOptions(

@@ -93,6 +93,11 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     from dpfed.wire.signing import SigningKey
 
     t_start = time.monotonic()
+    aggregation = options.aggregation or ("secure" if options.n_sites >= 2 else "independent")
+    if options.dropouts and aggregation != "secure":
+        raise ValueError("--dropouts needs --aggregation secure")
+    noise_threshold, drop_index = (secure_plan(options.n_sites, options.dropouts)
+                                   if aggregation == "secure" else (0, []))
     problem = load_problem(options)
     split = split_rows(problem.n, n_sites=options.n_sites, n_public=options.n_public,
                        n_test=options.n_test, seed=options.seed)
@@ -117,12 +122,6 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     expected = forecast["per_epsilon"][0]["gain"]
     progress(f"forecast gain over the public lines alone: {expected['mean']:+.3f} "
              f"(10-90 %: {expected['q10']:+.3f} to {expected['q90']:+.3f})")
-
-    aggregation = options.aggregation or ("secure" if options.n_sites >= 2 else "independent")
-    if options.dropouts and aggregation != "secure":
-        raise ValueError("--dropouts needs --aggregation secure")
-    noise_threshold, drop_index = (secure_plan(options.n_sites, options.dropouts)
-                                   if aggregation == "secure" else (0, []))
 
     keep = options.workdir is not None
     root = Path(options.workdir) if keep else Path(tempfile.mkdtemp(prefix="dpfed-simulate-"))
