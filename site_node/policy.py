@@ -136,6 +136,13 @@ def check_aggregation(spec: pb.RoundSpec, policy: PolicyConfig) -> None:
                               f"policy.max_noise_threshold = {policy.max_noise_threshold}: its "
                               f"1/T noise share is a full draw only with at least T honest "
                               f"contributors")
+    if t > 1 and not spec.site_key_ids:
+        # The aggregator relays the other sites' identity keys; unpinned, it could stand in
+        # for every other participant and see this site's input with only a 1/T share of
+        # noise. With T = 1 the site's own share is a full draw, so nothing is at stake.
+        raise PolicyViolation(f"a secure round with T = {t} > 1 must pin the sites' identity "
+                              f"keys in the signed spec (site_key_ids): the aggregator could "
+                              f"otherwise substitute the other participants")
     if spec.sites and t + spec.colluders > len(spec.sites):
         raise PolicyViolation(f"noise threshold T = {t} plus colluders c = {spec.colluders} "
                               f"exceeds the {len(spec.sites)} invited sites")

@@ -442,7 +442,10 @@ def test_a_site_refuses_T_above_its_policy_and_rows_above_the_bound(tmp_path):
     contributors); a site with more rows than max_site_rows refuses at consent."""
     fed = SecureFed(tmp_path, 3, max_noise_threshold=2, rows=120)
     node = fed.node("site-a")
-    sign = fed.coordinator_key.sign
+    pins = {s: k.key_id for s, k in fed.site_keys.items()}
+    sign = lambda spec: fed.coordinator_key.sign(  # noqa: E731
+        pb.RoundSpec(**{**{f.name: v for f, v in spec.ListFields()},
+                        "site_key_ids": spec.site_key_ids or pins}))
     answer = node.consent(sign(fed.spec(t=3, quorum=3)))
     refusal = parse_canonical(answer.payload, answer.payload_type)
     assert answer.payload_type == "dpfed.v1.Refusal"
@@ -451,6 +454,14 @@ def test_a_site_refuses_T_above_its_policy_and_rows_above_the_bound(tmp_path):
     assert answer.payload_type == "dpfed.v1.Refusal"
     assert "max_site_rows = 100" in parse_canonical(answer.payload, answer.payload_type).reason
     answer = node.consent(sign(fed.spec(round_id="sec-3", t=2, rows=120)))
+    assert answer.payload_type == "dpfed.v1.PhaseMessage"
+    # T > 1 needs the identity keys pinned by the coordinator (else the aggregator could
+    # stand in for the other participants); T = 1 does not (the own share is a full draw).
+    unpinned = fed.coordinator_key.sign(fed.spec(round_id="sec-5", t=2, rows=120))
+    answer = node.consent(unpinned)
+    assert "must pin the sites' identity keys" in parse_canonical(
+        answer.payload, answer.payload_type).reason
+    answer = node.consent(fed.coordinator_key.sign(fed.spec(round_id="sec-6", t=1, rows=120)))
     assert answer.payload_type == "dpfed.v1.PhaseMessage"
     # A secure spec is never released independently, whatever a notice asks.
     answer = node.handle_round(sign(fed.spec(round_id="sec-4", t=2)))
@@ -557,3 +568,29 @@ def test_a_site_refuses_relayed_identity_keys_the_coordinator_did_not_sign(fed):
     assert drivers["site-a"].answer(pushed).payload_type == "dpfed.v1.PhaseMessage"
     for d in drivers.values():
         d.close()
+
+
+def test_the_sum_is_never_unmasked_with_fewer_than_T_plus_c_contributions(tmp_path):
+    """K = 5, T = 3, c = 1 (quorum 1): the Shamir threshold t = 3 would allow 2 dropouts, but a
+    colluder knows its own share, so the sum must hold T + c = 4 contributions: with 3 the
+    round fails and nothing is unmasked (the 3 releases are accounted for)."""
+    fed = SecureFed(tmp_path, 5)
+    fed.start_aggregator()
+    try:
+        drivers = _drivers(fed)
+        fed.coordinator().start_round(fed.spec(t=3, colluders=1, quorum=1, deadline_s=6))
+        _through_keys(drivers)
+        live = fed.manager._rounds["sec-1"]
+        assert (live.secure.config.min_contributors, live.secure.config.threshold) == (4, 3)
+        for s in fed.sites[2:]:
+            assert drivers[s].step()[2].accepted
+        status = wait_state(fed.manager, "sec-1", FINAL, 15)
+        assert status.state == pb.RoundStatus.FAILED
+        assert "3 masked inputs < 4" in status.message, status.message
+        assert live.session.result is None
+        for s in fed.sites[2:]:
+            assert fed.manager.budgets.view(s).spent == pytest.approx(EPSILON)
+        for d in drivers.values():
+            d.close()
+    finally:
+        fed.stop()
