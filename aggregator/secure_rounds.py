@@ -37,8 +37,8 @@ from dpfed.wire.canonical import canonical_bytes, parse_canonical
 
 from aggregator import aggregate
 from aggregator.errors import Rejected
-from aggregator.round_state import (ADVERTISE, COLLECTING, CONSENT, DONE, FAILED, FITTING, KEYS,
-                                    RELEASE, RELEASE_STEP, SECURE_STEPS, SHARE_KEYS, STEP_NOTICE,
+from aggregator.round_state import (ADVERTISE, CONSENT, DONE, FITTING, KEYS, RELEASE,
+                                    RELEASE_STEP, SECURE_STEPS, SHARE_KEYS, STEP_NOTICE,
                                     STEP_STATE, STEP_WEIGHT, UNMASK, UNMASK_STEP, LiveRound)
 
 log = logging.getLogger(__name__)
@@ -444,5 +444,4 @@ class SecureSteps:
         return live.running
 
 
-__all__ = ["SecureSteps", "rejected", "PHASE_MESSAGE_TYPES", "SECURE_STATES", "COLLECTING",
-           "FAILED"]
+__all__ = ["SecureSteps", "rejected", "PHASE_MESSAGE_TYPES", "SECURE_STATES"]

@@ -25,7 +25,7 @@ import pytest
 from dpfed.secagg import fixedpoint as fp
 from dpfed.v1 import dpfed_pb2 as pb
 from site_node.ledger import PrivacyLedger
-from tests.secure_federation import EPSILON, SecureFed, SiteDriver, notice_phase, wait_state
+from tests.secure_federation import EPSILON, SecureFed, SiteDriver, notice_phase
 from tests.test_crash_aggregator import AggregatorProcess
 
 pytestmark = pytest.mark.slow
