@@ -85,7 +85,8 @@ def test_secure_round_over_grpc_sums_exactly_the_sites_inputs(fed, caplog):
     assert total.noise.draws("xty") == 4 and total.noise.xty[0].share == 3
     assert total.noise.full_draws("xty") == pytest.approx(4 / 3)
     summary = json.loads(coordinator.result("sec-1").summary_json)
-    assert "4 shares of 1/3 draw" in summary["noise"]
+    assert "4 shares of 1/3 draw" in summary["noise"] and summary["aggregation"] == "secure"
+    assert summary["n_total"] == total.n and all(r["n"] == 0 for r in summary["sites"])
     # Every ledger equals what the aggregator recorded as released.
     for s in fed.sites:
         spent, rounds = _spent(fed, s)
