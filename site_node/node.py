@@ -26,6 +26,11 @@ the steps is the privacy argument:
 6. sign the Contribution (or that Refusal) and debit + store it in one ledger transaction;
    only then is it returned to be sent.
 
+Secure rounds (spec.aggregation = "secure") use the same consent; their later steps (key
+agreement, masked release, unmasking) arrive as notices with a body and are answered by
+``site_node.secure.SecureSite`` (docs/protocol.md, "Secure rounds"); a secure spec is never
+released independently.
+
 A crash after step 5 leaves a stored, unsent release that the client resends on startup;
 a crash before it leaves nothing debited and nothing sent. A stored answer older than
 ``RESIGN_AFTER_MS`` is re-signed with a fresh timestamp and nonce over the same stored bytes
