@@ -235,6 +235,9 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
         problems.append("deadline_unix_ms is not set")
     if spec.fit_method and spec.fit_method not in FIT_METHODS:
         problems.append(f"fit_method must be one of {', '.join(FIT_METHODS)}")
+    # Aggregation mode and the secure-aggregation parameters (dpfed.secure_round).
+    from dpfed.secure_round import secure_problems
+    problems += secure_problems(spec, invited)
     if spec.public_statistics:
         try:
             pub = Statistics.from_bytes(spec.public_statistics)

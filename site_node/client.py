@@ -259,7 +259,7 @@ class SiteClient:
                         message.phase, message.round_id, _details(exc))
             return
         log.info("sent %s for round %s", message.phase, message.round_id)
-        faults.crash_point("after_consent")   # test hook (dpfed.faults)
+        faults.crash_point(f"after_{message.phase}")   # after_consent, after_advertise, ... (dpfed.faults)
 
     def send_refusal(self, stub, envelope: pb.SignedEnvelope) -> None:
         refusal = parse_canonical(envelope.payload, REFUSAL)

@@ -32,7 +32,8 @@ def run(tmp_path_factory):
     with contextlib.redirect_stdout(out):
         code = cli.main(["--log-level", "WARNING", "simulate", "--json", "--fit-method", "laplace",
                          "--draws", "400", "--sites", str(N_SITES), "--seed", str(SEED),
-                         "--workdir", str(workdir), "--timeout", "60"])
+                         "--workdir", str(workdir), "--timeout", "60",
+                         "--aggregation", "independent"])
     return code, out.getvalue(), sim.FederationLayout(workdir)
 
 

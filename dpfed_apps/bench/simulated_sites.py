@@ -116,6 +116,8 @@ class Federation:
     tls_root: Path | None = None          # dpfed_apps.ca output, with tls=True
     consents: list[bytes] = field(default_factory=list)   # serialised consent of site i
     _channels: list = field(default_factory=list)
+    site_keys: dict = field(default_factory=dict)          # site id -> SigningKey
+    spec: object = None                                    # the pb.RoundSpec
 
     @property
     def tls(self) -> bool:
@@ -219,9 +221,12 @@ def _provisioned_parties(site_ids: list[str], folder: Path, raw_extra: dict):
 
 def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers: int = 16,
                      tls: bool = False, seed: int = 0, config: dict | None = None,
-                     site_id_format: str = "site-{:04d}") -> Federation:
+                     site_id_format: str = "site-{:04d}", spec_fields: dict | None = None
+                     ) -> Federation:
     """Start the aggregator (fit skipped) and prepare ``sites`` signed contributions of
-    dimension ``dim`` to a round of quorum ``sites`` (not started: the caller times that)."""
+    dimension ``dim`` to a round of quorum ``sites`` (not started: the caller times that).
+    ``spec_fields`` override fields of the round spec; with aggregation = "secure" nothing is
+    precomputed here (benchmarks/secure_sites.py plans the secure messages)."""
     from dpfed.v1 import dpfed_pb2 as pb
     from dpfed.wire.canonical import digest
 
@@ -239,15 +244,18 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
     try:
         port = port_queue.get(timeout=300)
         now = int(time.time() * 1000)
-        spec = pb.RoundSpec(round_id=round_id, coordinator_id=BENCH_COORDINATOR, target="y",
-                            feature_names=[f"x{i}" for i in range(dim)], epsilon=1.0,
-                            x_bound=0.5, y_bound=1.0, budget_split=list(BENCH_SPLIT),
-                            quorum=sites, deadline_unix_ms=now + 600_000, created_unix_ms=now,
-                            fit_method="laplace")
+        fields = dict(round_id=round_id, coordinator_id=BENCH_COORDINATOR, target="y",
+                      feature_names=[f"x{i}" for i in range(dim)], epsilon=1.0,
+                      x_bound=0.5, y_bound=1.0, budget_split=list(BENCH_SPLIT),
+                      quorum=sites, deadline_unix_ms=now + 600_000, created_unix_ms=now,
+                      fit_method="laplace")
+        spec = pb.RoundSpec(**{**fields, **(spec_fields or {})})
         spec_envelope = coordinator.sign(spec)
         spec_digest = digest(spec_envelope.payload)
-        contributions = sign_contributions(site_keys, round_id, spec_digest, dim, rng)
-        consents = sign_consents(site_keys, round_id, spec_digest)
+        secure = spec.aggregation == "secure"
+        contributions = [] if secure else sign_contributions(site_keys, round_id, spec_digest,
+                                                             dim, rng)
+        consents = [] if secure else sign_consents(site_keys, round_id, spec_digest)
     except BaseException:
         stop_event.set()
         proc.join(30)
@@ -255,4 +263,4 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
         raise
     return Federation(proc, stop_event, f"127.0.0.1:{port}", round_id, site_ids, spec_envelope,
                       contributions, folder, folder / "federation" if tls else None,
-                      consents=consents)
+                      consents=consents, site_keys=site_keys, spec=spec)

@@ -25,6 +25,8 @@ EPILOG = """\
 examples:
   dpfed simulate                               3 sites, eps 2, Nutlin-3a, ADVI: a readable report
   dpfed simulate --sites 10 --epsilon 1 --drug 1373 --seed 4
+  dpfed simulate --sites 5 --dropouts 2         secure aggregation; 2 sites stop after key agreement
+  dpfed simulate --aggregation independent     every site's release carries its own noise
   dpfed simulate --json > result.json          one JSON object (round_id, sites, metrics, timings)
   dpfed simulate --data my.csv --target response --workdir run1   your own CSV; keep the folder
 
@@ -58,6 +60,12 @@ def register(subparsers) -> None:
                    help="folder for keys, configs, data, state and logs (kept); default: a "
                         "temporary folder, removed on success")
     p.add_argument("--timeout", type=float, default=600.0, help="round timeout in seconds")
+    p.add_argument("--aggregation", choices=("secure", "independent"), default=None,
+                   help="secure aggregation with distributed noise (default for 2 sites or "
+                        "more) or independent releases (default for one site)")
+    p.add_argument("--dropouts", type=int, default=0,
+                   help="secure: this many sites stop right after key agreement, before "
+                        "releasing (the round waits for them until its release step ends)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     p.set_defaults(func=run)
 
@@ -83,16 +91,18 @@ def run(args) -> int:
     for module, extra in (("opendp", "all"), ("scipy", "all"), ("pymc", "all")):
         require(module, extra)
 
-    if args.sites < 1 or args.epsilon <= 0 or args.public < 1 or args.test < 2:
-        print("dpfed simulate: need --sites >= 1, --epsilon > 0, --public >= 1, --test >= 2",
-              file=sys.stderr)
+    if (args.sites < 1 or args.epsilon <= 0 or args.public < 1 or args.test < 2
+            or args.dropouts < 0):
+        print("dpfed simulate: need --sites >= 1, --epsilon > 0, --public >= 1, --test >= 2, "
+              "--dropouts >= 0", file=sys.stderr)
         return exitcodes.USAGE
     features = tuple(f.strip() for f in args.features.split(",") if f.strip()) if args.features else None
     options = simulation.SimulationOptions(
         n_sites=args.sites, epsilon=args.epsilon, drug=args.drug, features=features,
         data=args.data, id_column=args.id_column, target=args.target, n_public=args.public,
         n_test=args.test, seed=args.seed, fit_method=args.fit_method, fit_draws=args.draws,
-        workdir=args.workdir, round_timeout_s=args.timeout, log_level=args.log_level)
+        workdir=args.workdir, round_timeout_s=args.timeout, log_level=args.log_level,
+        aggregation=args.aggregation, dropouts=args.dropouts)
     # SIGTERM cleans up like Ctrl-C: the finally blocks stop the child processes.
     interrupts = _Interrupts()
     previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}

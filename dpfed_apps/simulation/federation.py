@@ -144,7 +144,9 @@ def write_federation(layout: FederationLayout, problem: Problem, split: Split, *
                                                     f"{COORDINATOR_ID}.pub")],
                        "max_epsilon_per_round": float(epsilon),
                        "total_epsilon": float(total_epsilon or 5 * epsilon),
-                       "min_n": 20, "allowed_targets": ["*"], "allowed_features": ["*"]},
+                       "min_n": 20, "allowed_targets": ["*"], "allowed_features": ["*"],
+                       # secure rounds: these simulated sites accept any T up to K
+                       "max_noise_threshold": len(names)},
         }))
     write_rows_csv(layout.public_csv, problem, split.public)
     agg_keys = layout.kit("aggregator") / "keys"
@@ -167,9 +169,15 @@ def _tls_table(layout: FederationLayout, name: str) -> dict:
 
 def round_config(problem: Problem, *, epsilon: float, x_bound: float, y_bound: float,
                  quorum: int, public_csv: Path, fit_method: str, fit_draws: int, fit_seed: int,
-                 deadline_s: int = 600, budget_split=DEFAULT_BUDGET_SPLIT) -> dict:
-    """The round.toml content (docs/interfaces.md) as a dict."""
-    return {
+                 deadline_s: int = 600, budget_split=DEFAULT_BUDGET_SPLIT,
+                 aggregation: str = "independent", noise_threshold: int = 0,
+                 max_site_rows: int = 0) -> dict:
+    """The round.toml content (docs/interfaces.md) as a dict (secure: with T and the rows
+    bound)."""
+    secure = {} if aggregation != "secure" else {
+        "aggregation": "secure", "noise_threshold": int(noise_threshold),
+        "max_site_rows": int(max_site_rows)}
+    return {**secure,
         "target": problem.target,
         "features": list(problem.feature_names),
         "epsilon": float(epsilon),
@@ -241,7 +249,7 @@ class LocalFederation:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _spawn(self, name: str, command: list[str]) -> ChildProcess:
+    def _spawn(self, name: str, command: list[str], env: dict | None = None) -> ChildProcess:
         log_path = self.layout.logs / f"{name}.log"
         log = log_path.open("ab")
         try:
@@ -250,21 +258,26 @@ class LocalFederation:
             popen = subprocess.Popen(
                 command,
                 stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                cwd=self.layout.root, env=child_environment(), start_new_session=True)
+                cwd=self.layout.root, env={**child_environment(), **(env or {})},
+                start_new_session=True)
         finally:
             log.close()
         child = ChildProcess(name, popen, log_path)
         self.children.append(child)
         return child
 
-    def start(self, *, timeout_s: float = 60.0) -> None:
+    def start(self, *, timeout_s: float = 60.0, stop_after_keys=()) -> None:
+        """Start the aggregator and the sites. ``stop_after_keys``: sites that stop (SIGKILL
+        themselves, the DPFED_TEST_CRASH_AT fault hook) right after their key shares were
+        taken in a secure round: they drop out after key agreement, before releasing."""
         self.progress(f"starting aggregator on {self.address}")
         self._spawn("aggregator", aggregator_command(self.layout.aggregator_config,
                                                      self.log_level))
         self.wait_aggregator_healthy(timeout_s)
         for name in self.site_names:
+            env = {"DPFED_TEST_CRASH_AT": "after_share_keys"} if name in stop_after_keys else None
             self._spawn(name, dpfed_command(self.log_level, "site", "serve", "--config",
-                                            str(self.layout.site_config(name))))
+                                            str(self.layout.site_config(name))), env)
         self.progress(f"started {len(self.site_names)} site processes; waiting for them to connect")
 
     def check_alive(self) -> None:

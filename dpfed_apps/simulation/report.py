@@ -9,6 +9,15 @@ def _fmt(v: float | None) -> str:
     return "n/a" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.3f}"
 
 
+def _aggregation_line(result: dict) -> str:
+    if result.get("aggregation") != "secure":
+        return "  aggregation: independent (each site's release carries its own noise draw)"
+    line = (f"  aggregation: secure (each site adds 1/{result.get('noise_threshold')} of one "
+            f"noise draw; the aggregator saw only the masked sum)")
+    dropped = result.get("dropped") or []
+    return line + (f"; dropped after key agreement: {', '.join(dropped)}" if dropped else "")
+
+
 def format_report(result: dict) -> str:
     """The human-readable result of ``run_simulation``."""
     m, t = result["metrics"], result["timings"]
@@ -30,6 +39,7 @@ def format_report(result: dict) -> str:
         f"({result['fit_method']}), baselines {t['baselines_s']:.1f} s, total {t['total_s']:.1f} s",
         "  phases: " + ", ".join(f"{p['phase'].lower()} {p['seconds']:.2f} s"
                                  for p in result.get("phases", [])),
+        _aggregation_line(result),
         "",
         "  held-out Spearman correlation (predicted vs measured)",
         f"    private federated model   {_fmt(m['spearman_private'])}",

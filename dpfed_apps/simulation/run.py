@@ -42,6 +42,31 @@ class SimulationOptions:
     round_timeout_s: float = 600.0
     startup_timeout_s: float = 60.0
     log_level: str = "INFO"
+    # "secure" or "independent"; None: secure for 2 sites or more, independent for one.
+    aggregation: str | None = None
+    # Secure only: sites that stop right after key agreement (before releasing anything).
+    dropouts: int = 0
+
+
+# A secure round with dropouts waits for them until its release step's deadline: a short
+# round deadline keeps the simulation quick (docs/protocol.md, "Secure rounds").
+DROPOUT_DEADLINE_S = 20
+
+
+def secure_plan(n_sites: int, dropouts: int) -> tuple[int, list[int]]:
+    """(T, indices of the sites that drop out) for a secure simulation: T = the sites that
+    release, K - N, so their shares make exactly one noise draw; the last N sites drop.
+    ValueError when N sites cannot drop: the Shamir threshold t of K sites needs K - N >= t."""
+    from dpfed.secagg.graph import choose_graph_parameters
+    if n_sites < 2:
+        raise ValueError("secure aggregation needs at least 2 sites (--aggregation independent "
+                         "for one)")
+    t = choose_graph_parameters(n_sites).threshold
+    if not 0 <= dropouts <= n_sites - t:
+        raise ValueError(f"--dropouts {dropouts}: with {n_sites} sites the key-share threshold "
+                         f"is t = {t}, so at most {n_sites - t} site(s) may drop out after key "
+                         f"agreement")
+    return n_sites - dropouts, list(range(n_sites - dropouts, n_sites))
 
 
 def load_problem(options: SimulationOptions) -> Problem:
@@ -69,6 +94,11 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     from dpfed.wire.signing import SigningKey
 
     t_start = time.monotonic()
+    aggregation = options.aggregation or ("secure" if options.n_sites >= 2 else "independent")
+    if options.dropouts and aggregation != "secure":
+        raise ValueError("--dropouts needs --aggregation secure")
+    noise_threshold, drop_index = (secure_plan(options.n_sites, options.dropouts)
+                                   if aggregation == "secure" else (0, []))
     problem = load_problem(options)
     split = split_rows(problem.n, n_sites=options.n_sites, n_public=options.n_public,
                        n_test=options.n_test, seed=options.seed)
@@ -100,10 +130,16 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     layout = FederationLayout(root.resolve())
     port = free_port()
     names = write_federation(layout, problem, split, port=port, epsilon=options.epsilon)
+    dropping = [names[i] for i in drop_index]
+    deadline_s = int(options.round_timeout_s)
+    if dropping:
+        deadline_s = min(deadline_s, DROPOUT_DEADLINE_S)
     config = round_config(problem, epsilon=options.epsilon, x_bound=x_bound, y_bound=y_bound,
-                          quorum=len(names), public_csv=layout.public_csv,
+                          quorum=len(names) - len(dropping), public_csv=layout.public_csv,
                           fit_method=options.fit_method, fit_draws=options.fit_draws,
-                          fit_seed=options.seed, deadline_s=int(options.round_timeout_s))
+                          fit_seed=options.seed, deadline_s=deadline_s,
+                          aggregation=aggregation, noise_threshold=noise_threshold,
+                          max_site_rows=int(max(split.site_sizes)))
     layout.round_config.write_text(to_toml(config))
 
     Coordinator, build_round_spec = _import_coordinator()
@@ -111,14 +147,17 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     failed = True
     try:
         with federation:
-            federation.start(timeout_s=options.startup_timeout_s)
+            federation.start(timeout_s=options.startup_timeout_s, stop_after_keys=dropping)
             coordinator = Coordinator(federation.address,
                                       SigningKey.load(layout.signing_key(COORDINATOR_ID)),
                                       COORDINATOR_ID, layout.tls(COORDINATOR_ID))
             federation.wait_sites_connected(coordinator, options.startup_timeout_s)
             spec = build_round_spec(config, base_dir=layout.root)
             progress(f"starting round: target {problem.target}, eps {options.epsilon} per site, "
-                     f"bounds x {x_bound:.3g}, y {y_bound:.3g}, fit {options.fit_method}")
+                     f"bounds x {x_bound:.3g}, y {y_bound:.3g}, fit {options.fit_method}, "
+                     f"{aggregation} aggregation"
+                     + (f" (T = {noise_threshold})" if aggregation == "secure" else "")
+                     + (f"; {', '.join(dropping)} stop after key agreement" if dropping else ""))
             status = coordinator.start_round(spec)
             round_id = status.round_id
             status = coordinator.wait(round_id, options.round_timeout_s)
@@ -155,12 +194,14 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                                 draws=options.fit_draws, seed=options.seed)
     baseline_fit_s = time.monotonic() - t_fit
     by_site = {c.site_id: c for c in status.contributions}
+    secure = aggregation == "secure"
     return {
         "round_id": round_id,
         "data": problem.label,
         "target": problem.target,
         "features": list(problem.feature_names),
-        "sites": [{"site_id": n, "n": int(by_site[n].n) if n in by_site else None,
+        # Secure: a site's n is never released on its own (it is inside the masked sum).
+        "sites": [{"site_id": n, "n": int(by_site[n].n) if n in by_site and not secure else None,
                    "n_planned": int(rows.size),
                    "epsilon": float(by_site[n].epsilon_spent) if n in by_site else 0.0}
                   for n, rows in zip(names, split.sites)],
@@ -179,7 +220,11 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                     "baselines_s": baseline_fit_s, "total_s": time.monotonic() - t_start},
         # The round's phases (consent, release, fitting) and how long each took; sites that
         # consented but never released.
-        "aggregation": "independent",
+        # How the sites' statistics were combined; secure: T, and the sites that stopped after
+        # key agreement (asked for) and that the round lists as dropped.
+        "aggregation": aggregation,
+        "noise_threshold": noise_threshold if secure else None,
+        "dropouts": dropping,
         "phases": [{"phase": p.phase, "seconds": float(p.seconds)} for p in status.phases],
         "dropped": list(status.dropped),
         "n_total": summary.get("n_total"),
