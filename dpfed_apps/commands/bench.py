@@ -44,7 +44,7 @@ def bench_round(args) -> int:
             return exitcodes.USAGE
         result = run_repeated(args.sites, args.dim, args.repeat, aggregation="secure",
                               dropouts=dropouts)
-        print(json.dumps(result) if args.json else describe_secure(result))
+        print(jsonsafe.dumps(result) if args.json else describe_secure(result))
         return exitcodes.OK
     if args.dropouts not in ("0", 0):
         print("dpfed bench round: --dropouts needs --aggregation secure", file=sys.stderr)
