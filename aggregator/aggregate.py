@@ -14,6 +14,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpfed.intervals import credible_interval
+from dpfed.jsonsafe import jsonable
 from dpfed.noise import EXACT
 from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values)
 from dpfed.v1 import dpfed_pb2 as pb
@@ -233,6 +235,9 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
         problems.append("deadline_unix_ms is not set")
     if spec.fit_method and spec.fit_method not in FIT_METHODS:
         problems.append(f"fit_method must be one of {', '.join(FIT_METHODS)}")
+    # Aggregation mode and the secure-aggregation parameters (dpfed.secure_round).
+    from dpfed.secure_round import secure_problems
+    problems += secure_problems(spec, invited)
     if spec.public_statistics:
         try:
             pub = Statistics.from_bytes(spec.public_statistics)
@@ -299,10 +304,11 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
               total: Statistics, public: Statistics | None, beta_mean: np.ndarray,
               beta_draws: np.ndarray, diagnostics: dict, round_s: float, fit_s: float) -> dict:
     """The round summary of docs/interfaces.md, plus per-coefficient posterior sd and 90%
-    credible intervals from the draws (the level used everywhere in dpfed)."""
-    ci = np.percentile(beta_draws, [5, 95], axis=0) if len(beta_draws) else np.zeros((2, 0))
+    credible intervals from the draws (dpfed.intervals: the level used everywhere in dpfed).
+    JSON-ready by dpfed.jsonsafe's rule: NaN and infinities are None (null)."""
+    ci = credible_interval(beta_draws, 0.9)              # the "beta_ci90" key
     pre = spec.preprocessing
-    return {
+    return jsonable({
         "round_id": spec.round_id,
         "dim": len(spec.feature_names),
         "n_total": int(total.n),
@@ -310,13 +316,13 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "sites": [{"site_id": s, "n": int(n), "epsilon": float(e)} for s, n, e in contributions],
         "beta_mean": [float(b) for b in beta_mean],
         "beta_sd": [float(s) for s in beta_draws.std(axis=0)] if len(beta_draws) else [],
-        "beta_ci90": [[float(lo), float(hi)] for lo, hi in zip(ci[0], ci[1])],
+        "beta_ci90": [[float(lo), float(hi)] for lo, hi in ci],
         "model": diagnostics.get("model", ""),
         "noise": total.noise.summary() if total.noise is not None else "unknown",
-        "information": _jsonable(diagnostics.get("information", {})),
+        "information": diagnostics.get("information", {}),
         "feature_names": list(spec.feature_names),
         "target": spec.target,
-        "diagnostics": _jsonable(diagnostics),
+        "diagnostics": diagnostics,
         "timings": {"round_s": round_s, "fit_s": fit_s},
         "preprocessing": {"x_mean": list(pre.x_mean), "y_mean": pre.y_mean,
                           "normalize_rows": pre.normalize_rows},
@@ -324,21 +330,6 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "x_bound": spec.x_bound,
         "y_bound": spec.y_bound,
         "fit_method": spec.fit_method or "auto",
-    }
+    })
 
 
-def _jsonable(obj):
-    if isinstance(obj, dict):
-        return {str(k): _jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_jsonable(v) for v in obj]
-    if isinstance(obj, np.ndarray):
-        return _jsonable(obj.tolist())
-    if isinstance(obj, (np.floating, float)):
-        f = float(obj)
-        return f if math.isfinite(f) else str(f)
-    if isinstance(obj, (np.integer,)):
-        return int(obj)
-    if isinstance(obj, (int, str, bool)) or obj is None:
-        return obj
-    return str(obj)

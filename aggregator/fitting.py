@@ -40,6 +40,9 @@ def fit_round(spec: pb.RoundSpec, running: aggregate.RunningTotal,
     # Who was selected but never released, and the time of each phase (the fit's own
     # seconds for the running FITTING phase).
     summary["dropped"] = list(dropped)
+    # How the releases were combined (docs/protocol.md): "secure" sums carry C shares of 1/T
+    # of one noise draw (``noise``), and each site's n is 0 (never released on its own).
+    summary["aggregation"] = spec.aggregation or "independent"
     summary["phases"] = [{"phase": p, "started_unix_ms": t, "seconds": s or fit_s}
                          for p, t, s in phases]
     result = StoredResult(spec.round_id, json.dumps(summary, sort_keys=True),

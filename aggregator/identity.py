@@ -1,7 +1,7 @@
 """Who is on the other end of a gRPC call: the dpfed identity of the peer's TLS certificate.
 
 With mutual TLS every client presents a certificate signed by the federation's CA naming one
-identity as a SAN URI (dpfed.provision): ``dpfed://site/<id>`` or ``dpfed://coordinator/<id>``.
+identity as a SAN URI (dpfed.identity): ``dpfed://site/<id>`` or ``dpfed://coordinator/<id>``.
 The round manager binds it to the signing key's registered owner, so a request must carry both
 the right key and the right certificate: a site holding another site's signing key (or a
 coordinator's) still cannot speak for it over its own connection.
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from dpfed.provision import COORDINATOR, SITE, identity_uri, parse_identity_uri
+from dpfed.identity import COORDINATOR, SITE, identity_uri, parse_identity_uri
 
 
 log = logging.getLogger("dpfed.aggregator")
@@ -50,12 +50,12 @@ class RevocationList:
         self._load(strict=True)
 
     def _load(self, *, strict: bool) -> None:
-        from dpfed.provision import ProvisionError, load_crl
+        from dpfed.identity import IdentityError, load_crl
         st = os.stat(self.path)
         stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
         try:
             crl = load_crl(self.path, self.ca_cert)
-        except ProvisionError as exc:
+        except IdentityError as exc:
             if strict:
                 raise
             log.error("revocation list %s changed but is not usable (%s); the previous list "
@@ -101,7 +101,7 @@ class PeerIdentity:
 def _from_pem(pem: bytes) -> tuple[tuple[str, str], ...]:
     from cryptography import x509
 
-    from dpfed.provision import identities_of
+    from dpfed.identity import identities_of
     return tuple(identities_of(x509.load_pem_x509_certificate(pem)))
 
 

@@ -64,6 +64,8 @@ from scipy import special
 
 from dpfed.statistics import Statistics
 
+from aggregator.repair import project_psd
+
 __all__ = ["NoiseAwareInputs", "noise_aware_inputs", "log_posterior_noise_aware",
            "log_posterior_exact", "log_posterior_noise_aware_batch", "log_posterior_exact_batch",
            "draw_lam0", "psd_estimate", "design_prior", "PRIOR_SHAPE", "PRIOR_RATE"]
@@ -100,12 +102,13 @@ class NoiseAwareInputs:
 
 def psd_estimate(rxx: np.ndarray, v_xx: float) -> np.ndarray:
     """Abar: R_xx with eigenvalues floored (post-processing of the release, free of privacy
-    cost). The floor is the larger of 1e-3 max|eigenvalue| and the sd of one entry's noise."""
-    w, v = np.linalg.eigh(rxx)
-    scale = float(np.max(np.abs(w))) if w.size else 0.0
-    floor = max(_RELATIVE_FLOOR * scale, float(np.sqrt(v_xx)), 1e-12)
-    m = (v * np.maximum(w, floor)) @ v.T
-    return 0.5 * (m + m.T)
+    cost; aggregator.repair.project_psd). The floor is the larger of 1e-3 max|eigenvalue| and
+    the sd of one entry's noise."""
+    def floor(w: np.ndarray) -> float:
+        scale = float(np.max(np.abs(w))) if w.size else 0.0
+        return max(_RELATIVE_FLOOR * scale, float(np.sqrt(v_xx)), 1e-12)
+
+    return project_psd(rxx, floor)[0]
 
 
 #: Relative prior sd of the private design's second moments (``design_prior``).

@@ -51,6 +51,8 @@ from aggregator.closed_form import closed_form_mean, posterior_precision
 from aggregator.model import (DEFAULT_MODE, PRIOR_RATE, PRIOR_SHAPE, AdviState, build_model,
                               get_advi_engine)
 from aggregator.repair import Repair, repair_statistics
+from dpfed.intervals import CREDIBLE_LEVEL, credible_interval, interval_quantiles
+from dpfed.jsonsafe import jsonable
 from dpfed.statistics import Statistics
 
 __all__ = ["Posterior", "PosteriorError", "ConvergenceError", "fit_posterior", "METHODS",
@@ -138,20 +140,21 @@ class Posterior:
         """Average of x^T beta over the draws (paper eq. (8), with its 1/m): shape (m,)."""
         return self._x(x) @ self.beta_draws.mean(axis=0)
 
-    def predict_interval(self, x, level: float = 0.9) -> tuple[np.ndarray, np.ndarray]:
+    def predict_interval(self, x, level: float = CREDIBLE_LEVEL) -> tuple[np.ndarray, np.ndarray]:
         """Central credible interval of the linear predictor x^T beta (no observation noise)."""
-        lo, hi = _levels(level)
+        lo, hi = interval_quantiles(level)
         lin = self._x(x) @ self.beta_draws.T
         return np.quantile(lin, lo, axis=1), np.quantile(lin, hi, axis=1)
 
-    def credible_interval(self, level: float = 0.9) -> np.ndarray:
-        """Central credible interval of each coefficient: array (d, 2) of (lower, upper)."""
-        lo, hi = _levels(level)
-        return np.quantile(self.beta_draws, [lo, hi], axis=0).T
+    def credible_interval(self, level: float = CREDIBLE_LEVEL) -> np.ndarray:
+        """Central credible interval of each coefficient: array (d, 2) of (lower, upper)
+        (dpfed.intervals)."""
+        return credible_interval(self.beta_draws, level)
 
     def to_dict(self, include_draws: bool = False) -> dict:
-        """JSON-ready summary; the draws only with ``include_draws=True``."""
-        ci = self.credible_interval(0.9)
+        """JSON-ready summary (dpfed.jsonsafe: NaN and infinities as None); the draws only
+        with ``include_draws=True``."""
+        ci = self.credible_interval(0.9)      # the "beta_ci90" key; CREDIBLE_LEVEL is 0.9
         out = {
             "method": self.method,
             "model": self.model,
@@ -162,29 +165,11 @@ class Posterior:
             "beta_ci90": ci.tolist(),
             "lam": dict(self.lam),
             "lam0": dict(self.lam0),
-            "diagnostics": _jsonable(self.diagnostics),
+            "diagnostics": jsonable(self.diagnostics),
         }
         if include_draws:
             out["beta_draws"] = self.beta_draws.tolist()
         return out
-
-
-def _levels(level: float) -> tuple[float, float]:
-    if not 0 < level < 1:
-        raise ValueError(f"level must be in (0, 1), got {level!r}")
-    return (1 - level) / 2, (1 + level) / 2
-
-
-def _jsonable(v):
-    if isinstance(v, dict):
-        return {str(k): _jsonable(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)):
-        return [_jsonable(x) for x in v]
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    if isinstance(v, (np.floating, np.integer, np.bool_)):
-        return v.item()
-    return v
 
 
 def _softplus(x):

@@ -102,17 +102,25 @@ def eigen_floor_for(eigenvalues: np.ndarray, relative: float = DEFAULT_RELATIVE_
     return max(relative * scale, _TINY)
 
 
-def project_psd(xtx: np.ndarray, floor: float) -> tuple[np.ndarray, np.ndarray]:
+def _from_eigen(v: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """``v diag(w) v^T``, exactly symmetric (upper triangle mirrored), as ``Statistics``
+    requires."""
+    m = (v * w) @ v.T
+    return np.triu(m) + np.triu(m, 1).T
+
+
+def project_psd(xtx: np.ndarray, floor) -> tuple[np.ndarray, np.ndarray]:
     """Clip the eigenvalues of symmetric ``xtx`` at ``floor`` (>= 0); return (matrix, eigenvalues).
 
-    The result is exactly symmetric (upper triangle mirrored), as ``Statistics`` requires.
+    The one PSD projection of dpfed (the repair below, the noise-aware model's Abar).
+    ``floor`` is a number, or a function of the eigenvalues returning one (a floor relative to
+    the spectrum without a second decomposition). The result is exactly symmetric.
     """
+    w, v = np.linalg.eigh(xtx)
+    floor = floor(w) if callable(floor) else floor
     if not floor >= 0:
         raise ValueError(f"eigenvalue floor must be >= 0, got {floor!r}")
-    w, v = np.linalg.eigh(xtx)
-    m = (v * np.maximum(w, floor)) @ v.T
-    m = np.triu(m) + np.triu(m, 1).T
-    return m, w
+    return _from_eigen(v, np.maximum(w, floor)), w
 
 
 def implied_rss(xtx: np.ndarray, xty: np.ndarray, yty: float) -> float:
@@ -149,8 +157,7 @@ def repair_statistics(stats: Statistics, *, eigen_floor: float | None = None,
     clipped = int(np.sum(w < floor))
     wc = np.maximum(w, floor)
     if clipped:
-        new_xtx = (v * wc) @ v.T
-        new_xtx = np.triu(new_xtx) + np.triu(new_xtx, 1).T
+        new_xtx = _from_eigen(v, wc)
     else:
         new_xtx = xtx
     coef = v.T @ stats.xty

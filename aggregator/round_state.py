@@ -6,6 +6,10 @@ debited) -> RELEASE (the sites selected at the end of consent release; each debi
 stores its release) -> FITTING -> DONE, or FAILED at any point before DONE. OPEN is the state
 of rounds stored before phases existed; they are recovered as RELEASE with every invited
 site selected (their old meaning).
+
+Secure rounds (spec.aggregation = "secure") have two more: CONSENT -> KEYS (steps advertise
+and share_keys: nothing drawn, nothing debited) -> RELEASE (step release: masked releases)
+-> UNMASK (step unmask) -> FITTING -> DONE. The step within a state is ``LiveRound.step``.
 """
 
 from __future__ import annotations
@@ -24,12 +28,23 @@ from aggregator.contribution_wire import fast_contribution
 from aggregator.store import StoredContribution, StoredRound
 
 CONSENT, RELEASE, FITTING, DONE, FAILED = "CONSENT", "RELEASE", "FITTING", "DONE", "FAILED"
+KEYS, UNMASK = "KEYS", "UNMASK"   # secure aggregation only
 OPEN = "OPEN"   # legacy (stored before phases): recovered as RELEASE
 STATE_TO_PB = {CONSENT: pb.RoundStatus.CONSENT, RELEASE: pb.RoundStatus.RELEASE,
                FITTING: pb.RoundStatus.FITTING, DONE: pb.RoundStatus.DONE,
-               FAILED: pb.RoundStatus.FAILED, OPEN: pb.RoundStatus.OPEN}
+               FAILED: pb.RoundStatus.FAILED, OPEN: pb.RoundStatus.OPEN,
+               KEYS: pb.RoundStatus.KEYS, UNMASK: pb.RoundStatus.UNMASK}
 # States in which the round still takes answers from sites.
-COLLECTING = (CONSENT, RELEASE)
+COLLECTING = (CONSENT, KEYS, RELEASE, UNMASK)
+# Secure steps (LiveRound.step), the state each belongs to, and the share of the time left
+# that each gets as its deadline (docs/protocol.md, "Secure rounds").
+ADVERTISE, SHARE_KEYS, RELEASE_STEP, UNMASK_STEP = "advertise", "share_keys", "release", "unmask"
+SECURE_STEPS = (ADVERTISE, SHARE_KEYS, RELEASE_STEP, UNMASK_STEP)
+STEP_STATE = {ADVERTISE: KEYS, SHARE_KEYS: KEYS, RELEASE_STEP: RELEASE, UNMASK_STEP: UNMASK}
+STEP_WEIGHT = {ADVERTISE: 1, SHARE_KEYS: 1, RELEASE_STEP: 2, UNMASK_STEP: 1}
+# The PhaseMessage phase a site answers each step's notice with, and the notice's phase.
+STEP_NOTICE = {ADVERTISE: "keys", SHARE_KEYS: "share_keys", RELEASE_STEP: "release",
+               UNMASK_STEP: "unmask"}
 
 
 @dataclass
@@ -42,6 +57,9 @@ class AcceptedContribution:
     received_ms: int
     # The noise it declared (checked equal to the round's expected noise when admitted).
     noise: dpnoise.NoiseDescription | None = None
+    # Secure rounds: the masked input (a dpfed.secagg MaskedInput message); statistics is
+    # empty and n 0.
+    masked: bytes = b""
 
 
 
@@ -98,23 +116,51 @@ class LiveRound:
     deadline_due: bool = False
     # What every contribution must declare (round_expected_noise), computed once.
     expected_noise: dpnoise.NoiseDescription | None = None
+    # ---- secure rounds (None / empty otherwise) ----
+    # dpfed.secure_round.SecureRound and the aggregator's dpfed.secagg AggregatorSession,
+    # built when consent ends (and by replaying the stored messages after a restart).
+    secure: object | None = None
+    session: object | None = None
+    # Sites whose message of the current step was accepted (site -> ms), and those being
+    # stored (site -> the checked secagg message); for the release step: contributions.
+    answers: dict[str, int] = field(default_factory=dict)
+    pending: dict[str, object] = field(default_factory=dict)
+    # What the current step's notice carries for each site (bytes), and the notices built.
+    outputs: dict[str, bytes] = field(default_factory=dict)
+    notices: dict[str, pb.SignedEnvelope] = field(default_factory=dict)
 
     @property
     def state(self) -> str:
         return self.stored.state
 
+    @property
+    def step(self) -> str:
+        """The secure step ('' for independent rounds and outside KEYS..UNMASK)."""
+        return self.stored.secure_step if self.state in (KEYS, RELEASE, UNMASK) else ""
+
+    def expected(self) -> frozenset[str]:
+        """Secure rounds: the sites the current step waits for an answer from (participants
+        for advertise, then the sets U1, U2, U3 of the secagg session)."""
+        if self.step == ADVERTISE or self.session is None:
+            return self.participants or frozenset()
+        return frozenset(self.session.current_set())
+
     def missing(self) -> list[str]:
         """Sites the current phase still waits for."""
         if self.state == CONSENT:
             return sorted(self.invited - set(self.consents) - set(self.refusals))
+        if self.step in (ADVERTISE, SHARE_KEYS, UNMASK_STEP):
+            return sorted(self.expected() - set(self.answers) - set(self.pending)
+                          - set(self.refusals))
         if self.state == RELEASE:
-            return sorted(self.participants - set(self.contributions) - set(self.storing)
+            pool = self.expected() if self.step == RELEASE_STEP else self.participants
+            return sorted(pool - set(self.contributions) - set(self.storing)
                           - set(self.refusals))
         return []
 
     def dropped(self) -> list[str]:
         """Participants that never answered the release phase (known once it ended)."""
-        if self.participants is None or self.state in COLLECTING:
+        if self.participants is None or self.state in (CONSENT, KEYS, RELEASE):
             return []
         return sorted(self.participants - set(self.contributions) - set(self.refusals))
 
@@ -137,6 +183,8 @@ class Admission:
     envelope: pb.SignedEnvelope
     accepted: AcceptedContribution
     reply: pb.ContributeReply | None = None   # an identical retry: answered, nothing to store
+    # Secure rounds: the masked input the secagg session checked (recorded once stored).
+    secagg: object | None = None
 
     def row(self) -> tuple[StoredContribution, str, str, int]:
         """The arguments of RoundStore.insert_contribution for this contribution."""

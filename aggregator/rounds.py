@@ -13,6 +13,9 @@ Phases (docs/protocol.md; states in aggregator.round_state):
   were faster. The phase ends when every participant answered, or at the deadline (then a
   participant that never answered is listed as dropped).
 * FITTING -> DONE, or FAILED (with a message) at any point before DONE.
+* Secure rounds (spec.aggregation = "secure") agree keys (KEYS) between CONSENT and RELEASE,
+  release masked inputs in RELEASE and unmask the sum (UNMASK) before FITTING: the steps are
+  in aggregator.secure_rounds (SecureSteps, mixed in here).
 
 Every state change is one store transaction first and an in-memory change second, so the
 in-memory view never runs ahead of what a restart would reload. Checks are ordered cheapest
@@ -33,6 +36,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from dpfed import noise as dpnoise
+from dpfed import secure_round
 from dpfed.statistics import Statistics, StatisticsError, encoded_values
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import CanonicalError, canonical_bytes, digest, parse_canonical
@@ -46,9 +50,11 @@ from aggregator.contribution_wire import (check_envelope_size, check_fields, fas
 from aggregator.errors import Rejected
 from aggregator.fitting import fit_round
 from aggregator.registry import Registry
-from aggregator.round_state import (COLLECTING, CONSENT, DONE, FAILED, FITTING, OPEN, RELEASE,
-                                    STATE_TO_PB, AcceptedContribution, Admission, LiveRound,
-                                    round_expected_noise, stored_noise, sum_noise, with_public)
+from aggregator.round_state import (COLLECTING, CONSENT, DONE, FAILED, FITTING, KEYS, OPEN,
+                                    RELEASE, STATE_TO_PB, UNMASK, AcceptedContribution,
+                                    Admission, LiveRound, round_expected_noise, stored_noise,
+                                    sum_noise, with_public)
+from aggregator.secure_rounds import SecureSteps
 from aggregator.store import RoundStore, StoredRound
 
 log = logging.getLogger(__name__)
@@ -70,7 +76,7 @@ def consent_deadline_ms(spec: pb.RoundSpec, started_ms: int) -> int:
     return min(spec.deadline_unix_ms, started_ms + max(MIN_CONSENT_MS, min(MAX_CONSENT_MS, span)))
 
 
-class RoundManager:
+class RoundManager(SecureSteps):
     def __init__(self, store: RoundStore, registry: Registry, *, max_clock_skew_s: float = 300.0,
                  skip_fit: bool = False, clock=time.time):
         self.store = store
@@ -110,21 +116,19 @@ class RoundManager:
                 live.consents = self.store.consents(stored.round_id)
                 if stored.participants is not None:
                     live.participants = frozenset(stored.participants)
-                if stored.state in (CONSENT, RELEASE, FITTING):
-                    stored_contributions = self.store.contributions(stored.round_id)
-                    for c in stored_contributions:
-                        env_c = parse_envelope(c.envelope)
-                        live.contributions[c.site_id] = AcceptedContribution(
-                            env_c.payload, env_c.signature,
-                            c.statistics, c.n, c.epsilon, c.received_ms,
-                            stored_noise(env_c.payload))
-                    live.running = aggregate.RunningTotal(stored.dim)
-                    if stored_contributions:
+                secure = secure_round.is_secure(spec)
+                if stored.state in (CONSENT, KEYS, RELEASE, UNMASK, FITTING):
+                    stored_contributions = self._load_contributions(live)
+                    if not secure:   # a secure round's sum is the unmasked one (_replay)
+                        live.running = aggregate.RunningTotal(stored.dim)
+                    if stored_contributions and not secure:
                         live.running.add_rows(
                             np.stack([encoded_values(c.statistics) for c in stored_contributions]),
                             sum(c.n for c in stored_contributions))
                 live.refusals = dict(self.store.refusals(stored.round_id))
                 live.refusal_epsilons = self.store.refusal_epsilons(stored.round_id)
+                if secure:
+                    self._recover_secure(live)
                 self._rounds[stored.round_id] = live
                 if stored.state in COLLECTING:
                     reopen.append(stored.round_id)
@@ -139,6 +143,19 @@ class RoundManager:
         for rid in refit:
             log.info("round %s: fit was interrupted by a restart, fitting again", rid)
             self._submit_fit(rid)
+
+    def _load_contributions(self, live: LiveRound):
+        """The stored contributions of ``live`` into ``live.contributions``; returns them."""
+        stored_contributions = self.store.contributions(live.stored.round_id)
+        for c in stored_contributions:
+            env_c = parse_envelope(c.envelope)
+            msg = fast_contribution(env_c.payload) or parse_canonical(env_c.payload,
+                                                                      "dpfed.v1.Contribution")
+            live.contributions[c.site_id] = AcceptedContribution(
+                env_c.payload, env_c.signature, c.statistics, c.n, c.epsilon, c.received_ms,
+                dpnoise.from_proto(msg.noise) if msg.HasField("noise") else None,
+                masked=msg.masked)
+        return stored_contributions
 
     def close(self) -> None:
         with self._lock:
@@ -227,9 +244,20 @@ class RoundManager:
                 expected = round_expected_noise(spec)
             except ValueError as exc:
                 problems.append(str(exc))
+        invited = sorted(spec.sites) if spec.sites else self.registry.site_ids()
+        if not problems and secure_round.is_secure(spec) and spec.site_key_ids:
+            # The coordinator's anchor of the identity keys relayed to the sites: it must name
+            # the keys this aggregator has registered.
+            for site in invited:
+                kid = spec.site_key_ids.get(site)
+                record = self.registry.sites.get(site)
+                if kid is None:
+                    problems.append(f"site_key_ids names no key for invited site {site}")
+                elif record is not None and kid != record.key_id:
+                    problems.append(f"site_key_ids names key {kid} for site {site}, which is "
+                                    f"registered with key {record.key_id}")
         if problems:
             raise Rejected("INVALID_ARGUMENT", "invalid round spec: " + "; ".join(problems))
-        invited = sorted(spec.sites) if spec.sites else self.registry.site_ids()
         stored = StoredRound(spec.round_id, envelope.SerializeToString(), digest(envelope.payload),
                              len(spec.feature_names), spec.quorum, spec.deadline_unix_ms, invited,
                              CONSENT, "", now, 0.0, 0.0, None, [[CONSENT, now, 0.0]])
@@ -239,14 +267,16 @@ class RoundManager:
             self.store.insert_round(stored)
             self._rounds[spec.round_id] = LiveRound(
                 stored, spec, envelope, frozenset(invited),
-                running=aggregate.RunningTotal(len(spec.feature_names)),
+                running=(None if secure_round.is_secure(spec)
+                         else aggregate.RunningTotal(len(spec.feature_names))),
                 expected_noise=expected)
             for site_id, q in self._subscribers.values():
                 if site_id in invited:
                     q.put(spec.round_id)
-        log.info("round %s: started by %s, d=%d, eps=%g, quorum %d of %d invited site(s), "
+        log.info("round %s: started by %s, d=%d, eps=%g, %s, quorum %d of %d invited site(s), "
                  "consent within %.0f s, deadline in %.0f s", spec.round_id, owner,
-                 len(spec.feature_names), spec.epsilon, spec.quorum, len(invited),
+                 len(spec.feature_names), spec.epsilon, secure_round.describe(spec),
+                 spec.quorum, len(invited),
                  (consent_deadline_ms(spec, now) - now) / 1000, (spec.deadline_unix_ms - now) / 1000)
         self._arm_deadline(spec.round_id)
         return self.status(spec.round_id)
@@ -446,6 +476,8 @@ class RoundManager:
             live = self._rounds.get(round_id)
             if live is None or site_id in live.refusals:
                 return None
+            if live.secure is not None and live.step:
+                return self._secure_notice(live, site_id)
             if live.state == CONSENT:
                 if site_id in live.invited and site_id not in live.consents:
                     return live.envelope
@@ -480,6 +512,8 @@ class RoundManager:
         site answered."""
         m = self._verify_site(envelope, "dpfed.v1.PhaseMessage", peer)
         live = self._round(m.round_id)
+        if m.phase != "consent":   # the key and unmasking steps of a secure round
+            return self._secure_phase(m, envelope, live)
         with self._lock:
             if m.site_id in live.consents:
                 return pb.Ack(message="consent already recorded")
@@ -512,6 +546,11 @@ class RoundManager:
         """Under the lock: fix the participants (the consenting sites) and go on to RELEASE,
         or fail if fewer than the quorum consented (nobody has released: nobody paid)."""
         consented = sorted(live.consents)
+        if secure_round.is_secure(live.spec) and len(consented) >= live.stored.quorum:
+            if live.timer:
+                live.timer.cancel()
+            self._start_keys(live, consented, why)
+            return
         if len(consented) < live.stored.quorum:
             self._fail(live, f"consent phase ended ({why}) with {len(consented)} consent(s), "
                              f"fewer than the quorum {live.stored.quorum}; no site released"
@@ -580,6 +619,8 @@ class RoundManager:
         with its ``reply`` set and nothing reserved: idempotent, it adds nothing."""
         c = self._verify_site(envelope, "dpfed.v1.Contribution", peer)
         live = self._round(c.round_id)
+        if c.masked or secure_round.is_secure(live.spec):
+            return self._admit_masked(c, envelope, live)
         site = c.site_id
         with self._lock:
             previous = live.contributions.get(site)
@@ -642,14 +683,19 @@ class RoundManager:
             del live.storing[c.site_id]
             live.contributions[c.site_id] = accepted
             self.budgets.commit(c.site_id, c.epsilon_spent, accepted.received_ms)
-            live.running.add_encoded(c.statistics)
+            if admission.secagg is not None:   # secure: the masked input joins the session
+                if live.state == RELEASE:
+                    live.session.record(admission.secagg)
+            else:
+                live.running.add_encoded(c.statistics)
             self.registry.touch(c.site_id, accepted.received_ms)
             count = len(live.contributions)
             log.debug("round %s: accepted contribution of %s (n=%d), %d of %d participant(s)",
                       c.round_id, c.site_id, c.n, count, len(live.participants))
             self._close_if_due(live)
         # The exact-sum arithmetic of a full block, outside the lock (RunningTotal.fold).
-        live.running.fold()
+        if admission.secagg is None:
+            live.running.fold()
         return pb.ContributeReply(round_id=c.round_id, accepted=True, duplicate=False,
                                   message=f"accepted ({count} of {len(live.participants)} "
                                           f"participant(s), quorum {live.stored.quorum})")
@@ -669,20 +715,24 @@ class RoundManager:
         expected = live.expected_noise
         if expected is None:
             expected = live.expected_noise = round_expected_noise(live.spec)
-        if not c.HasField("noise"):
-            raise Rejected("INVALID_ARGUMENT", "contribution declares no noise description; "
-                                               f"round {c.round_id!r} expects "
-                                               f"{expected.summary()}")
-        try:
-            declared = dpnoise.from_proto(c.noise)
-        except dpnoise.NoiseError as exc:
-            raise Rejected("INVALID_ARGUMENT", f"invalid noise description: {exc}") from None
+        declared = self._declared_noise(c, expected.summary())
         if declared != expected:
             raise Rejected("INVALID_ARGUMENT",
                            f"noise description ({declared.summary()}) differs from what round "
                            f"{c.round_id!r} specifies ({expected.summary()}): wrong mechanism, "
                            f"relation, split or bounds")
         return declared
+
+    @staticmethod
+    def _declared_noise(c: pb.Contribution, expected: str) -> dpnoise.NoiseDescription:
+        """The noise description ``c`` declares; Rejected if it has none or it is malformed."""
+        if not c.HasField("noise"):
+            raise Rejected("INVALID_ARGUMENT", "contribution declares no noise description; "
+                                               f"round {c.round_id!r} expects {expected}")
+        try:
+            return dpnoise.from_proto(c.noise)
+        except dpnoise.NoiseError as exc:
+            raise Rejected("INVALID_ARGUMENT", f"invalid noise description: {exc}") from None
 
     def _check_contribution(self, c: pb.Contribution, live: LiveRound,
                             envelope: pb.SignedEnvelope) -> None:
@@ -723,13 +773,17 @@ class RoundManager:
                 raise Rejected("PERMISSION_DENIED", f"site {r.site_id!r} is not invited")
             if live.state not in COLLECTING:
                 raise Rejected("FAILED_PRECONDITION", f"round {r.round_id!r} is closed ({live.state})")
-            if live.state == RELEASE and r.site_id not in live.participants:
+            if live.state != CONSENT and r.site_id not in live.participants:
                 raise Rejected("FAILED_PRECONDITION", f"site {r.site_id!r} is not a participant of "
                                                       f"round {r.round_id!r}")
-            if live.state == CONSENT and r.epsilon_spent:
-                raise Rejected("INVALID_ARGUMENT", "a refusal in the consent phase cannot have "
-                                                   "spent epsilon: nothing is drawn before "
+            if live.state in (CONSENT, KEYS) and r.epsilon_spent:
+                raise Rejected("INVALID_ARGUMENT", "a refusal in the consent or key phase cannot "
+                                                   "have spent epsilon: nothing is drawn before "
                                                    "the release phase")
+            if secure_round.is_secure(live.spec) and r.epsilon_spent:
+                raise Rejected("INVALID_ARGUMENT", "a refusal in a secure round cannot have "
+                                                   "spent epsilon: a site debits only with its "
+                                                   "masked release")
             if r.spec_digest != live.stored.spec_digest:
                 raise Rejected("FAILED_PRECONDITION", "spec_digest does not match the round")
             if r.site_id in live.contributions or r.site_id in live.storing:
@@ -757,9 +811,14 @@ class RoundManager:
             log.info("round %s: site %s refused in %s: %s", r.round_id, r.site_id, live.state,
                      r.reason)
             pool = live.invited if live.state == CONSENT else live.participants
+            floor = live.stored.quorum
+            if secure_round.is_secure(live.spec):
+                floor = secure_round.min_contributors(live.spec)
+                if live.secure is not None and live.state != CONSENT:
+                    pool, floor = live.expected() | set(live.contributions), live.secure.floor
             possible = len(pool - set(live.refusals))
-            if possible < live.stored.quorum:
-                self._fail(live, f"quorum {live.stored.quorum} is unreachable: refused by "
+            if possible < floor:
+                self._fail(live, f"quorum {floor} is unreachable: refused by "
                                  f"{', '.join(sorted(live.refusals))}"
                                  + ("; no site released" if live.state == CONSENT else ""))
             elif live.state == CONSENT and not live.missing():
@@ -776,16 +835,24 @@ class RoundManager:
             live = self._rounds[round_id]
             if live.state not in COLLECTING or self._closed:
                 return
-            due = (consent_deadline_ms(live.spec, live.stored.started_ms)
-                   if live.state == CONSENT else live.stored.deadline_ms)
+            if live.state == CONSENT:
+                due = consent_deadline_ms(live.spec, live.stored.started_ms)
+            elif live.step:   # a secure step: its own deadline
+                due = live.stored.phase_deadline_ms
+            else:
+                due = live.stored.deadline_ms
             delay = max(0.0, (due - self.now_ms()) / 1000)
-            live.timer = threading.Timer(delay, self._on_deadline, args=(round_id,))
+            live.timer = threading.Timer(delay, self._on_deadline,
+                                         args=(round_id, live.state, live.step))
             live.timer.daemon = True
             live.timer.start()
 
     def _close_if_due(self, live: LiveRound) -> None:
         """Under the lock, once nothing is being stored: close at quorum, or carry out a
         deadline that passed while contributions were being committed."""
+        if live.secure is not None:
+            self._secure_close_if_due(live)
+            return
         if live.storing or live.state != RELEASE or self._closed:
             return
         count = len(live.contributions)
@@ -800,13 +867,19 @@ class RoundManager:
         elif live.deadline_due:
             self._deadline_passed(live)
 
-    def _on_deadline(self, round_id: str) -> None:
+    def _on_deadline(self, round_id: str, state: str | None = None, step: str = "") -> None:
         with self._lock:
             live = self._rounds[round_id]
             if live.state not in COLLECTING or self._closed:
                 return
+            if state is not None and (live.state, live.step) != (state, step):
+                return   # the timer of a phase that already ended
             if live.state == CONSENT:
                 self._end_consent(live, "consent deadline passed")
+                return
+            if live.secure is not None:
+                live.deadline_due = True   # decided now, or by the last message being stored
+                self._secure_close_if_due(live)
                 return
             if live.storing:
                 live.deadline_due = True   # decided by the last contribution being stored
@@ -880,6 +953,12 @@ class RoundManager:
         accepted releases plus the public statistics."""
         with self._lock:
             live = self._round(round_id)
+            if secure_round.is_secure(live.spec):
+                if not live.contributions:
+                    self._load_contributions(live)
+                running = self._secure_total(live).copy()
+                noise = sum_noise(c.noise for c in live.contributions.values())
+                return with_public(running, live.spec, noise)
             if live.running is None:   # a finished round loaded from the store
                 stored = self.store.contributions(round_id)
                 parts = [c.statistics for c in stored]

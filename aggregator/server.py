@@ -5,16 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import signal
 import threading
-import time
 from concurrent import futures
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from dpfed import faults
 from dpfed.transport import SERVER_OPTIONS, add_server_port
 
 from aggregator.config import AggregatorConfig, load_config, stream_limit
@@ -71,10 +70,10 @@ class AggregatorServer:
         if cfg.crl is not None and cfg.tls is not None:
             from aggregator.config import ConfigError
             from aggregator.identity import RevocationList
-            from dpfed.provision import ProvisionError
+            from dpfed.identity import IdentityError
             try:
                 self.revocation = RevocationList(cfg.crl, cfg.tls.ca_cert)
-            except ProvisionError as exc:   # fail closed: no start with a list we cannot read
+            except IdentityError as exc:    # fail closed: no start with a list we cannot read
                 raise ConfigError(f"tls.crl: {exc}") from None
         Path(cfg.state_db).parent.mkdir(parents=True, exist_ok=True)
         self.store = RoundStore(cfg.state_db)
@@ -158,58 +157,15 @@ class AggregatorServer:
         self._run(self.server.wait_for_termination())
 
 
-# TEST HOOK (tests/test_shutdown.py): DPFED_TEST_HOLD_CONTRIBUTE=<directory> makes the first
-# Contribute call wait, before the servicer sees it, until <directory>/release exists, after
-# creating <directory>/arrived. It puts a call deterministically "in flight" when SIGTERM
-# arrives. Never set it in production.
-HOLD_ENV = "DPFED_TEST_HOLD_CONTRIBUTE"
-
-
-class HoldFirstContribute(grpc.aio.ServerInterceptor):
-    """Holds the first Contribute call until ``release()`` (or the release file) says go."""
-
-    METHOD = f"/{SERVICE_NAME}/Contribute"
-
-    def __init__(self, directory: str | Path | None = None):
-        self.directory = Path(directory) if directory else None
-        self.arrived, self._release = threading.Event(), threading.Event()
-        self._taken = threading.Lock()
-
-    def release(self) -> None:
-        self._release.set()
-
-    async def _wait(self) -> None:
-        self.arrived.set()
-        if self.directory:
-            (self.directory / "arrived").touch()
-        end = time.monotonic() + 60  # never hold a call forever, even if the test died
-        while not self._release.is_set() and time.monotonic() < end:
-            if self.directory and (self.directory / "release").exists():
-                return
-            await asyncio.sleep(0.01)
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler_call_details.method != self.METHOD or handler is None:
-            return handler
-        inner = handler.unary_unary
-
-        async def held(request, context):
-            if self._taken.acquire(blocking=False):  # the first call only
-                log.critical("%s: holding the first Contribute (test hook)", HOLD_ENV)
-                await self._wait()
-            return await inner(request, context)
-        return grpc.unary_unary_rpc_method_handler(
-            held, request_deserializer=handler.request_deserializer,
-            response_serializer=handler.response_serializer)
+#: The full name of the Contribute method (what dpfed.faults' shutdown-test hook holds).
+CONTRIBUTE_METHOD = f"/{SERVICE_NAME}/Contribute"
 
 
 def serve(config_path: str | Path, *, insecure: bool = False) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully. ``insecure``: plaintext gRPC
     (the command line's --insecure)."""
-    hold = os.environ.get(HOLD_ENV)
     server = AggregatorServer(load_config(config_path, insecure=insecure),
-                              interceptors=[HoldFirstContribute(hold)] if hold else ())
+                              interceptors=faults.hold_interceptors(CONTRIBUTE_METHOD))
     server.start()
     stopping = threading.Event()
 

@@ -13,6 +13,7 @@ lock) runs on a thread pool so the event loop keeps serving.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from concurrent.futures import Executor
 
@@ -183,21 +184,24 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             await self._reject("Subscribe", context, exc)
             return
         try:
-            sent: set[tuple[str, str]] = set()
+            sent: set[tuple[str, bytes]] = set()
             # Subscribed before listing, so a round started in between is not missed; `sent`
-            # drops a second push of the same phase's message (the spec for consent, the
-            # notice for release). A client that goes away cancels this coroutine where it
-            # waits, and the finally below unsubscribes.
+            # drops a second push of the same message (the spec for consent, the notice of a
+            # phase or secure step: one notice per step, so keyed by its digest). A client
+            # that goes away cancels this coroutine where it waits, and the finally below
+            # unsubscribes.
             backlog = self.manager.pending_rounds(site_id)
             while True:
                 round_id = backlog.pop(0) if backlog else await updates.get()
                 if round_id is None:  # server shutting down
                     return
                 envelope = self.manager.message_for_site(round_id, site_id)
-                if envelope is not None and (round_id, envelope.payload_type) not in sent:
-                    sent.add((round_id, envelope.payload_type))
+                key = None if envelope is None else (
+                    round_id, hashlib.sha256(envelope.payload).digest())
+                if key is not None and key not in sent:
+                    sent.add(key)
                     log.info("round %s: %s sent to site %s", round_id,
-                             "release notice" if envelope.payload_type.endswith("PhaseNotice")
+                             "notice" if envelope.payload_type.endswith("PhaseNotice")
                              else "spec", site_id)
                     yield envelope
         finally:

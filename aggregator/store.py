@@ -32,7 +32,11 @@ CREATE TABLE IF NOT EXISTS rounds (
     round_s         REAL NOT NULL DEFAULT 0,
     fit_s           REAL NOT NULL DEFAULT 0,
     participants    TEXT NOT NULL DEFAULT '',    -- JSON list, set when consent ends ('' before)
-    phases          TEXT NOT NULL DEFAULT '[]'   -- JSON [[phase, started_ms, seconds], ...]
+    phases          TEXT NOT NULL DEFAULT '[]',  -- JSON [[phase, started_ms, seconds], ...]
+    -- Secure aggregation: the step the round is in (advertise, share_keys, release, unmask;
+    -- '' for independent rounds and before KEYS) and when that step ends.
+    secure_step     TEXT NOT NULL DEFAULT '',
+    phase_deadline_ms INTEGER NOT NULL DEFAULT 0
 );
 -- Consent phase: the signed PhaseMessage of each site that consented.
 CREATE TABLE IF NOT EXISTS consents (
@@ -41,6 +45,17 @@ CREATE TABLE IF NOT EXISTS consents (
     envelope        BLOB NOT NULL,
     received_ms     INTEGER NOT NULL,
     PRIMARY KEY (round_id, site_id)
+);
+-- Secure aggregation: every accepted signed PhaseMessage of the key and unmasking steps
+-- (phase advertise, share_keys, unmask), as received. With the masked contributions they are
+-- everything the aggregator's secagg session consumed: a restart rebuilds it by replaying them.
+CREATE TABLE IF NOT EXISTS phase_messages (
+    round_id        TEXT NOT NULL,
+    site_id         TEXT NOT NULL,
+    phase           TEXT NOT NULL,
+    envelope        BLOB NOT NULL,
+    received_ms     INTEGER NOT NULL,
+    PRIMARY KEY (round_id, site_id, phase)
 );
 CREATE TABLE IF NOT EXISTS contributions (
     round_id        TEXT NOT NULL,
@@ -105,12 +120,20 @@ class StoredRound:
     participants: list[str] | None = None
     # [[phase, started_ms, seconds (0 while running)], ...]
     phases: list = field(default_factory=list)
+    # Secure aggregation: the current step ('' otherwise) and when it ends.
+    secure_step: str = ""
+    phase_deadline_ms: int = 0
+
+
+_ROUND_COLUMNS = ("round_id, spec_envelope, spec_digest, dim, quorum, deadline_ms, invited, "
+                  "state, message, started_ms, round_s, fit_s, participants, phases, "
+                  "secure_step, phase_deadline_ms")
 
 
 def _round_row(row) -> StoredRound:
     participants = json.loads(row[12]) if row[12] else None
     return StoredRound(*row[:6], json.loads(row[6]), *row[7:12], participants,
-                       json.loads(row[13]))
+                       json.loads(row[13]), row[14], int(row[15]))
 
 
 @dataclass(frozen=True)
@@ -173,6 +196,12 @@ class RoundStore:
             self._db.execute("ALTER TABLE rounds ADD COLUMN participants TEXT NOT NULL DEFAULT ''")
         if "phases" not in columns:
             self._db.execute("ALTER TABLE rounds ADD COLUMN phases TEXT NOT NULL DEFAULT '[]'")
+        # rounds.secure_step and rounds.phase_deadline_ms (secure aggregation), likewise.
+        if "secure_step" not in columns:
+            self._db.execute("ALTER TABLE rounds ADD COLUMN secure_step TEXT NOT NULL DEFAULT ''")
+        if "phase_deadline_ms" not in columns:
+            self._db.execute("ALTER TABLE rounds ADD COLUMN phase_deadline_ms INTEGER NOT NULL "
+                             "DEFAULT 0")
 
     def close(self) -> None:
         """Commit what is queued, stop the group-commit writer and close the database."""
@@ -270,16 +299,24 @@ class RoundStore:
 
     # ---- rounds ----
     def insert_round(self, r: StoredRound) -> None:
-        self._tx([("INSERT INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+        self._tx([(f"INSERT INTO rounds ({_ROUND_COLUMNS}) VALUES "
+                   f"(?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
                    (r.round_id, r.spec_envelope, r.spec_digest, r.dim, r.quorum, r.deadline_ms,
                     json.dumps(r.invited), r.state, r.message, r.started_ms, r.round_s, r.fit_s,
                     "" if r.participants is None else json.dumps(sorted(r.participants)),
-                    json.dumps(r.phases)))])
+                    json.dumps(r.phases), r.secure_step, r.phase_deadline_ms))])
 
     def set_state(self, round_id: str, state: str, message: str = "", *,
                   round_s: float | None = None, fit_s: float | None = None,
-                  participants: list[str] | None = None, phases: list | None = None) -> None:
+                  participants: list[str] | None = None, phases: list | None = None,
+                  secure_step: str | None = None, phase_deadline_ms: int | None = None) -> None:
         sets, params = ["state = ?", "message = ?"], [state, message]
+        if secure_step is not None:
+            sets.append("secure_step = ?")
+            params.append(secure_step)
+        if phase_deadline_ms is not None:
+            sets.append("phase_deadline_ms = ?")
+            params.append(int(phase_deadline_ms))
         if participants is not None:
             sets.append("participants = ?")
             params.append(json.dumps(sorted(participants)))
@@ -296,7 +333,7 @@ class RoundStore:
                    (*params, round_id))])
 
     def rounds(self, states: tuple[str, ...] | None = None) -> list[StoredRound]:
-        sql = "SELECT * FROM rounds"
+        sql = f"SELECT {_ROUND_COLUMNS} FROM rounds"
         params: tuple = ()
         if states:
             sql += f" WHERE state IN ({','.join('?' * len(states))})"
@@ -304,7 +341,8 @@ class RoundStore:
         return [_round_row(row) for row in self._query(sql + " ORDER BY started_ms", params)]
 
     def get_round(self, round_id: str) -> StoredRound | None:
-        rows = self._query("SELECT * FROM rounds WHERE round_id = ?", (round_id,))
+        rows = self._query(f"SELECT {_ROUND_COLUMNS} FROM rounds WHERE round_id = ?",
+                           (round_id,))
         return _round_row(rows[0]) if rows else None
 
     # ---- consents ----
@@ -318,6 +356,24 @@ class RoundStore:
     def consents(self, round_id: str) -> dict[str, int]:
         return dict(self._query("SELECT site_id, received_ms FROM consents WHERE round_id = ?",
                                 (round_id,)))
+
+    # ---- secure aggregation: the messages of the key and unmasking steps ----
+    def insert_phase_message_later(self, round_id: str, site_id: str, phase: str,
+                                   envelope: bytes, received_ms: int, key_id: str, nonce: str,
+                                   timestamp_ms: int) -> Future:
+        """A signed PhaseMessage and its nonce, both or neither, in the next group commit;
+        the future is done once committed (many sites answer a step at once)."""
+        return self.submit_group([
+            ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
+            ("INSERT INTO phase_messages VALUES (?,?,?,?,?)",
+             (round_id, site_id, phase, envelope, received_ms)),
+        ])
+
+    def phase_messages(self, round_id: str, phase: str) -> list[tuple[str, bytes, int]]:
+        """(site id, envelope, received ms) of every stored ``phase`` message of a round."""
+        return [tuple(r) for r in self._query(
+            "SELECT site_id, envelope, received_ms FROM phase_messages WHERE round_id = ? AND "
+            "phase = ? ORDER BY site_id", (round_id, phase))]
 
     # ---- contributions, refusals, nonces ----
     def insert_contribution(self, c: StoredContribution, key_id: str, nonce: str,

@@ -2,7 +2,7 @@
 contributing to one round at once; reports round time, the aggregator's peak memory and how
 many calls it shed with RESOURCE_EXHAUSTED (its maximum_concurrent_rpcs, aggregator/config.py).
 
-The aggregator process and the simulated sites are benchmarks/simulated_sites.py's, as in
+The aggregator process and the simulated sites are dpfed_apps/bench/simulated_sites.py's, as in
 bench_round.py; what this adds is the load-shedding path: a shed Contribute is resent after a
 jittered exponential backoff, the way site_node/client.py treats RESOURCE_EXHAUSTED (not an answer: resend the same bytes).
 Peak memory is the aggregator process's VmHWM from /proc (its resident high-water mark).
@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.simulated_sites import process_kib, start_federation  # noqa: E402
+from dpfed_apps.bench.simulated_sites import process_kib, start_federation  # noqa: E402
 
 
 def run_load(sites: int, dim: int = 16, *, channels: int | None = None, seed: int = 0,

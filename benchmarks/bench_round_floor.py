@@ -1,6 +1,6 @@
 """What the round benchmark's transport alone costs: the floor under `bench_round.py`.
 
-The same N signed contributions as the round benchmark (benchmarks/simulated_sites.py), sent
+The same N signed contributions as the round benchmark (dpfed_apps/bench/simulated_sites.py), sent
 the same way (4 plaintext HTTP/2 connections, futures from one client process), to a server
 in its own process with the aggregator's gRPC options, thread pool and pending-call limits,
 whose Contribute handler does only part of the aggregator's work:
@@ -35,7 +35,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.simulated_sites import (CONTRIBUTE, process_cpu_s,  # noqa: E402
+from dpfed_apps.bench.simulated_sites import (CONTRIBUTE, process_cpu_s,  # noqa: E402
                                         sign_contributions)
 
 MODES = ("empty", "verify", "aio-empty", "aio-verify", "aio-verify-pool")
@@ -160,7 +160,7 @@ def run_floor(mode: str, sites: int, dim: int, *, channels: int = 4, workers: in
 
 
 def run_round(sites: int, dim: int, **kw) -> dict:
-    from benchmarks.bench_round import run_bench
+    from dpfed_apps.bench.round import run_bench
     load = os.getloadavg()[0]
     r = run_bench(sites, dim, **kw)
     return {"mode": "round", "sites": sites, "dim": dim, "wall_s": r["round_s"],

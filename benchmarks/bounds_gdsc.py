@@ -14,7 +14,7 @@ n, eps, neighbouring relation), with the exact Sxx sensitivity:
   10 public lines (``dpfed.auxiliary``), noise-matched ridge;
 - ``public_only`` and ``nonprivate`` (unclipped, every private + public line) for reference.
 
-Then, for add/remove and the ``public`` choice, ``dpfed.forecast.forecast_round`` with the same
+Then, for add/remove and the ``public`` choice, ``dpfed_apps.forecast.forecast_round`` with the same
 bounds, split and ridge (from the public rows only) against the realised gain over public-only.
 
     PYTHONPATH=$PWD python benchmarks/bounds_gdsc.py --drugs 20 --repeats 2 --out /tmp/bg.json
@@ -32,7 +32,7 @@ import numpy as np
 
 from dpfed.auxiliary import AuxiliarySource
 from dpfed.bounds import choose_bounds, default_split
-from dpfed.forecast import Mechanism, closed_form_fit, forecast_round, score_cell
+from dpfed_apps.forecast import Mechanism, closed_form_fit, forecast_round, score_cell
 from evaluation.protocol import (ProtocolConfig, eligible_drugs, load_problem, prepare_repeat,
                                  repeat_split)
 

@@ -25,7 +25,7 @@ def main(argv=None) -> int:
     rows = []
     for i in range(args.runs):
         t = time.monotonic()
-        out = subprocess.run([sys.executable, "-m", "dpfed.cli", "simulate", "--json",
+        out = subprocess.run([sys.executable, "-m", "dpfed_apps.cli", "simulate", "--json",
                               *args.extra], capture_output=True, text=True, check=True)
         r = json.loads(out.stdout)
         m = r["metrics"]

@@ -54,7 +54,22 @@ class Coordinator:
         if spec.quorum == 0:
             spec = pb.RoundSpec.FromString(spec.SerializeToString())
             spec.quorum = len(spec.sites) or len(self.list_sites())
+        if spec.aggregation == "secure" and not spec.site_key_ids:
+            spec = pb.RoundSpec.FromString(spec.SerializeToString())
+            spec.site_key_ids.update(self.site_key_ids(spec.sites))
         return self.stub.StartRound(self.sign_spec(spec), timeout=self.timeout_s)
+
+    def site_key_ids(self, sites=()) -> dict[str, str]:
+        """site id -> key id of its identity key, for ``sites`` (default: every site), from
+        ListSites: what a secure round's spec pins (docs/security.md, "Secure rounds"). The
+        figures come from the aggregator at round start; compare them with the provisioning
+        record (dpfed provision's public/ folder) to take the aggregator out of the trust.
+        Empty (nothing pinned) when a site's key id is not visible to this coordinator."""
+        listed = {s.site_id: s.key_id for s in self.list_sites()}
+        wanted = list(sites) or sorted(listed)
+        if not all(listed.get(s) for s in wanted):
+            return {}
+        return {s: listed[s] for s in wanted}
 
     def status(self, round_id: str) -> pb.RoundStatus:
         return self.stub.GetRound(pb.RoundQuery(round_id=round_id), timeout=self.timeout_s)

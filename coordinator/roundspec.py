@@ -11,14 +11,13 @@ from __future__ import annotations
 
 import csv
 import gzip
-import math
 import secrets
 import time
 from pathlib import Path
 
 import numpy as np
 
-from dpfed.preprocess import Preprocessing
+from dpfed.preprocess import Preprocessing, public_sigmas
 from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, check_neighbouring, check_xtx_rule,
                                default_budget_split)
 from dpfed.statistics import exact_statistics
@@ -37,7 +36,10 @@ class RoundSpecError(ValueError):
 ROUND_KEYS = frozenset({"round_id", "target", "features", "epsilon", "x_bound", "y_bound",
                         "budget_split", "quorum", "deadline_s", "sites", "public", "fit",
                         "normalize_rows", "expected_site_n", "neighbouring", "xtx_sensitivity",
-                        "consent_s"})
+                        "consent_s", "aggregation", "noise_threshold", "max_site_rows",
+                        "colluders"})
+# Secure aggregation: rows per site assumed when round.toml gives no max_site_rows.
+DEFAULT_MAX_SITE_ROWS = 100_000
 PUBLIC_KEYS = frozenset({"path", "normalize_rows", "source"})
 FIT_KEYS = frozenset({"method", "draws", "seed"})
 
@@ -93,7 +95,10 @@ def read_public_rows(path: Path, target: str, features: list[str]) -> tuple[np.n
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
 
 
-def _choose_bounds(config: dict, d: int, eps: float, xp: np.ndarray, yp: np.ndarray):
+def _choose_bounds(config: dict, d: int, eps: float, x_public: np.ndarray,
+                   y_public: np.ndarray, pre: Preprocessing):
+    """Bounds chosen for the round (dpfed.bounds), scaled by the public rows' sigmas
+    (dpfed.preprocess.public_sigmas; with no public rows, its fallbacks)."""
     try:
         from dpfed.bounds import choose_bounds
     except ImportError:
@@ -107,9 +112,41 @@ def _choose_bounds(config: dict, d: int, eps: float, xp: np.ndarray, yp: np.ndar
         wx, wy = chosen.omega_x, chosen.omega_y
     else:
         wx, wy = chosen
-    sigma_x = float(np.std(xp)) if xp.size else 1 / math.sqrt(d)
-    sigma_y = float(np.std(yp)) if yp.size > 1 else 1.0
+    sigma_x, sigma_y = public_sigmas(x_public, y_public, pre)
     return wx * sigma_x, wy * sigma_y
+
+
+def _aggregation(config: dict, spec: pb.RoundSpec) -> None:
+    """aggregation ("independent" default, or "secure"), and for secure rounds noise_threshold
+    (T, required), max_site_rows (default DEFAULT_MAX_SITE_ROWS) and colluders (c, default
+    0); the aggregator and every site check them again (dpfed.secure_round)."""
+    from dpfed.secure_round import AGGREGATIONS, SECURE
+    mode = str(config.get("aggregation", "independent"))
+    if mode not in AGGREGATIONS:
+        raise RoundSpecError(f"round.toml: aggregation must be one of {', '.join(AGGREGATIONS)}, "
+                             f"got {mode!r}")
+    secure_keys = [k for k in ("noise_threshold", "max_site_rows", "colluders") if k in config]
+    if mode != SECURE:
+        if secure_keys:
+            raise RoundSpecError(f"round.toml: {', '.join(secure_keys)} "
+                                 f"{'needs' if len(secure_keys) == 1 else 'need'} "
+                                 f"aggregation = \"secure\"")
+        return
+    values = {}
+    for key, default in (("noise_threshold", None), ("max_site_rows", DEFAULT_MAX_SITE_ROWS),
+                         ("colluders", 0)):
+        v = config.get(key, default)
+        if v is None:
+            raise RoundSpecError("round.toml: aggregation = \"secure\" needs noise_threshold "
+                                 "(T: the honest noise shares that make one full draw)")
+        if isinstance(v, bool) or not isinstance(v, int) or v < (0 if key == "colluders" else 1):
+            raise RoundSpecError(f"round.toml: {key} must be an integer >= "
+                                 f"{0 if key == 'colluders' else 1}, got {v!r}")
+        values[key] = v
+    spec.aggregation = SECURE
+    spec.noise_threshold = values["noise_threshold"]
+    spec.max_site_rows = values["max_site_rows"]
+    spec.colluders = values["colluders"]
 
 
 def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | None = None,
@@ -151,6 +188,7 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
         deadline_unix_ms=now_ms + int(float(config.get("deadline_s", 600)) * 1000),
         sites=[str(s) for s in config.get("sites", [])],
         created_unix_ms=now_ms)
+    _aggregation(config, spec)
     if "consent_s" in config:   # else the aggregator's default (docs/protocol.md)
         consent_s = float(config["consent_s"])
         if not 0 < consent_s * 1000 < spec.deadline_unix_ms - now_ms:
@@ -162,7 +200,7 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     spec.fit_seed = int(fit.get("seed", 0))
 
     public = config.get("public", {})
-    xp = yp = np.zeros(0)
+    x_raw, y_raw = np.zeros((0, d)), np.zeros(0)
     if public.get("path"):
         path = base / public["path"]
         x_raw, y_raw = read_public_rows(path, target, features)
@@ -180,5 +218,5 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     if "x_bound" in config and "y_bound" in config:
         spec.x_bound, spec.y_bound = float(config["x_bound"]), float(config["y_bound"])
     else:
-        spec.x_bound, spec.y_bound = _choose_bounds(config, d, eps, xp, yp)
+        spec.x_bound, spec.y_bound = _choose_bounds(config, d, eps, x_raw, y_raw, pre)
     return spec

@@ -1,9 +1,11 @@
 """dpfed: federated, differentially private Bayesian linear regression.
 
-This package is the small core shared by every role: the ``Statistics`` value that
-crosses the wire, the public pre-processing, the wire format and the ``dpfed`` CLI.
-It imports neither ``site_node`` nor ``aggregator`` at module level, so a hospital that
-installs only the site extra never loads PyMC.
+This package is the core shared by every role (docs/architecture.md): the ``Statistics``
+value that crosses the wire, the public pre-processing, the wire format and the mechanism
+arithmetic (sensitivities, noise descriptions, clipping bounds). It imports no role
+(``site_node``, ``aggregator``, ``coordinator``) and no application (``dpfed_apps``, where the
+``dpfed`` command line lives), so a hospital that installs only the site extra never loads
+PyMC; the import-linter contracts in pyproject.toml keep it that way.
 """
 
 from dpfed.statistics import Statistics, exact_statistics

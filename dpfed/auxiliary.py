@@ -59,10 +59,10 @@ from typing import Sequence
 
 import numpy as np
 
-from dpfed.preprocess import Preprocessing
+from dpfed.preprocess import Preprocessing, public_sigmas
 
 __all__ = ["AuxiliarySource", "AuxiliaryData", "exclusive_groups", "DEFAULT_R2_PRIOR",
-           "public_scales", "gaussian_auxiliary", "DEFAULT_ROW_BOOTSTRAP"]
+           "gaussian_auxiliary", "DEFAULT_ROW_BOOTSTRAP"]
 
 #: Beta(a, b) prior of the population R^2 of the linear signal (mean a / (a + b) = 0.091).
 DEFAULT_R2_PRIOR = (2.0, 20.0)
@@ -111,21 +111,6 @@ def exclusive_groups(x_public: np.ndarray, feature_names: Sequence[str] | None) 
 
 def _is_binary(col: np.ndarray) -> bool:
     return bool(np.all((col == 0) | (col == 1)))
-
-
-def public_scales(x_public, y_public, preprocessing: Preprocessing) -> tuple[float, float]:
-    """(sigma_x, sigma_y) of the public rows after pre-processing: the same rule as
-    ``dpfed.simulation.public_sigmas`` (pooled sd of the features, sd with ddof 1 of the
-    centred target; 1/sqrt(d) and 1 as fallbacks)."""
-    z = preprocessing.transform_x(x_public)
-    yc = preprocessing.transform_y(y_public)
-    sx = float(np.std(z)) if z.size else 0.0
-    if not (math.isfinite(sx) and sx > 0):
-        sx = 1.0 / math.sqrt(preprocessing.dim)
-    sy = float(np.std(yc, ddof=1)) if yc.size >= 2 else 1.0
-    if not (math.isfinite(sy) and sy > 0):
-        sy = 1.0
-    return sx, sy
 
 
 @dataclass(frozen=True, eq=False)
@@ -198,8 +183,9 @@ class AuxiliarySource:
         return int(self.x_public.shape[1])
 
     def scales(self) -> tuple[float, float]:
-        """(sigma_x, sigma_y) of the public rows (``public_scales``): the bounds' scale."""
-        return public_scales(self.x_public, self.y_public, self.preprocessing)
+        """(sigma_x, sigma_y) of the public rows (``dpfed.preprocess.public_sigmas``): the
+        bounds' scale."""
+        return public_sigmas(self.x_public, self.y_public, self.preprocessing)
 
     def column_kinds(self) -> dict[int, str]:
         out = {j: k for j, k in self._kinds}

@@ -48,7 +48,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dpfed.preprocess import Preprocessing
+from dpfed.metrics import LinearTestRanks
+from dpfed.preprocess import Preprocessing, public_sigmas  # noqa: F401 - public_sigmas re-exported
 # From dpfed.sensitivity, not site_node.sensitivity (the same names): importing site_node pulls
 # in OpenDP, which a coordinator's core install (`pip install dpfed`) does not have.
 from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, validate_privacy_parameters,
@@ -134,23 +135,6 @@ def row_normalised_sigma_x(d: int) -> float:
     if d < 1:
         raise ValueError(f"d must be >= 1, got {d}")
     return 1.0 / math.sqrt(d)
-
-
-def public_sigmas(x_public, y_public, preprocessing: Preprocessing) -> tuple[float, float]:
-    """(sigma_x, sigma_y) of *public* data after the site's pre-processing: the pooled standard
-    deviation of all features and the standard deviation of the target (thesis 3.4.2). Never
-    pass private rows: the result scales the thresholds and is not protected."""
-    x_public = np.asarray(x_public, dtype=np.float64)
-    y_public = np.asarray(y_public, dtype=np.float64)
-    if x_public.ndim != 2 or y_public.shape != (x_public.shape[0],) or x_public.shape[0] < 2:
-        raise ValueError("public data must be n x d features and n targets with n >= 2")
-    if not (np.all(np.isfinite(x_public)) and np.all(np.isfinite(y_public))):
-        raise ValueError("public data contain NaN or infinite values")
-    z, t = preprocessing.apply(x_public, y_public)
-    sx, sy = float(np.std(z)), float(np.std(t))
-    if not (sx > 0 and sy > 0):
-        raise ValueError("public data have zero spread; cannot scale the thresholds")
-    return sx, sy
 
 
 def split_grid(step: float = 0.05) -> list[tuple[float, float, float]]:
@@ -454,52 +438,7 @@ def sxx_share_splits(base: tuple[float, ...], shares=SXX_SHARES) -> list[tuple[f
     return out
 
 
-def group_ranks(values: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Average ranks (1-based) of groups of tied test points: ``values[..., u]`` is the
-    prediction shared by the ``counts[u]`` test points of group u (distinct across u, almost
-    surely), so each group's points get the mean of the ranks they span."""
-    order = np.argsort(values, axis=-1)
-    c_sorted = counts[order]
-    start = np.cumsum(c_sorted, axis=-1) - c_sorted
-    avg_sorted = start + (c_sorted + 1) / 2.0
-    out = np.empty_like(avg_sorted)
-    np.put_along_axis(out, order, avg_sorted, axis=-1)
-    return out
-
-
-class _TestScorer:
-    """Spearman of many predictions x_test @ beta against y_test, exact ties handled: the
-    distinct test rows are predicted once, ranks averaged over tied rows."""
-
-    def __init__(self, x_test: np.ndarray, y_test: np.ndarray):
-        self.rows, inverse, self.counts = np.unique(np.asarray(x_test), axis=0,
-                                                    return_inverse=True, return_counts=True)
-        inverse = np.asarray(inverse).ravel()
-        t = y_test.size
-        order = np.argsort(y_test, kind="mergesort")
-        ry = np.empty(t)
-        # average ranks of y (ties averaged)
-        sy = y_test[order]
-        first = np.r_[True, sy[1:] != sy[:-1]]
-        grp = np.cumsum(first) - 1
-        b = np.flatnonzero(np.r_[first, True])
-        ry[order] = ((b[:-1] + b[1:] + 1) / 2.0)[grp]
-        ry -= ry.mean()
-        self.ry_norm = float(np.sqrt(ry @ ry))
-        self.ry_group = np.bincount(inverse, weights=ry, minlength=self.counts.size)
-        self.mean_rank = (t + 1) / 2.0
-
-    def spearman(self, beta: np.ndarray) -> np.ndarray:
-        """beta (..., d) -> Spearman (...)."""
-        pred = beta @ self.rows.T                                   # (..., U)
-        g = group_ranks(pred, self.counts) - self.mean_rank
-        num = g @ self.ry_group
-        den = np.sqrt((g * g) @ self.counts) * self.ry_norm
-        with np.errstate(invalid="ignore", divide="ignore"):
-            return np.where(den > 0, num / den, 0.0)
-
-
-def _psd_ridge_solve(a: np.ndarray, rhs: np.ndarray, ridges) -> list[np.ndarray]:
+def psd_ridge_solve(a: np.ndarray, rhs: np.ndarray, ridges) -> list[np.ndarray]:
     """For each ridge r (broadcast over a's leading dims): (PSD(a) + r I)^-1 rhs.
     a (..., d, d) symmetric, rhs (..., k, d) (k right-hand sides per matrix)."""
     w, v = np.linalg.eigh(a)
@@ -523,7 +462,7 @@ def _aux_dataset_scores(data, sigma_x, sigma_y, omx, omy, splits, unit, ridge_cs
     sxy_pub = data.x_public.T @ data.y_public
     e_xx = _symmetric(rng.laplace(size=(n_noise, d * (d + 1) // 2)), d)      # (N, d, d)
     e_xy = rng.laplace(size=(n_noise, d))                                    # (N, d)
-    scorer = _TestScorer(data.x_test, data.y_test)
+    scorer = LinearTestRanks(data.x_test, data.y_test)
     out = np.empty((len(splits), len(ridge_cs), bx.size, by.size))
     for s, split in enumerate(splits):
         u_xx, u_xy = unit[s][0], unit[s][1]
@@ -534,8 +473,8 @@ def _aux_dataset_scores(data, sigma_x, sigma_y, omx, omy, splits, unit, ridge_cs
         sd_xx = math.sqrt(2.0) * b_xx
         ridges = [(1.0 + (c * sd_xx if ridge_kind == "noise_matched" else 0.0 * sd_xx))[:, None, None]
                   for c in ridge_cs]
-        for c, beta in enumerate(_psd_ridge_solve(a, rhs, ridges)):          # (N, mx, my, d)
-            out[s, c] = scorer.spearman(beta).mean(axis=0)
+        for c, beta in enumerate(psd_ridge_solve(a, rhs, ridges)):          # (N, mx, my, d)
+            out[s, c] = scorer.spearman_many(beta, constant=0.0).mean(axis=0)
     return out
 
 

@@ -51,12 +51,17 @@ class NoiseError(ValueError):
 class NoiseTerm:
     """``draws`` independent draws of ``law`` with ``scale`` in every coordinate of a part.
 
-    ``grid`` is the spacing of a discrete law (0 for continuous laws)."""
+    ``grid`` is the spacing of a discrete law (0 for continuous laws). ``share`` = T > 1 makes
+    each of the ``draws`` a 1/T *share* of one draw (secure aggregation with distributed
+    noise, dpfed.secagg.dlaplace; defined for discrete_laplace only): the difference of two
+    independent NB(1/T, p) variables, so ``draws`` = C shares sum to NB(C/T, p) - NB(C/T, p),
+    which carries C/T of one draw's variance and, once C >= T, at least one full draw."""
 
     law: str
     scale: float
     draws: int = 1
     grid: float = 0.0
+    share: int = 1
 
     def __post_init__(self):
         if self.law not in LAWS:
@@ -73,6 +78,10 @@ class NoiseTerm:
             raise NoiseError("a grid is given for discrete_laplace and only for it")
         if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
             raise NoiseError(f"draws must be an integer >= 1, got {self.draws!r}")
+        if isinstance(self.share, bool) or not isinstance(self.share, int) or self.share < 1:
+            raise NoiseError(f"share must be an integer >= 1, got {self.share!r}")
+        if self.share > 1 and self.law != "discrete_laplace":
+            raise NoiseError("shares of a draw (share > 1) are defined for discrete_laplace only")
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "grid", grid)
 
@@ -88,36 +97,44 @@ class NoiseTerm:
             t = self.grid / self.scale
             q = math.exp(-t)
             one = self.grid ** 2 * 2.0 * q / (1.0 - q) ** 2
-        return self.draws * one
+        return self.draws * one / self.share
+
+    @property
+    def full_draws(self) -> float:
+        """Whole draws' worth of noise: ``draws / share`` (C/T for C shares of threshold T)."""
+        return self.draws / self.share
 
     def to_dict(self) -> dict:
         out = {"law": self.law, "scale": self.scale, "draws": self.draws}
         if self.grid:
             out["grid"] = self.grid
+        if self.share != 1:
+            out["share"] = self.share
         return out
 
     @classmethod
     def from_dict(cls, obj) -> "NoiseTerm":
         if not isinstance(obj, dict):
             raise NoiseError("a noise term must be a mapping")
-        unknown = set(obj) - {"law", "scale", "draws", "grid"}
+        unknown = set(obj) - {"law", "scale", "draws", "grid", "share"}
         if unknown:
             raise NoiseError(f"unknown noise term field(s): {', '.join(sorted(unknown))}")
         try:
             return cls(str(obj["law"]), obj["scale"], int(obj.get("draws", 1)),
-                       float(obj.get("grid", 0.0)))
+                       float(obj.get("grid", 0.0)), int(obj.get("share", 1)))
         except KeyError as exc:
             raise NoiseError(f"noise term lacks {exc.args[0]}") from None
 
 
 def _merge(a: tuple[NoiseTerm, ...], b: tuple[NoiseTerm, ...]) -> tuple[NoiseTerm, ...]:
-    """Terms of the sum of two independent noises: equal (law, scale, grid) add draws."""
-    counts: dict[tuple[str, float, float], int] = {}
+    """Terms of the sum of two independent noises: equal (law, scale, grid, share) add draws
+    (C shares of threshold T merge into one term of C shares)."""
+    counts: dict[tuple[str, float, float, int], int] = {}
     for t in (*a, *b):
-        key = (t.law, t.scale, t.grid)
+        key = (t.law, t.scale, t.grid, t.share)
         counts[key] = counts.get(key, 0) + t.draws
-    return tuple(sorted(NoiseTerm(law, scale, draws, grid)
-                        for (law, scale, grid), draws in counts.items()))
+    return tuple(sorted(NoiseTerm(law, scale, draws, grid, share)
+                        for (law, scale, grid, share), draws in counts.items()))
 
 
 @dataclass(frozen=True)
@@ -162,8 +179,14 @@ class NoiseDescription:
         return {p: self.variance(p) for p in PARTS}
 
     def draws(self, part: str = "xty") -> int:
-        """Independent draws summed in ``part`` (K for K independent releases)."""
+        """Independent draws (or shares, ``NoiseTerm.share``) summed in ``part`` (K for K
+        independent releases, C for a secure sum of C contributions)."""
         return int(sum(t.draws for t in getattr(self, part)))
+
+    def full_draws(self, part: str = "xty") -> float:
+        """Whole draws' worth of noise in ``part``: K for K independent releases, C/T for a
+        secure sum of C shares of threshold T."""
+        return float(sum(t.full_draws for t in getattr(self, part)))
 
     def __add__(self, other: "NoiseDescription") -> "NoiseDescription":
         if not isinstance(other, NoiseDescription):
@@ -186,9 +209,22 @@ class NoiseDescription:
         """One line for people: 'exact' or the sd of each noisy part."""
         if self.is_exact:
             return "exact"
-        parts = [f"{p} sd {math.sqrt(self.variance(p)):.3g} ({self.draws(p)} draw"
-                 f"{'s' if self.draws(p) != 1 else ''})" for p in PARTS if getattr(self, p)]
+        parts = [f"{p} sd {math.sqrt(self.variance(p)):.3g} ({_count(getattr(self, p))})"
+                 for p in PARTS if getattr(self, p)]
         return ", ".join(parts)
+
+
+def _count(terms) -> str:
+    """'3 draws', or for shares '12 shares of 1/10 draw = 1.2 draws'."""
+    whole = sum(t.draws for t in terms if t.share == 1)
+    shared = [t for t in terms if t.share != 1]
+    out = []
+    if whole or not shared:
+        out.append(f"{whole} draw{'s' if whole != 1 else ''}")
+    for t in shared:
+        out.append(f"{t.draws} share{'s' if t.draws != 1 else ''} of 1/{t.share} draw = "
+                   f"{t.full_draws:.3g} draw{'s' if t.full_draws != 1 else ''}")
+    return " + ".join(out)
 
 
 #: Exact statistics: no noise at all (public data).
@@ -202,11 +238,13 @@ def to_proto(noise: NoiseDescription):
     msg = pb.NoiseDescription()
     for part in PARTS:
         for t in getattr(noise, part):
-            getattr(msg, part).add(law=t.law, scale=t.scale, draws=t.draws, grid=t.grid)
+            getattr(msg, part).add(law=t.law, scale=t.scale, draws=t.draws, grid=t.grid,
+                                   share=0 if t.share == 1 else t.share)
     return msg
 
 
 def from_proto(msg) -> NoiseDescription:
     """Inverse of ``to_proto``; raises NoiseError on a malformed message."""
-    return NoiseDescription(*(tuple(NoiseTerm(t.law, t.scale, int(t.draws), t.grid)
+    return NoiseDescription(*(tuple(NoiseTerm(t.law, t.scale, int(t.draws), t.grid,
+                                              int(t.share) or 1)
                                     for t in getattr(msg, part)) for part in PARTS))

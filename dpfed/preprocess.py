@@ -11,9 +11,13 @@ per-record mechanism; it needs no parameter.
 from __future__ import annotations
 
 import json
+import logging
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteRow(ValueError):
@@ -109,3 +113,44 @@ class Preprocessing:
         obj = json.loads(text)
         return cls(tuple(obj["x_mean"]), obj["y_mean"], bool(obj["normalize_rows"]),
                    obj.get("source", "public"))
+
+
+def public_sigmas(x_public, y_public, preprocessing: Preprocessing) -> tuple[float, float]:
+    """``(sigma_x, sigma_y)``: the scales of the clipping thresholds (B_x = omega_x sigma_x,
+    B_y = omega_y sigma_y; dpfed.bounds) from *public* rows after ``preprocessing``.
+
+    sigma_x is the pooled standard deviation of all pre-processed features; sigma_y the sample
+    standard deviation (ddof 1) of the centred target. Never pass private rows: the result
+    scales the thresholds and is not protected.
+
+    Malformed public data (shapes, NaN or infinite values) raise ValueError. Public data that
+    cannot say fall back, with a warning: sigma_x to 1/sqrt(d) (exact for row-normalised rows,
+    whose pooled root mean square is 1/sqrt(d)) when there are no rows or all sit at the mean;
+    sigma_y to 1 with fewer than two rows or a constant target. ``x_public`` may have zero rows
+    (a round without public data).
+    """
+    if not isinstance(preprocessing, Preprocessing):
+        raise TypeError("public_sigmas(x_public, y_public, preprocessing): the third argument "
+                        f"must be a Preprocessing, got {type(preprocessing).__name__}")
+    d = preprocessing.dim
+    x = np.asarray(x_public, dtype=np.float64)
+    y = np.asarray(y_public, dtype=np.float64)
+    if x.size == 0 and y.size == 0:          # no public rows, in whatever shape
+        x, y = x.reshape(0, d), y.reshape(0)
+    if x.ndim != 2 or x.shape[1] != d or y.shape != (x.shape[0],):
+        raise ValueError(f"public data must be n x {d} features and n targets, got "
+                         f"{x.shape} and {y.shape}")
+    if not (np.all(np.isfinite(x)) and np.all(np.isfinite(y))):
+        raise ValueError("public data contain NaN or infinite values")
+    z, yc = preprocessing.apply(x, y)
+    sigma_x = float(np.std(z)) if z.size else 0.0
+    if not (math.isfinite(sigma_x) and sigma_x > 0):
+        sigma_x = 1.0 / math.sqrt(d)
+        log.warning("public data give no feature scale (%d rows); sigma_x = 1/sqrt(d) = %.4g",
+                    x.shape[0], sigma_x)
+    sigma_y = float(np.std(yc, ddof=1)) if yc.size >= 2 else 0.0
+    if not (math.isfinite(sigma_y) and sigma_y > 0):
+        sigma_y = 1.0
+        log.warning("public data give no target scale (%d rows, or a constant target); "
+                    "sigma_y = 1", y.size)
+    return sigma_x, sigma_y

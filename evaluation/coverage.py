@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dpfed.intervals import CREDIBLE_LEVEL
 from dpfed.noise import NoiseDescription
 from dpfed.sensitivity import expected_noise
 from dpfed.statistics import Statistics, exact_statistics
@@ -69,7 +70,7 @@ def prior_problem(rng: np.random.Generator, d: int, n: int, eps: float, k: int =
 
 
 def coverage(d: int, n: int, eps: float, k: int, reps: int, *, plug_in: bool = False,
-             level: float = 0.9, clip: bool = False, seed: int = 0, draws: int = 1000) -> dict:
+             level: float = CREDIBLE_LEVEL, clip: bool = False, seed: int = 0, draws: int = 1000) -> dict:
     """Share of the ``level`` intervals covering the generating (and the clipped-data)
     coefficients over ``reps`` problems; also the mean interval width."""
     from aggregator.posterior import PosteriorError, fit_posterior

@@ -12,8 +12,8 @@ Per drug with at least ``min_lines`` measured cell lines (262 of GDSC v17's 265)
   between sizes are not blurred by a fresh draw of lines) and does not bias any single cell.
   Sizes larger than the pool are skipped for that drug (GDSC v17 has fewer lines than the
   paper's 985: 56 drugs reach n = 800), so each (method, n) mean says how many drugs it covers;
-- pre-processing (feature means, target mean: ``dpfed.simulation.public_preprocessing``) and
-  the threshold scales (``dpfed.simulation.public_sigmas``) come from the 10 public lines only;
+- pre-processing (feature means, target mean: ``dpfed_apps.simulation.public_preprocessing``) and
+  the threshold scales (``dpfed.preprocess.public_sigmas``) come from the 10 public lines only;
 - clipping bounds: ``dpfed.bounds.choose_bounds(n_site, d, eps)`` (method.md section 4, synthetic
   data, no privacy cost) scaled by the public sigmas, with n_site the smallest site's size
   (K sites share the n private lines in near-equal blocks, each releasing with the same eps);
@@ -33,18 +33,20 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dpfed.preprocess import Preprocessing
-from dpfed.simulation import Problem, Split, gdsc_problem, public_preprocessing, public_sigmas
+from dpfed.preprocess import public_sigmas
+from dpfed.secure_round import AGGREGATIONS as _ROUND_MODES
+from dpfed_apps.simulation import Problem, Split, gdsc_problem, public_preprocessing
 
 __all__ = ["ProtocolConfig", "RepeatSplit", "RepeatData", "QUICK", "eligible_drugs",
            "repeat_split", "prepare_repeat", "private_rows", "bounds_table", "site_size",
            "AGGREGATIONS", "federations", "bounds_size"]
 
 PAPER_SIZES = (0, 100, 200, 300, 400, 500, 600, 700, 800)
-#: How robust_private's K >= 2 site releases are combined (issue 10): "independent" (K
-#: releases, K noise draws on the sum) or "secure" (secure aggregation with distributed noise:
-#: one draw on the sum, ``evaluation.methods.robust_private.secure_sum``). K = 1 is always
-#: independent.
-AGGREGATIONS = ("independent", "secure")
+#: How robust_private's K >= 2 site releases are combined (issue 10), the round modes of
+#: ``dpfed.secure_round``: "independent" (K releases, K noise draws on the sum) or "secure"
+#: (secure aggregation with distributed noise: one draw on the sum,
+#: ``evaluation.methods.robust_private.secure_sum``). K = 1 is always independent.
+AGGREGATIONS = _ROUND_MODES
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ def private_rows(split: RepeatSplit, n: int) -> np.ndarray:
 
 def site_size(n: int, k: int) -> int:
     """Rows of the smallest of K near-equal sites (``np.array_split``): the n the bounds are
-    chosen for, since smaller data sets want tighter clipping (as in dpfed.simulation)."""
+    chosen for, since smaller data sets want tighter clipping (as in dpfed_apps.simulation)."""
     return n // k
 
 
@@ -209,9 +211,9 @@ class RepeatData:
 def prepare_repeat(problem: Problem, config: ProtocolConfig, drug: int, repeat: int) -> RepeatData:
     """Split, then pre-process everything with parameters from the public lines only."""
     split = repeat_split(problem.n, config, drug, repeat)
-    # dpfed.simulation's public step, on a Split whose public part is our 10 public lines.
+    # dpfed_apps.simulation's public step, on a Split whose public part is our 10 public lines.
     prep = public_preprocessing(problem, Split(split.test, split.public, (split.private_pool,)))
-    sigma_x, sigma_y = public_sigmas(prep, problem.x[split.public], problem.y[split.public])
+    sigma_x, sigma_y = public_sigmas(problem.x[split.public], problem.y[split.public], prep)
     x_test = prep.transform_x(problem.x[split.test])
     x_pub, y_pub = prep.apply(problem.x[split.public], problem.y[split.public])
     x_pool, y_pool = prep.apply(problem.x[split.private_pool], problem.y[split.private_pool])

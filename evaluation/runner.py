@@ -35,7 +35,7 @@ import numpy as np
 from dpfed.statistics import Statistics, exact_statistics
 from evaluation.protocol import (ProtocolConfig, RepeatData, bounds_size, federations,
                                  load_problem, prepare_repeat, site_size)
-from evaluation.scoring import TestRanks
+from dpfed.metrics import TestRanks
 
 __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_grid",
            "DEFAULT_METHODS"]

@@ -30,14 +30,13 @@ Failure handling:
 from __future__ import annotations
 
 import logging
-import os
 import random
-import signal
 import threading
 import time
 
 import grpc
 
+from dpfed import faults
 from dpfed.transport import client_channel
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
@@ -55,21 +54,6 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXC
 # Of those, the one retried in place: the call did not reach the server. A call that timed out
 # or was shed may still be running there; it is resent only after a reconnect backoff.
 RETRY_IN_PLACE = frozenset({grpc.StatusCode.UNAVAILABLE})
-
-# TEST HOOK (tests/test_crash_site.py): DPFED_TEST_CRASH_AT=after_consent|after_debit|after_send
-# makes the site process SIGKILL itself right after its consent was taken (nothing drawn yet),
-# right after the release is debited and stored (before sending), or right after the
-# aggregator answered (before the acknowledgement is recorded). Never set
-# it in production; it exists to prove that a crash at these points loses no epsilon
-# accounting and resends the stored bytes.
-CRASH_ENV = "DPFED_TEST_CRASH_AT"
-
-
-def _crash_point(name: str) -> None:
-    if os.environ.get(CRASH_ENV) == name:
-        log.critical("%s=%s: killing this process (test hook)", CRASH_ENV, name)
-        os.kill(os.getpid(), signal.SIGKILL)
-
 
 class Backoff:
     """Exponential backoff with jitter: attempt k waits uniform(0.5, 1) * min(cap, base * 2^k).
@@ -218,7 +202,7 @@ class SiteClient:
             return
         self.rounds_handled += 1
         if answer.payload_type == CONTRIBUTION:
-            _crash_point("after_debit")
+            faults.crash_point("after_debit")   # test hook (dpfed.faults)
             self.send_contribution(stub, answer)
         elif answer.payload_type == REFUSAL:
             self.send_refusal(stub, answer)
@@ -250,7 +234,7 @@ class SiteClient:
             log.warning("aggregator rejected the release for round %s: %s (the epsilon stays "
                         "debited)", round_id, message)
             return False
-        _crash_point("after_send")
+        faults.crash_point("after_send")    # test hook (dpfed.faults)
         if reply.accepted or reply.duplicate:
             self.node.ledger.mark_acknowledged(round_id)
             log.info("aggregator acknowledged round %s%s", round_id,
@@ -275,7 +259,7 @@ class SiteClient:
                         message.phase, message.round_id, _details(exc))
             return
         log.info("sent %s for round %s", message.phase, message.round_id)
-        _crash_point("after_consent")
+        faults.crash_point(f"after_{message.phase}")   # after_consent, after_advertise, ... (dpfed.faults)
 
     def send_refusal(self, stub, envelope: pb.SignedEnvelope) -> None:
         refusal = parse_canonical(envelope.payload, REFUSAL)

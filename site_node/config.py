@@ -33,7 +33,8 @@ TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
 DATA_KEYS = frozenset({"path", "format", "id_column", "columns", "max_bytes", "log_patient_ids"})
 # allow_replace_one: parsed by the neighbouring-relation work (site_node.policy), allowed here.
 POLICY_KEYS = frozenset({"trusted_coordinators", "max_epsilon_per_round", "total_epsilon",
-                         "min_n", "allowed_targets", "allowed_features", "allow_replace_one"})
+                         "min_n", "allowed_targets", "allowed_features", "allow_replace_one",
+                         "max_noise_threshold"})
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,9 @@ class PolicyConfig:
     allowed_features: tuple[str, ...] = ("*",)
     # A replace-one round releases n exactly (method.md section 9): only if the site opts in.
     allow_replace_one: bool = False
+    # Secure aggregation: the largest noise threshold T this site accepts (site_node.policy.
+    # check_aggregation). 1: only rounds in which its own share is a full noise draw.
+    max_noise_threshold: int = 1
 
 
 @dataclass(frozen=True)
@@ -173,12 +177,16 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
     min_n = p.integer("min_n", default=20)
     if min_n < 1:
         raise ConfigError(f"{where}: policy.min_n must be >= 1, got {min_n}")
+    max_t = p.integer("max_noise_threshold", default=1)
+    if max_t < 1:
+        raise ConfigError(f"{where}: policy.max_noise_threshold must be >= 1, got {max_t}")
     policy = PolicyConfig(
         trusted_coordinators=trusted_paths, max_epsilon_per_round=max_eps, total_epsilon=total_eps,
         min_n=min_n,
         allowed_targets=tuple(p.string_list("allowed_targets", default=["*"])),
         allowed_features=tuple(p.string_list("allowed_features", default=["*"])),
-        allow_replace_one=p.boolean("allow_replace_one", default=False))
+        allow_replace_one=p.boolean("allow_replace_one", default=False),
+        max_noise_threshold=max_t)
     explicit = frozenset([*(k for k in raw if not isinstance(raw[k], dict)),
                           *(f"{t}.{k}" for t in ("tls", "data", "policy")
                             if isinstance(raw.get(t), dict) for k in raw[t])])

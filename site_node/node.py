@@ -26,6 +26,11 @@ the steps is the privacy argument:
 6. sign the Contribution (or that Refusal) and debit + store it in one ledger transaction;
    only then is it returned to be sent.
 
+Secure rounds (spec.aggregation = "secure") use the same consent; their later steps (key
+agreement, masked release, unmasking) arrive as notices with a body and are answered by
+``site_node.secure.SecureSite`` (docs/protocol.md, "Secure rounds"); a secure spec is never
+released independently.
+
 A crash after step 5 leaves a stored, unsent release that the client resends on startup;
 a crash before it leaves nothing debited and nothing sent. A stored answer older than
 ``RESIGN_AFTER_MS`` is re-signed with a fresh timestamp and nonce over the same stored bytes
@@ -41,6 +46,7 @@ import threading
 import time
 
 from dpfed import __version__
+from dpfed import secure_round
 from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
 from dpfed.v1 import dpfed_pb2 as pb
@@ -102,6 +108,9 @@ class SiteNode:
         self._lock = threading.Lock()
         # Why this node may serve no round (check_history), or None.
         self.blocked: str | None = None
+        # Secure rounds: the in-memory key state of each (site_node.secure).
+        from site_node.secure import SecureSite
+        self.secure = SecureSite(self)
 
     @property
     def site_id(self) -> str:
@@ -188,12 +197,34 @@ class SiteNode:
         except Exception:  # noqa: BLE001 - a malformed notice is answered by nothing
             log.warning("ignored a malformed release notice from the aggregator")
             return None
-        if notice.phase != "release" or self.site_id not in notice.participants:
+        if notice.phase != "release" or notice.body:
+            return self._secure_notice(notice, spec_envelope)
+        if self.site_id not in notice.participants:
             log.warning("ignored a release notice for round %s: phase %r, this site %s a "
                         "participant", limits.clip_id(notice.round_id) or "?", notice.phase,
                         "is" if self.site_id in notice.participants else "is not")
             return None
         return self.handle_round(spec_envelope)
+
+    def _secure_notice(self, notice: pb.PhaseNotice,
+                       spec_envelope: pb.SignedEnvelope) -> pb.SignedEnvelope | None:
+        """A notice of a secure round's step (site_node.secure), after verifying its spec:
+        a notice whose spec does not verify, or is not a secure spec, is answered by nothing
+        (the notice itself is unsigned; the spec is what authorises a step)."""
+        if self.blocked:
+            return None
+        try:
+            spec = site_policy.verify_spec(spec_envelope, self.trusted)
+            limits.check_spec(spec)
+        except (site_policy.PolicyViolation, limits.LimitError) as exc:
+            log.warning("ignored a %s notice: %s", limits.clip_text(notice.phase, 32), exc)
+            return None
+        if not secure_round.is_secure(spec) or notice.round_id != spec.round_id:
+            log.warning("ignored a %s notice for round %s: not a secure round's notice",
+                        limits.clip_text(notice.phase, 32), spec.round_id)
+            return None
+        with self._lock:
+            return self.secure.handle(notice, spec_envelope, spec)
 
     def handle_round(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
         """The signed Contribution or Refusal answering the signed RoundSpec ``envelope``."""
@@ -272,6 +303,15 @@ class SiteNode:
             if neighbouring == "replace_one":
                 # n is public under replace-one: the exact check reveals nothing more.
                 site_policy.check_n(data.n, self.config.policy)
+            if secure_round.is_secure(spec):
+                # A secure round: the rows bound is checked at consent (nothing drawn yet),
+                # and the site releases only a masked input, in the secure release step
+                # (site_node.secure); never an independent release for a secure spec.
+                site_policy.check_secure_rows(data.n, spec)
+                if release:
+                    raise site_policy.PolicyViolation(
+                        "this is a secure round: the site releases only its masked input, in "
+                        "the release step of secure aggregation")
         except site_policy.PolicyViolation as exc:
             log.warning("refused round %s: %s", round_id, exc)
             return self.refusal(round_id, spec_digest, str(exc))

@@ -75,6 +75,7 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
         raise PolicyViolation(f"round {spec.round_id} is past its deadline")
 
     neighbouring, _ = round_mechanism(spec)
+    check_aggregation(spec, policy)
     if neighbouring == "replace_one" and not policy.allow_replace_one:
         raise PolicyViolation("a replace_one round releases n exactly; this site's policy does "
                               "not allow it (policy.allow_replace_one = false)")
@@ -113,6 +114,50 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
                               f"{len(features)} features")
     if not all(math.isfinite(v) for v in pre.x_mean) or not math.isfinite(pre.y_mean):
         raise PolicyViolation("preprocessing means must be finite")
+
+
+def check_aggregation(spec: pb.RoundSpec, policy: PolicyConfig) -> None:
+    """The aggregation mode (dpfed.secure_round): "independent", or "secure" with a noise
+    threshold T this site accepts. Each site adds a 1/T share of one noise draw, and is
+    protected by a full draw only if at least T contributors are honest: the larger T, the
+    more this site trusts the others, so the policy caps it (``max_noise_threshold``; the
+    default 1 accepts only rounds where its own share is a full draw)."""
+    from dpfed.secure_round import AGGREGATIONS, MAX_SITE_ROWS, aggregation, is_secure
+    if aggregation(spec) not in AGGREGATIONS:
+        raise PolicyViolation(f"unknown aggregation {spec.aggregation!r}; this site knows "
+                              f"{', '.join(AGGREGATIONS)}")
+    if not is_secure(spec):
+        return
+    t = spec.noise_threshold
+    if t < 1:
+        raise PolicyViolation("a secure round needs a noise threshold T >= 1")
+    if t > policy.max_noise_threshold:
+        raise PolicyViolation(f"noise threshold T = {t} exceeds this site's "
+                              f"policy.max_noise_threshold = {policy.max_noise_threshold}: its "
+                              f"1/T noise share is a full draw only with at least T honest "
+                              f"contributors")
+    if t > 1 and not spec.site_key_ids:
+        # The aggregator relays the other sites' identity keys; unpinned, it could stand in
+        # for every other participant and see this site's input with only a 1/T share of
+        # noise. With T = 1 the site's own share is a full draw, so nothing is at stake.
+        raise PolicyViolation(f"a secure round with T = {t} > 1 must pin the sites' identity "
+                              f"keys in the signed spec (site_key_ids): the aggregator could "
+                              f"otherwise substitute the other participants")
+    if spec.sites and t + spec.colluders > len(spec.sites):
+        raise PolicyViolation(f"noise threshold T = {t} plus colluders c = {spec.colluders} "
+                              f"exceeds the {len(spec.sites)} invited sites")
+    if not 1 <= spec.max_site_rows <= MAX_SITE_ROWS:
+        raise PolicyViolation("a secure round needs a public max_site_rows bound")
+
+
+def check_secure_rows(n: int, spec: pb.RoundSpec) -> None:
+    """A secure round bounds each site's rows (fixed-point overflow, float-error term of the
+    grid sensitivity): a site with more usable rows than ``max_site_rows`` refuses. The
+    refusal discloses that the exact n exceeds a public number (docs/security.md); set the
+    bound generously."""
+    if n > spec.max_site_rows:
+        raise PolicyViolation(f"the site has more usable rows than the round's public "
+                              f"max_site_rows = {spec.max_site_rows}")
 
 
 #: The reason of a min_n refusal under add/remove: fixed text, decided on the *noisy* n.

@@ -4,10 +4,32 @@ three registered sites and one coordinator, and helpers to sign what they send."
 from __future__ import annotations
 
 import secrets
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+
+_CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def _drop_foreign_editable_finders() -> None:
+    """Test this checkout only. An editable install of *another* checkout of dpfed (e.g. a
+    shared virtual environment used from a git worktree) adds a finder after the path-based
+    one: a module missing here would be imported silently from there (a move that forgot an
+    importer would pass). Drop such finders; one that maps to this checkout stays."""
+    for finder in list(sys.meta_path):
+        mapping = getattr(sys.modules.get(getattr(finder, "__module__", "")), "MAPPING", None)
+        if type(finder).__name__ != "_EditableFinder" and getattr(finder, "__name__", "") != \
+                "_EditableFinder":
+            continue
+        if isinstance(mapping, dict) and any(
+                not Path(path).resolve().is_relative_to(_CHECKOUT) for path in mapping.values()):
+            sys.meta_path.remove(finder)
+
+
+_drop_foreign_editable_finders()
 
 
 class Federation:

@@ -1,5 +1,5 @@
 """Auxiliary data shaped like the public rows, the public-shaped bounds search, and the forecast
-(issue 9 parts 3-4; dpfed/auxiliary.py, dpfed/bounds.py, dpfed/forecast.py, dpfed plan)."""
+(issue 9 parts 3-4; dpfed/auxiliary.py, dpfed/bounds.py, dpfed_apps/forecast.py, dpfed plan)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from dpfed.auxiliary import AuxiliarySource, exclusive_groups
-from dpfed.bounds import AUX_OMEGAS, _TestScorer, _scales, choose_bounds
-from dpfed.metrics import spearman
+from dpfed.bounds import AUX_OMEGAS, _scales, choose_bounds
+from dpfed.metrics import LinearTestRanks, spearman
 from dpfed.preprocess import Preprocessing
 
 NAMES = ("A_mut", "B_mut", "C_mut", "tissue=x", "tissue=y", "tissue=z", "age")
@@ -106,7 +106,7 @@ def test_test_scorer_matches_spearman_with_ties():
     y = rng.normal(size=100)
     y[:10] = y[10]                                                   # ties in y too
     betas = rng.normal(size=(7, 4))
-    got = _TestScorer(x, y).spearman(betas)
+    got = LinearTestRanks(x, y).spearman_many(betas)
     want = [spearman(x @ b, y) for b in betas]
     assert np.allclose(got, want)
 
@@ -171,7 +171,7 @@ def test_forecast_matches_realised_gain_when_the_model_is_true():
     """Truth known: the 'real' rows are drawn from the auxiliary family itself. The realised
     gain of private + public over public-only (same mechanism, averaged over seeds) lies within
     the forecast's stated single-round interval, and the forecast's mean is close to it."""
-    from dpfed.forecast import Mechanism, closed_form_fit, forecast_round, score_cell
+    from dpfed_apps.forecast import Mechanism, closed_form_fit, forecast_round, score_cell
 
     src = _source(m=10, seed=2)
     n, eps, bounds = 400, 2.0, (0.4, 2.5)
@@ -196,7 +196,7 @@ def test_forecast_matches_realised_gain_when_the_model_is_true():
 
 
 def test_forecast_gain_grows_with_epsilon_and_custom_fit_is_used():
-    from dpfed.forecast import closed_form_fit, forecast_round
+    from dpfed_apps.forecast import closed_form_fit, forecast_round
 
     src = _source(m=10, seed=2)
     calls = []
@@ -224,7 +224,7 @@ def _write_public_csv(path, src):
 
 
 def test_plan_cli_json(tmp_path, capsys):
-    from dpfed.cli import main
+    from dpfed_apps.cli import main
 
     src = _source()
     path = tmp_path / "public.csv"

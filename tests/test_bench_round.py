@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from dpfed.cli import main
+from dpfed_apps.cli import main
 
 
 def test_bench_round_small(capsys):
@@ -24,8 +24,21 @@ def test_bench_round_reports_cpu_and_load_and_refuses_bad_sizes(capsys):
 
 
 def test_bench_round_over_mutual_tls_with_provisioned_kits(capsys):
-    """--tls: a CA and kits from dpfed.provision, one connection and certificate per site;
+    """--tls: a CA and kits from dpfed_apps.ca, one connection and certificate per site;
     the aggregator's certificate-identity check accepts every contribution."""
     assert main(["bench", "round", "--sites", "3", "--dim", "2", "--tls", "--json"]) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["tls"] is True and result["sites"] == 3 and result["round_s"] > 0
+
+
+def test_bench_round_secure_with_dropouts(capsys):
+    """--aggregation secure: a secure round with SiteSession-driven sites on real Subscribe
+    streams; the dropout refuses after key agreement and the sum is still unmasked."""
+    assert main(["bench", "round", "--aggregation", "secure", "--sites", "4", "--dim", "3",
+                 "--dropouts", "1", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["aggregation"] == "secure" and result["dropouts"] == 1
+    assert list(result["phases_s"]) == ["CONSENT", "KEYS", "RELEASE", "UNMASK", "FITTING"]
+    assert result["critical_path_s"] >= result["round_s"] > 0
+    assert main(["bench", "round", "--dropouts", "1"]) == 2
+    assert main(["bench", "round", "--aggregation", "secure", "--sites", "1"]) == 2

@@ -124,8 +124,10 @@ def test_public_sigmas_and_row_normalised_sigma_x():
     pre = Preprocessing.from_public_data(x, y)
     sx, sy = public_sigmas(x, y, pre)
     assert sx == pytest.approx(row_normalised_sigma_x(8), rel=0.05)
-    assert sy == pytest.approx(np.std(y))
-    with pytest.raises(ValueError):
-        public_sigmas(x[:1], y[:1], pre)
+    assert sy == pytest.approx(np.std(y, ddof=1))
+    # One row cannot give a target scale: the documented fallback sigma_y = 1.
+    assert public_sigmas(x[:1], y[:1], pre)[1] == 1.0
     with pytest.raises(ValueError):
         public_sigmas(np.full((3, 8), np.nan), y[:3], pre)
+    with pytest.raises(TypeError):                 # the argument order of dpfed.preprocess
+        public_sigmas(pre, x, y)

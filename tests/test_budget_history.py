@@ -17,7 +17,8 @@ import grpc
 import numpy as np
 import pytest
 
-from dpfed import cli, exitcodes
+from dpfed import exitcodes
+from dpfed_apps import cli
 from dpfed.v1 import dpfed_pb2 as pb
 from tests.conftest import random_statistics
 

@@ -31,10 +31,10 @@ from aggregator.config import ConfigError, config_from_dict, load_config as load
 from aggregator.server import AggregatorServer
 from coordinator.client import Coordinator
 from dpfed import exitcodes
-from dpfed.cli import main
-from dpfed.provision import (DEFAULT_CERT_DAYS, ProvisionError, certificate_problems,
-                             expiry_warning, kit_dir, kit_tls, load_request, make_request,
-                             project_from_dict, provision)
+from dpfed_apps.cli import main
+from dpfed.identity import certificate_problems, expiry_warning
+from dpfed_apps.ca import (DEFAULT_CERT_DAYS, ProvisionError, kit_dir, kit_tls, load_request,
+                           make_request, project_from_dict, provision)
 from dpfed.transport import TlsFiles, client_channel
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
@@ -249,7 +249,7 @@ def test_renew_same_key_and_new_key(csr_federation, capsys):
 
 
 def identities(cert):
-    from dpfed.provision import identities_of
+    from dpfed.identity import identities_of
     return identities_of(cert)
 
 
@@ -369,7 +369,7 @@ def test_aggregator_serve_warns_before_expiry(tmp_path):
     config.write_text(config.read_text().replace('listen = "0.0.0.0:50051"',
                                                  'listen = "127.0.0.1:0"'))
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "dpfed.cli", "aggregator", "serve",
+    proc = subprocess.Popen([sys.executable, "-m", "dpfed_apps.cli", "aggregator", "serve",
                              "--config", str(config)], env=env, stderr=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, text=True)
     try:

@@ -4,7 +4,8 @@ import sys
 
 import pytest
 
-from dpfed import cli, exitcodes
+from dpfed import exitcodes
+from dpfed_apps import cli
 
 
 @pytest.mark.parametrize("argv, extra", [

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from coordinator.roundspec import RoundSpecError, build_round_spec
-from dpfed.cli import main
+from dpfed_apps.cli import main
 from dpfed.preprocess import Preprocessing
 from dpfed.statistics import Statistics, exact_statistics
 from dpfed.v1 import dpfed_pb2 as pb

@@ -55,7 +55,7 @@ class AggregatorProcess:
         self.proc = None
 
     def start(self):
-        self.proc = subprocess.Popen([sys.executable, "-m", "dpfed.cli", "aggregator", "serve",
+        self.proc = subprocess.Popen([sys.executable, "-m", "dpfed_apps.cli", "aggregator", "serve",
                                       "--config", str(self.config)],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + 20

@@ -1,6 +1,6 @@
-"""A site process SIGKILLed at the two dangerous moments of a release, then restarted.
+"""A site process SIGKILLed at the dangerous moments of a round, then restarted.
 
-The kill is the documented test hook DPFED_TEST_CRASH_AT (site_node/client.py):
+The kill is the documented test hook DPFED_TEST_CRASH_AT (dpfed/faults.py):
 * after_consent: the site consented (nothing drawn, nothing debited) and the round moved to
   its release phase; on restart the site is pushed the release notice and releases once;
 * after_debit: the release is debited and stored, nothing sent yet;
@@ -37,7 +37,7 @@ def _site_process(config_path, crash_at: str | None) -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "DPFED_TEST_CRASH_AT"}
     if crash_at:
         env["DPFED_TEST_CRASH_AT"] = crash_at
-    return subprocess.Popen([sys.executable, "-m", "dpfed.cli", "--log-level", "INFO", "site",
+    return subprocess.Popen([sys.executable, "-m", "dpfed_apps.cli", "--log-level", "INFO", "site",
                              "serve", "--config", str(config_path)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 

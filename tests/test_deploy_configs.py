@@ -20,7 +20,7 @@ HOSPITALS = ("hospital-a", "hospital-b", "hospital-c")
 @pytest.fixture(scope="module")
 def deployed(tmp_path_factory):
     """deploy/three-hospitals copied, with each kit's keys/ and tls/ beside its config."""
-    from dpfed.provision import kit_dir, load_project, provision
+    from dpfed_apps.ca import kit_dir, load_project, provision
 
     root = tmp_path_factory.mktemp("deploy")
     example = root / "three-hospitals"
@@ -36,7 +36,7 @@ def deployed(tmp_path_factory):
 
 
 def test_project_lists_the_parties_the_configs_use():
-    from dpfed.provision import load_project
+    from dpfed_apps.ca import load_project
 
     project = load_project(DEPLOY / "project.toml")
     assert project.sites == HOSPITALS and project.coordinators == ("coordinator",)
@@ -78,7 +78,7 @@ def test_aggregator_config_loads_with_tls_and_registers_everyone(deployed):
 
 @pytest.mark.parametrize("hospital", HOSPITALS)
 def test_site_configs_load_with_tls_and_a_matching_certificate(deployed, hospital):
-    from dpfed.provision import certificate_problems
+    from dpfed.identity import certificate_problems
     from site_node.config import load_config
 
     example, _ = deployed
@@ -91,7 +91,7 @@ def test_site_configs_load_with_tls_and_a_matching_certificate(deployed, hospita
 def test_coordinator_config_connects_over_tls(deployed):
     import argparse
 
-    from dpfed.commands.round import connect
+    from dpfed_apps.commands.round import connect
 
     example, _ = deployed
     args = argparse.Namespace(config=str(example / "coordinator/coordinator.toml"),
@@ -235,7 +235,7 @@ def test_compose_services_name_files_that_exist():
 def test_data_export_is_reproducible_and_disjoint(tmp_path, capsys):
     import csv
 
-    from dpfed.cli import main
+    from dpfed_apps.cli import main
 
     argv = ["data", "export", "--drug", "1047", "--sites", "hospital-a,hospital-b,hospital-c",
             "--out"]

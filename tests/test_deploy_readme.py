@@ -73,7 +73,7 @@ def test_deploy_readme_runs_as_written(tmp_path):
         d.mkdir()
     _copy_source(src, port)
     # `dpfed` on PATH is this checkout, as `pip install` would make it.
-    (bin_dir / "dpfed").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dpfed.cli "$@"\n')
+    (bin_dir / "dpfed").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dpfed_apps.cli "$@"\n')
     (bin_dir / "dpfed").chmod(0o755)
     script = "\n".join(text for skip, text in readme_blocks() if not skip).replace("50051", str(port))
     env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",

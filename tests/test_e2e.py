@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from dpfed import simulation as sim
+from dpfed_apps import simulation as sim
 from dpfed.statistics import Statistics
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ N_SITES = 3
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     """One `dpfed simulate --json` run (fixed-precision fit: seconds, not minutes)."""
-    from dpfed import cli
+    from dpfed_apps import cli
 
     workdir = tmp_path_factory.mktemp("federation")
     import contextlib
@@ -32,7 +32,8 @@ def run(tmp_path_factory):
     with contextlib.redirect_stdout(out):
         code = cli.main(["--log-level", "WARNING", "simulate", "--json", "--fit-method", "laplace",
                          "--draws", "400", "--sites", str(N_SITES), "--seed", str(SEED),
-                         "--workdir", str(workdir), "--timeout", "60"])
+                         "--workdir", str(workdir), "--timeout", "60",
+                         "--aggregation", "independent"])
     return code, out.getvalue(), sim.FederationLayout(workdir)
 
 
@@ -180,7 +181,8 @@ def test_failed_round_exits_3_and_keeps_logs(tmp_path, capsys):
     the command exits 3, prints the processes' last log lines and keeps the folder."""
     import unittest.mock
 
-    from dpfed import cli, exitcodes
+    from dpfed import exitcodes
+    from dpfed_apps import cli
 
     original = sim.write_federation
 

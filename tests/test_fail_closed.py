@@ -39,7 +39,7 @@ def _env() -> dict:
 
 
 def _dpfed(*args: str) -> list[str]:
-    return [sys.executable, "-m", "dpfed.cli", "--log-level", "DEBUG", *args]
+    return [sys.executable, "-m", "dpfed_apps.cli", "--log-level", "DEBUG", *args]
 
 
 def _serve(config_path: Path, log_path: Path) -> subprocess.Popen:
@@ -285,7 +285,7 @@ def test_no_data_value_reaches_any_output(tmp_path, caplog):
         assert "is the header row missing" in statuses["headerless"].refusals[0].reason
         assert "non-finite" in statuses["overflow"].refusals[0].reason
         # `dpfed round status` prints the same reasons.
-        from dpfed.commands.round import _print_status
+        from dpfed_apps.commands.round import _print_status
         import contextlib
         import io
         out = io.StringIO()
@@ -363,7 +363,7 @@ def test_keys_of_the_concurrent_release_work_are_allowed(tmp_path):
 def test_unknown_keys_in_every_other_loader(tmp_path):
     from aggregator.config import ConfigError as AggregatorConfigError, config_from_dict
     from coordinator.roundspec import RoundSpecError, build_round_spec
-    from dpfed.provision import ProvisionError, project_from_dict
+    from dpfed_apps.ca import ProvisionError, project_from_dict
 
     base = {"listen": "127.0.0.1:0", "insecure": True}
     for raw, message in [

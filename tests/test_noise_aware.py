@@ -137,6 +137,6 @@ def test_noisier_release_gives_wider_intervals_and_public_only_is_the_limit():
 
 def test_fit_methods_spelled_out_for_the_cli_match_the_aggregator():
     from aggregator.aggregate import FIT_METHODS
-    from dpfed.commands.simulate import FIT_METHODS as CLI
+    from dpfed_apps.commands.simulate import FIT_METHODS as CLI
 
     assert tuple(CLI) == tuple(FIT_METHODS)

@@ -72,3 +72,22 @@ def test_is_immutable():
     p = Preprocessing(x_mean=(0.0,))
     with pytest.raises(Exception):
         p.y_mean = 1.0
+
+
+def test_public_sigmas_one_rule_with_documented_fallbacks():
+    """dpfed.preprocess.public_sigmas, the one implementation (bounds, auxiliary data,
+    simulation, evaluation and the coordinator's round spec all use it)."""
+    from dpfed.preprocess import public_sigmas
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(20, 4)), rng.normal(size=20)
+    pre = Preprocessing.from_public_data(x, y)
+    z, yc = pre.apply(x, y)
+    assert public_sigmas(x, y, pre) == (pytest.approx(np.std(z)), pytest.approx(np.std(yc, ddof=1)))
+    # No public rows (a round without public data): 1/sqrt(d) and 1.
+    assert public_sigmas(np.zeros((0, 4)), np.zeros(0), pre) == (0.5, 1.0)
+    assert public_sigmas([], [], pre) == (0.5, 1.0)
+    with pytest.raises(ValueError):
+        public_sigmas(x[:, :3], y, pre)
+    with pytest.raises(ValueError):
+        public_sigmas(x, y[:5], pre)

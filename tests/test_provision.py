@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from dpfed import exitcodes
-from dpfed.provision import identities_of
+from dpfed.identity import identities_of
 
 PROJECT = """\
 federation = "test-fed"
@@ -33,7 +33,7 @@ total_epsilon = 8.0
 
 
 def run_cli(argv, capsys):
-    from dpfed import cli
+    from dpfed_apps import cli
     code = cli.main(["--log-level", "ERROR", *argv])
     out = capsys.readouterr()
     return code, out.out, out.err
@@ -238,7 +238,7 @@ def test_invalid_project_exits_2(tmp_path, capsys, edit, message):
 
 
 def test_a_half_written_kit_from_a_crash_is_replaced(tmp_path):
-    from dpfed.provision import project_from_dict, provision
+    from dpfed_apps.ca import project_from_dict, provision
 
     project = project_from_dict(tomllib.loads(PROJECT))
     out = tmp_path / "fed"

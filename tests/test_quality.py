@@ -3,8 +3,8 @@
 import numpy as np
 
 from aggregator.quality import information_statement, prediction_snr
-from dpfed.commands.round import format_result_table
-from dpfed.simulation.report import format_report
+from dpfed_apps.commands.round import format_result_table
+from dpfed_apps.simulation.report import format_report
 
 
 def _draws(rng, mean, sd, n=4000):

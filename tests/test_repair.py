@@ -161,3 +161,19 @@ def test_real_release_is_repaired():
         assert implied_rss(out.xtx, out.xty, out.yty) >= rep.rss_floor * (1 - 1e-6)
         assert isinstance(rep.to_dict(), dict) and isinstance(rep, Repair)
     assert negatives > 0
+
+
+def test_noise_aware_abar_is_the_one_psd_projection():
+    """aggregator.noise_aware.psd_estimate is aggregator.repair.project_psd with its floor."""
+    from aggregator.noise_aware import psd_estimate
+
+    rng = np.random.default_rng(3)
+    a = rng.normal(size=(5, 5))
+    a = a + a.T
+    w = np.linalg.eigvalsh(a)
+    floor = max(1e-3 * np.max(np.abs(w)), np.sqrt(0.04))
+    got = psd_estimate(a, 0.04)
+    np.testing.assert_allclose(got, project_psd(a, floor)[0])
+    np.testing.assert_array_equal(got, got.T)
+    assert np.linalg.eigvalsh(got).min() >= floor * (1 - 1e-9)
+    np.testing.assert_allclose(project_psd(a, lambda ev: floor)[0], project_psd(a, floor)[0])

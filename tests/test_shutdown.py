@@ -1,6 +1,6 @@
 """SIGTERM, with a call in flight. Real processes (``dpfed aggregator serve``, ``dpfed site
 serve``); the call is held in flight by the documented test hook
-DPFED_TEST_HOLD_CONTRIBUTE / HoldFirstContribute (aggregator/server.py), so nothing depends on
+DPFED_TEST_HOLD_CONTRIBUTE / HoldFirstCall (dpfed/faults.py), so nothing depends on
 timing.
 
 Checked: the aggregator finishes a Contribute that was running when SIGTERM came (accepted,
@@ -22,8 +22,9 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from aggregator.server import HOLD_ENV, HoldFirstContribute
+from aggregator.server import CONTRIBUTE_METHOD
 from aggregator.store import RoundStore
+from dpfed.faults import HOLD_ENV, HoldFirstCall
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 from tests.conftest import random_statistics
@@ -141,7 +142,7 @@ def test_site_sigterm_mid_contribute_records_the_ack_and_exits_0(tmp_path):
 
     (tmp_path / "site").mkdir()
     config_path, coordinator_key, _ = write_site(tmp_path / "site")
-    hold = HoldFirstContribute()
+    hold = HoldFirstCall(CONTRIBUTE_METHOD)
     agg = AggregatorServer(config_from_dict({
         "listen": "127.0.0.1:0", "state_db": "agg.sqlite", "insecure": True, "skip_fit": True,
         "grace_s": 0.2,

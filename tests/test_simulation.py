@@ -6,7 +6,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from dpfed import simulation as sim
+from dpfed_apps import simulation as sim
 from dpfed.statistics import Statistics
 
 
@@ -55,7 +55,7 @@ def test_public_quantities_use_only_public_rows(nutlin):
         y2[rows] += 100.0
     other = sim.Problem(nutlin.ids, nutlin.x, y2, nutlin.feature_names, nutlin.target, "")
     assert sim.public_preprocessing(other, split) == prep
-    sx, sy = sim.public_sigmas(prep, nutlin.x[split.public], nutlin.y[split.public])
+    sx, sy = sim.public_sigmas(nutlin.x[split.public], nutlin.y[split.public], prep)
     assert sx == pytest.approx(1 / np.sqrt(10), rel=0.3)
     assert sy == pytest.approx(np.std(nutlin.y[split.public], ddof=1))
 
@@ -65,7 +65,7 @@ def test_public_sigmas_fallbacks():
 
     x = np.ones((3, 4))
     prep = Preprocessing.from_public_data(x, np.ones(3))
-    assert sim.public_sigmas(prep, x, np.ones(3)) == (0.5, 1.0)
+    assert sim.public_sigmas(x, np.ones(3), prep) == (0.5, 1.0)
 
 
 def test_baselines_and_scores_on_gdsc(nutlin):
@@ -108,7 +108,7 @@ def test_written_files_follow_the_interfaces(tmp_path, nutlin):
     assert names == ["site-1", "site-2"]
     site = tomllib.loads(layout.site_config("site-1").read_text())
     assert site["aggregator"] == "127.0.0.1:50999" and "insecure" not in site
-    assert site["tls"]["cert"].endswith("site-1.pem")   # mutual TLS, kits from dpfed.provision
+    assert site["tls"]["cert"].endswith("site-1.pem")   # mutual TLS, kits from dpfed_apps.ca
     assert site["data"]["id_column"] == "COSMIC_ID"
     assert site["policy"]["max_epsilon_per_round"] == 2.0
     agg = tomllib.loads(layout.aggregator_config.read_text())

@@ -286,7 +286,8 @@ def test_config_total_increase_refused_at_start_until_recorded(tmp_path, capsys)
     """Issue 11, finding 2 (c): raising policy.total_epsilon in site.toml stops the site at
     start (`dpfed site serve` exits 4 saying why) until `dpfed site ledger --raise-total`
     records the raise with who and when; lowering needs nothing."""
-    from dpfed import cli, exitcodes
+    from dpfed import exitcodes
+    from dpfed_apps import cli
     config_path, coordinator, _ = write_site(tmp_path)
     node = SiteNode(load_config(config_path))
     node.handle_round(coordinator.sign(make_spec("r0", epsilon=2.0)))
@@ -486,7 +487,7 @@ def test_rejected_release_is_recorded_not_resent_in_a_loop(tmp_path):
 
 
 def test_cli_check_and_ledger(tmp_path, capsys):
-    from dpfed.cli import main
+    from dpfed_apps.cli import main
 
     config_path, coordinator, _ = write_site(tmp_path)
     assert main(["site", "check", "--config", str(config_path)]) == 0

@@ -1,4 +1,4 @@
-"""Mutual TLS over real gRPC on 127.0.0.1 with certificates from dpfed.provision.
+"""Mutual TLS over real gRPC on 127.0.0.1 with certificates from dpfed_apps.ca.
 
 What is checked: a whole round over mTLS (aggregator, a site node, a coordinator); the handshake
 turns away clients without a certificate, with one from another CA, or in plaintext; and the
@@ -24,7 +24,7 @@ from aggregator.config import config_from_dict
 from aggregator.server import AggregatorServer
 from coordinator.client import Coordinator
 from dpfed import exitcodes
-from dpfed.provision import kit_dir, kit_tls, project_from_dict, provision
+from dpfed_apps.ca import kit_dir, kit_tls, project_from_dict, provision
 from dpfed.statistics import Statistics
 from dpfed.transport import client_channel
 from dpfed.v1 import dpfed_pb2 as pb
@@ -388,7 +388,7 @@ def test_untrusted_coordinator_sees_a_sites_n_and_reasons_redacted(pki, aggregat
 
 
 def test_read_denied_rules():
-    from dpfed.provision import AGGREGATOR
+    from dpfed_apps.ca import AGGREGATOR
     assert identity.read_denied(None, "GetRound") is None           # plaintext server
     for rpc in identity.READERS:
         assert identity.read_denied(identity.PeerIdentity("coordinator", "c"), rpc) is None
@@ -423,7 +423,7 @@ def test_identity_from_auth_context(pki):
 
 
 def _run_cli(argv, capsys):
-    from dpfed import cli
+    from dpfed_apps import cli
     code = cli.main(["--log-level", "ERROR", *argv])
     return code, capsys.readouterr().err
 

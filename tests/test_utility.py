@@ -13,7 +13,7 @@ from aggregator import fit_posterior
 from dpfed.bounds import choose_bounds
 from dpfed.metrics import spearman
 from dpfed.preprocess import Preprocessing
-from dpfed.simulation import public_sigmas
+from dpfed.preprocess import public_sigmas
 from site_node import exact_statistics, release_statistics
 
 D, N_PRIVATE, N_PUBLIC, N_TEST, EPSILON = 10, 800, 10, 500, 2.0
@@ -39,7 +39,7 @@ def test_private_model_beats_the_public_only_baseline_on_average():
     for r in range(REPEATS):
         (xp, yp), (xq, yq), (xt, yt) = _problem(rng)
         pre = Preprocessing.from_public_data(xq, yq)
-        sigma_x, sigma_y = public_sigmas(pre, xq, yq)
+        sigma_x, sigma_y = public_sigmas(xq, yq, pre)
         x_bound, y_bound = omegas.bounds(sigma_x, sigma_y)
         public = exact_statistics(*pre.apply(xq, yq))
         release = release_statistics(*pre.apply(xp, yp), epsilon=EPSILON, x_bound=x_bound,

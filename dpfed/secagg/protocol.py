@@ -396,6 +396,7 @@ class AggregatorSession(_Session):
         self._key_shares: dict[str, dict[str, Share]] = {}
         self._dropped: set[str] = set()
         self._absent: set[str] = set()
+        self._outputs: dict[str, Message] = {}
         self.result: AggregateResult | None = None
 
     # ------------------------------------------------------------------ helpers
@@ -409,6 +410,16 @@ class AggregatorSession(_Session):
     def _floor(self) -> int:
         return max(self.config.min_contributors, self.config.threshold)
 
+    def current_set(self) -> frozenset[str]:
+        """The sites that may send a message in the current phase (U0 = all sites, U1, U2,
+        U3); empty once the session is done or failed."""
+        return frozenset(self._participants.get(self.phase, ()))
+
+    def outputs(self) -> dict[str, Message]:
+        """What the last ``close_*`` returned, per site (the messages of the current phase's
+        recipients): the bundles, deliveries or unmask requests; empty in ADVERTISE."""
+        return dict(self._outputs)
+
     @property
     def released(self) -> tuple[str, ...]:
         """Sites whose masked input was accepted (to be accounted as released)."""
@@ -417,6 +428,13 @@ class AggregatorSession(_Session):
     # ------------------------------------------------------------------ receiving
     def receive(self, message) -> Message:
         """Accept one site message of the current phase (refusals: module docstring)."""
+        return self.record(self.check(message))
+
+    def check(self, message) -> Message:
+        """Every check ``receive`` makes, without changing anything: the parsed message if
+        ``receive`` would accept it now, else the refusal. With ``record`` it lets a caller
+        store the message durably between the checks and the state change (the gRPC round
+        keeps every accepted message in its store before counting it)."""
         self._check_alive()
         msg = _as_message(message)
         self._check_round(msg)
@@ -433,6 +451,20 @@ class AggregatorSession(_Session):
             raise UnknownSender(f"{msg.sender!r} is no longer in the round")
         msg.verify(self._site_keys[msg.sender])
         getattr(self, f"_accept_{type(msg).__name__}")(msg)
+        return msg
+
+    def record(self, msg: Message) -> Message:
+        """Record a message that ``check`` accepted; the phase and the sender's slot are checked
+        again (the session may have moved on since)."""
+        self._check_alive()
+        if msg.sender in self._store[msg.PHASE]:
+            raise ReplayedMessage(f"a second {type(msg).__name__} from {msg.sender!r}")
+        if msg.PHASE != self.phase:
+            raise OutOfPhase(f"the round is in phase {self.phase.name}; got a "
+                             f"{type(msg).__name__}")
+        apply = getattr(self, f"_apply_{type(msg).__name__}", None)
+        if apply is not None:
+            apply(msg)
         self._store[msg.PHASE][msg.sender] = msg
         return msg
 
@@ -461,6 +493,8 @@ class AggregatorSession(_Session):
                                    "wrong kind")
         if any(s.index != index for _, s in (*msg.seed_shares, *msg.key_shares)):
             raise ForgedMessage("a share whose index is not the sender's")
+
+    def _apply_UnmaskResponse(self, msg: UnmaskResponse) -> None:
         for owner, s in msg.seed_shares:
             self._seed_shares.setdefault(owner, {})[msg.sender] = s
         for owner, s in msg.key_shares:
@@ -483,6 +517,7 @@ class AggregatorSession(_Session):
             out[u] = self._sign(AdvertisementBundle(**self._head(), recipient=u, adverts=mine))
         self._participants[Phase.SHARE_KEYS] = u1
         self.phase = Phase.SHARE_KEYS
+        self._outputs = out
         return out
 
     def close_share_keys(self) -> dict[str, ShareDelivery]:
@@ -503,6 +538,7 @@ class AggregatorSession(_Session):
                for v in sorted(u2)}
         self._participants[Phase.MASKED_INPUT] = u2
         self.phase = Phase.MASKED_INPUT
+        self._outputs = out
         return out
 
     def close_masked_inputs(self) -> dict[str, UnmaskRequest]:
@@ -536,6 +572,7 @@ class AggregatorSession(_Session):
         self._absent = u2 - u3
         self._participants[Phase.UNMASK] = u3
         self.phase = Phase.UNMASK
+        self._outputs = out
         return out
 
     def ready(self) -> bool:

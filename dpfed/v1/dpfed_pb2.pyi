@@ -18,16 +18,18 @@ class Preprocessing(_message.Message):
     def __init__(self, x_mean: _Optional[_Iterable[float]] = ..., y_mean: _Optional[float] = ..., normalize_rows: _Optional[bool] = ...) -> None: ...
 
 class NoiseTerm(_message.Message):
-    __slots__ = ("law", "scale", "draws", "grid")
+    __slots__ = ("law", "scale", "draws", "grid", "share")
     LAW_FIELD_NUMBER: _ClassVar[int]
     SCALE_FIELD_NUMBER: _ClassVar[int]
     DRAWS_FIELD_NUMBER: _ClassVar[int]
     GRID_FIELD_NUMBER: _ClassVar[int]
+    SHARE_FIELD_NUMBER: _ClassVar[int]
     law: str
     scale: float
     draws: int
     grid: float
-    def __init__(self, law: _Optional[str] = ..., scale: _Optional[float] = ..., draws: _Optional[int] = ..., grid: _Optional[float] = ...) -> None: ...
+    share: int
+    def __init__(self, law: _Optional[str] = ..., scale: _Optional[float] = ..., draws: _Optional[int] = ..., grid: _Optional[float] = ..., share: _Optional[int] = ...) -> None: ...
 
 class NoiseDescription(_message.Message):
     __slots__ = ("xtx", "xty", "yty", "n")
@@ -42,7 +44,14 @@ class NoiseDescription(_message.Message):
     def __init__(self, xtx: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., xty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., yty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., n: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ...) -> None: ...
 
 class RoundSpec(_message.Message):
-    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity", "consent_deadline_unix_ms")
+    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity", "consent_deadline_unix_ms", "aggregation", "noise_threshold", "max_site_rows", "colluders", "site_key_ids")
+    class SiteKeyIdsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     COORDINATOR_ID_FIELD_NUMBER: _ClassVar[int]
     TARGET_FIELD_NUMBER: _ClassVar[int]
@@ -64,6 +73,11 @@ class RoundSpec(_message.Message):
     NEIGHBOURING_FIELD_NUMBER: _ClassVar[int]
     XTX_SENSITIVITY_FIELD_NUMBER: _ClassVar[int]
     CONSENT_DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATION_FIELD_NUMBER: _ClassVar[int]
+    NOISE_THRESHOLD_FIELD_NUMBER: _ClassVar[int]
+    MAX_SITE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    COLLUDERS_FIELD_NUMBER: _ClassVar[int]
+    SITE_KEY_IDS_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     coordinator_id: str
     target: str
@@ -85,10 +99,15 @@ class RoundSpec(_message.Message):
     neighbouring: str
     xtx_sensitivity: str
     consent_deadline_unix_ms: int
-    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ..., consent_deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    aggregation: str
+    noise_threshold: int
+    max_site_rows: int
+    colluders: int
+    site_key_ids: _containers.ScalarMap[str, str]
+    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ..., consent_deadline_unix_ms: _Optional[int] = ..., aggregation: _Optional[str] = ..., noise_threshold: _Optional[int] = ..., max_site_rows: _Optional[int] = ..., colluders: _Optional[int] = ..., site_key_ids: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class Contribution(_message.Message):
-    __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce", "noise")
+    __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce", "noise", "masked")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_FIELD_NUMBER: _ClassVar[int]
@@ -98,6 +117,7 @@ class Contribution(_message.Message):
     TIMESTAMP_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     NONCE_FIELD_NUMBER: _ClassVar[int]
     NOISE_FIELD_NUMBER: _ClassVar[int]
+    MASKED_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     site_id: str
     statistics: bytes
@@ -107,7 +127,8 @@ class Contribution(_message.Message):
     timestamp_unix_ms: int
     nonce: str
     noise: NoiseDescription
-    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., statistics: _Optional[bytes] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., spec_digest: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., noise: _Optional[_Union[NoiseDescription, _Mapping]] = ...) -> None: ...
+    masked: bytes
+    def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., statistics: _Optional[bytes] = ..., n: _Optional[int] = ..., epsilon_spent: _Optional[float] = ..., spec_digest: _Optional[str] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ..., noise: _Optional[_Union[NoiseDescription, _Mapping]] = ..., masked: _Optional[bytes] = ...) -> None: ...
 
 class Refusal(_message.Message):
     __slots__ = ("round_id", "site_id", "spec_digest", "reason", "timestamp_unix_ms", "nonce", "epsilon_spent")
@@ -146,18 +167,20 @@ class PhaseMessage(_message.Message):
     def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., spec_digest: _Optional[str] = ..., phase: _Optional[str] = ..., body: _Optional[bytes] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
 
 class PhaseNotice(_message.Message):
-    __slots__ = ("round_id", "phase", "spec_envelope", "participants", "deadline_unix_ms")
+    __slots__ = ("round_id", "phase", "spec_envelope", "participants", "deadline_unix_ms", "body")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     SPEC_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    BODY_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     phase: str
     spec_envelope: bytes
     participants: _containers.RepeatedScalarFieldContainer[str]
     deadline_unix_ms: int
-    def __init__(self, round_id: _Optional[str] = ..., phase: _Optional[str] = ..., spec_envelope: _Optional[bytes] = ..., participants: _Optional[_Iterable[str]] = ..., deadline_unix_ms: _Optional[int] = ...) -> None: ...
+    body: bytes
+    def __init__(self, round_id: _Optional[str] = ..., phase: _Optional[str] = ..., spec_envelope: _Optional[bytes] = ..., participants: _Optional[_Iterable[str]] = ..., deadline_unix_ms: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
 
 class SiteHello(_message.Message):
     __slots__ = ("site_id", "timestamp_unix_ms", "nonce", "software_version", "total_epsilon", "trusted_coordinator_key_ids")
@@ -248,6 +271,8 @@ class RoundStatus(_message.Message):
         FAILED: _ClassVar[RoundStatus.State]
         CONSENT: _ClassVar[RoundStatus.State]
         RELEASE: _ClassVar[RoundStatus.State]
+        KEYS: _ClassVar[RoundStatus.State]
+        UNMASK: _ClassVar[RoundStatus.State]
     STATE_UNSPECIFIED: RoundStatus.State
     OPEN: RoundStatus.State
     FITTING: RoundStatus.State
@@ -255,6 +280,8 @@ class RoundStatus(_message.Message):
     FAILED: RoundStatus.State
     CONSENT: RoundStatus.State
     RELEASE: RoundStatus.State
+    KEYS: RoundStatus.State
+    UNMASK: RoundStatus.State
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     CONTRIBUTIONS_FIELD_NUMBER: _ClassVar[int]

@@ -157,6 +157,9 @@ def check_spec(spec: pb.RoundSpec) -> None:
 
 
 MAX_NOISE_TERMS = 8
+# A masked input of d = MAX_FEATURES: 8 bytes per entry plus the secagg framing (round id,
+# digest, sender, signature: well under 1 kB).
+MAX_MASKED_BYTES = 8 * (MAX_FEATURES * (MAX_FEATURES + 1) // 2 + MAX_FEATURES + 2) + 4096
 
 
 def check_contribution(c: pb.Contribution) -> None:
@@ -169,7 +172,14 @@ def check_contribution(c: pb.Contribution) -> None:
     if len(c.statistics) > encoded_length(MAX_FEATURES):
         problems.append(f"statistics of {len(c.statistics)} bytes exceed the "
                         f"{encoded_length(MAX_FEATURES)} of {MAX_FEATURES} features")
-    if not 1 <= c.n <= MAX_N:
+    if c.masked:
+        # Secure aggregation: the masked input (a dpfed.secagg MaskedInput of
+        # d(d+1)/2 + d + 2 uint64 entries) replaces statistics and n.
+        if len(c.masked) > MAX_MASKED_BYTES:
+            problems.append(f"masked input of {len(c.masked)} bytes exceeds {MAX_MASKED_BYTES}")
+        if c.statistics or c.n:
+            problems.append("a masked contribution has empty statistics and n = 0")
+    elif not 1 <= c.n <= MAX_N:
         problems.append(f"n = {c.n} is outside 1..{MAX_N}")
     # The noise description (dpfed.noise): a handful of terms per part; its meaning is checked
     # against the round by the aggregator (it must equal what the spec implies).
@@ -193,8 +203,9 @@ def check_refusal(r: pb.Refusal) -> None:
 
 
 # Phases a site sends a PhaseMessage in, and the largest body (secure-aggregation key
-# shares for a few hundred neighbours fit easily).
-SITE_PHASES = ("consent",)
+# shares for a few hundred neighbours fit easily): consent, then for secure rounds the key
+# advertisement, the key shares and the unmasking answer (docs/protocol.md).
+SITE_PHASES = ("consent", "advertise", "share_keys", "unmask")
 MAX_PHASE_BODY_BYTES = 1024 * 1024
 
 

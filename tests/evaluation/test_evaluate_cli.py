@@ -8,7 +8,7 @@ import pytest
 
 
 def _run(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "dpfed.cli", "evaluate", *args],
+    return subprocess.run([sys.executable, "-m", "dpfed_apps.cli", "evaluate", *args],
                           capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
@@ -39,6 +39,6 @@ def test_bad_arguments_exit_2(tmp_path):
 
 
 def test_help_has_an_example():
-    proc = subprocess.run([sys.executable, "-m", "dpfed.cli", "evaluate", "--help"],
+    proc = subprocess.run([sys.executable, "-m", "dpfed_apps.cli", "evaluate", "--help"],
                           capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "dpfed evaluate --quick" in proc.stdout

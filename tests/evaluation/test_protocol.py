@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from dpfed.simulation import gdsc_problem
+from dpfed_apps.simulation import gdsc_problem
 from evaluation.protocol import (ProtocolConfig, bounds_table, eligible_drugs, prepare_repeat,
                                  private_rows, repeat_split, site_size)
 

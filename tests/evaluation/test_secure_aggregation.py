@@ -156,7 +156,7 @@ def test_secure_needs_two_sites_and_unknown_aggregations_are_refused():
 
 
 def test_cli_parser_rejects_unknown_aggregations():
-    from dpfed.commands.evaluate import _aggregations
+    from dpfed_apps.commands.evaluate import _aggregations
 
     assert _aggregations("secure") == ("secure",)
     assert _aggregations("independent, secure") == ("independent", "secure")
@@ -165,7 +165,7 @@ def test_cli_parser_rejects_unknown_aggregations():
             _aggregations(bad)
     parser = argparse.ArgumentParser()
     sub = parser.add_subparsers()
-    from dpfed.commands import evaluate
+    from dpfed_apps.commands import evaluate
 
     evaluate.register(sub)
     assert parser.parse_args(["evaluate"]).aggregation == ("independent", "secure")

@@ -1,0 +1,228 @@
+"""Secure aggregation as a round mode: what the aggregator and every site derive, the same way,
+from the coordinator-signed RoundSpec and the participants fixed when consent ends.
+
+Pure functions and values (no gRPC, no roles): ``aggregator.rounds`` and ``site_node.secure``
+both call them, so the two sides agree on the secure-aggregation configuration
+(``dpfed.secagg.protocol.RoundConfig``: its digest is bound into every secagg message), on the
+fixed-point grid and noise calibration (``dpfed.secagg.calibration.GridCalibration``) and on
+the noise description every masked contribution declares and the unmasked sum carries.
+
+Spec fields (protos/dpfed/v1/dpfed.proto, RoundSpec 22-26): ``aggregation`` ("independent"
+default, "secure"); ``noise_threshold`` T; ``max_site_rows`` (public bound on a site's rows:
+fixed-point overflow and the float-error term of the grid sensitivity); ``colluders`` c;
+``site_key_ids`` (site -> key id of its identity key, the coordinator's anchor for the keys the
+aggregator relays). The sum must hold at least ``min_contributors`` = max(quorum, T + c)
+contributions before anything is unmasked.
+
+Noise (docs/secure_aggregation.md, "Noise description"): each masked contribution declares,
+per part, ``NoiseTerm("discrete_laplace", b/s, draws=1, grid=1/s, share=T)`` (a 1/T share of
+one discrete Laplace draw on the grid); the sum of C contributions carries the merged term
+``draws=C, share=T``: exactly NB(C/T) - NB(C/T), C/T draws' worth of variance (no rounding of
+C/T to whole draws), at least one full draw since C >= T + c >= T.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from cryptography.hazmat.primitives import serialization
+
+from dpfed.noise import NoiseDescription, NoiseTerm
+from dpfed.secagg.calibration import GridCalibration, calibrate
+from dpfed.secagg.codec import Reader, Writer
+from dpfed.secagg.errors import MalformedMessage, ParameterError, SecAggError
+from dpfed.secagg.fixedpoint import PARTS, StatisticsLayout
+from dpfed.secagg.protocol import RoundConfig
+from dpfed.sensitivity import noise_calibration
+
+__all__ = ["AGGREGATIONS", "INDEPENDENT", "SECURE", "aggregation", "is_secure",
+           "min_contributors", "secure_problems", "SecureRound", "build", "encode_keys",
+           "decode_keys", "vector_length", "SecureRoundError"]
+
+INDEPENDENT, SECURE = "independent", "secure"
+AGGREGATIONS = (INDEPENDENT, SECURE)
+#: Upper limit of max_site_rows (dpfed.wire.limits.MAX_N).
+MAX_SITE_ROWS = 10 ** 9
+_KEYS_MAGIC = b"DSK1"
+
+
+class SecureRoundError(ValueError):
+    """The spec and participants do not make a feasible secure round; ``str`` says why."""
+
+
+def aggregation(spec) -> str:
+    """The spec's aggregation mode ("" = independent)."""
+    return spec.aggregation or INDEPENDENT
+
+
+def is_secure(spec) -> bool:
+    return aggregation(spec) == SECURE
+
+
+def min_contributors(spec) -> int:
+    """Contributions the sum must hold before anything is unmasked: max(quorum, T + c)."""
+    return max(int(spec.quorum), int(spec.noise_threshold) + int(spec.colluders))
+
+
+def vector_length(d: int) -> int:
+    """Entries of one site's secure input: d(d+1)/2 + d + 2 (Sxx triangle, Sxy, Syy, n)."""
+    return StatisticsLayout(d).length
+
+
+def _calibration(spec, n_sites: int) -> GridCalibration:
+    d = len(spec.feature_names)
+    cal = noise_calibration(d, spec.epsilon, spec.x_bound, spec.y_bound,
+                            list(spec.budget_split), neighbouring=spec.neighbouring or "add_remove",
+                            xtx_sensitivity=spec.xtx_sensitivity or "exact")
+    return calibrate(d=d, n_max=int(spec.max_site_rows), n_sites=n_sites, x_bound=spec.x_bound,
+                     y_bound=spec.y_bound, calibration=cal,
+                     noise_threshold=int(spec.noise_threshold))
+
+
+def secure_problems(spec, invited: int) -> list[str]:
+    """Everything wrong with the aggregation fields of a spec with ``invited`` sites, as
+    sentences (empty: fine). Independent rounds must leave the secure fields unset; a secure
+    round needs at least 2 sites, 1 <= T, T + c and quorum <= invited, a row bound, and a
+    fixed-point grid that cannot overflow with ``invited`` sites."""
+    mode = aggregation(spec)
+    if mode not in AGGREGATIONS:
+        return [f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {spec.aggregation!r}"]
+    problems = []
+    if mode == INDEPENDENT:
+        for name in ("noise_threshold", "max_site_rows", "colluders"):
+            if getattr(spec, name):
+                problems.append(f"{name} is for secure aggregation only (aggregation is "
+                                f"independent)")
+        if spec.site_key_ids:
+            problems.append("site_key_ids is for secure aggregation only")
+        return problems
+    t, c = int(spec.noise_threshold), int(spec.colluders)
+    if invited < 2:
+        problems.append(f"secure aggregation needs at least 2 sites, {invited} invited: a single "
+                        f"site has nobody to hide among (use aggregation = \"independent\")")
+    if t < 1:
+        problems.append("secure aggregation needs noise_threshold T >= 1 (the number of "
+                        "honest noise shares that make one full draw)")
+    elif t > invited:
+        problems.append(f"noise_threshold T = {t} exceeds the {invited} invited site(s): the "
+                        f"sum could never hold T noise shares")
+    elif t + c > invited:
+        problems.append(f"noise_threshold T = {t} plus colluders c = {c} exceeds the "
+                        f"{invited} invited site(s)")
+    if not 1 <= spec.max_site_rows <= MAX_SITE_ROWS:
+        problems.append(f"secure aggregation needs max_site_rows in 1..{MAX_SITE_ROWS} (a public "
+                        f"bound on each site's rows), got {spec.max_site_rows}")
+    missing = sorted(set(spec.sites) - set(spec.site_key_ids)) if spec.site_key_ids else []
+    if missing:
+        problems.append(f"site_key_ids lists no key for invited site(s) {', '.join(missing)}")
+    if not problems and invited >= 2:
+        try:
+            _calibration(spec, invited)
+        except (ParameterError, ValueError) as exc:
+            problems.append(f"no fixed-point grid for this secure round: {exc}")
+    return problems
+
+
+@dataclass(frozen=True)
+class SecureRound:
+    """The secure-aggregation parameters of one round once its participants are fixed."""
+
+    config: RoundConfig
+    calibration: GridCalibration
+
+    @property
+    def participants(self) -> tuple[str, ...]:
+        return self.config.site_ids
+
+    @property
+    def floor(self) -> int:
+        """Fewest masked inputs that are unmasked: max(min_contributors, Shamir threshold t)."""
+        return max(self.config.min_contributors, self.config.threshold)
+
+    def _shares(self, count: int) -> NoiseDescription:
+        cal, t = self.calibration, self.calibration.noise_threshold
+        terms = {}
+        for part in PARTS:
+            b, s = cal.grid_noise[part], cal.scales[part]
+            terms[part] = () if b is None else (
+                NoiseTerm("discrete_laplace", float(b) / float(s), count, 1.0 / float(s), t),)
+        return NoiseDescription(**terms)
+
+    def share_noise(self) -> NoiseDescription:
+        """What one masked contribution declares: per noisy part one 1/T share of a discrete
+        Laplace draw on that part's grid (module docstring)."""
+        return self._shares(1)
+
+    def sum_noise(self, contributors: int) -> NoiseDescription:
+        """The noise of the unmasked sum of ``contributors`` inputs: C shares of 1/T draw (the
+        same as adding ``contributors`` times ``share_noise``). Refuses fewer than T."""
+        if contributors < self.calibration.noise_threshold:
+            raise SecureRoundError(f"{contributors} contribution(s) hold fewer than T = "
+                                   f"{self.calibration.noise_threshold} noise shares")
+        return self._shares(contributors)
+
+
+def build(spec, participants) -> SecureRound:
+    """The SecureRound of ``spec`` with ``participants`` (sorted and deduplicated here);
+    SecureRoundError says why it is infeasible (too few participants for T + c or the quorum,
+    fewer than 2, a grid that would overflow)."""
+    ids = tuple(sorted(set(participants)))
+    floor = min_contributors(spec)
+    if len(ids) < 2:
+        raise SecureRoundError(f"{len(ids)} participant(s): secure aggregation needs at least 2")
+    if len(ids) < floor:
+        raise SecureRoundError(f"{len(ids)} participant(s), fewer than the {floor} contributions "
+                               f"the sum must hold (max of quorum {spec.quorum} and T + c = "
+                               f"{spec.noise_threshold} + {spec.colluders})")
+    try:
+        config = RoundConfig.create(spec.round_id, ids, vector_length(len(spec.feature_names)),
+                                    min_contributors=floor,
+                                    noise_threshold=int(spec.noise_threshold))
+        calibration = _calibration(spec, len(ids))
+    except (SecAggError, ValueError) as exc:
+        raise SecureRoundError(f"infeasible secure round: {exc}") from None
+    return SecureRound(config, calibration)
+
+
+def encode_keys(keys: dict[str, Ed25519PublicKey]) -> bytes:
+    """The identity keys relayed in a "keys" notice: site id -> raw 32-byte Ed25519 key,
+    sorted by site id (dpfed.secagg.codec)."""
+    w = Writer().fixed(_KEYS_MAGIC, 4).u32(len(keys))
+    for site in sorted(keys):
+        raw = keys[site].public_bytes(serialization.Encoding.Raw,
+                                      serialization.PublicFormat.Raw)
+        w.text(site).fixed(raw, 32)
+    return w.getvalue()
+
+
+def decode_keys(data: bytes) -> dict[str, Ed25519PublicKey]:
+    """Inverse of ``encode_keys``; SecureRoundError on anything else."""
+    try:
+        r = Reader(data)
+        if r.fixed(4) != _KEYS_MAGIC:
+            raise MalformedMessage("bad magic")
+        n = r.u32()
+        if n > 1 << 20:
+            raise MalformedMessage("too many keys")
+        out = {}
+        previous = None
+        for _ in range(n):
+            site = r.text()
+            if previous is not None and site <= previous:
+                raise MalformedMessage("keys not sorted by site id")
+            previous = site
+            out[site] = Ed25519PublicKey.from_public_bytes(r.fixed(32))
+        r.done()
+    except (MalformedMessage, ValueError) as exc:
+        raise SecureRoundError(f"malformed identity keys: {exc}") from None
+    return out
+
+
+def describe(spec) -> str:
+    """One line for logs and status: 'secure, T = 3, c = 0, at most 500 rows per site'."""
+    if not is_secure(spec):
+        return INDEPENDENT
+    return (f"secure, T = {spec.noise_threshold}, c = {spec.colluders}, at most "
+            f"{spec.max_site_rows} rows per site")
+

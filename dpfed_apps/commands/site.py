@@ -1,0 +1,393 @@
+"""dpfed site: what a hospital runs (its site node, its privacy ledger, a check of its kit).
+
+examples:
+    dpfed site serve  --config site.toml   dial out to the aggregator and answer rounds
+    dpfed site ledger --config site.toml   show the privacy budget and every release
+    dpfed site ledger --acknowledge-reset --config site.toml
+                                           a lost ledger: continue from the aggregator's record
+    dpfed site ledger --raise-total --config site.toml
+                                           record a raise of policy.total_epsilon (who, when)
+    dpfed site check  --config site.toml   validate config, keys and data; releases nothing
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import sys
+import threading
+from datetime import datetime, timezone
+
+from dpfed import exitcodes, jsonsafe
+from dpfed_apps.commands import add_command
+
+log = logging.getLogger("dpfed.site")
+
+
+def register(subparsers) -> None:
+    parser = add_command(subparsers, "site", __doc__, help="run a hospital's site node",
+                         epilog=__doc__.split("\n\n", 1)[1])
+    sub = parser.add_subparsers(dest="site_command", metavar="SUBCOMMAND")
+
+    serve = sub.add_parser(
+        "serve", help="connect to the aggregator and answer rounds",
+        description="Dial out to the aggregator (no inbound port), answer round specs signed by a "
+                    "trusted coordinator within this site's policy, and reconnect with backoff.",
+        epilog="example:\n  dpfed site serve --config site.toml\n"
+               "      logs every round received, refused (with the reason) or released (n, epsilon,\n"
+               "      remaining budget); stop with Ctrl-C or SIGTERM.")
+    serve.add_argument("--config", required=True, help="site.toml")
+    serve.add_argument("--insecure", action="store_true",
+                       help="plaintext gRPC without certificates, even if site.toml has [tls] "
+                            "(local tests only)")
+    serve.set_defaults(func=cmd_serve)
+
+    ledger = sub.add_parser(
+        "ledger", help="show the privacy ledger (spent, remaining, releases)",
+        epilog="examples:\n  dpfed site ledger --config site.toml\n"
+               "  dpfed site ledger --config site.toml --json   # for monitoring scripts")
+    ledger.add_argument("--config", required=True, help="site.toml")
+    ledger.add_argument("--json", action="store_true", help="machine-readable output")
+    action = ledger.add_mutually_exclusive_group()
+    action.add_argument("--acknowledge-reset", action="store_true",
+                        help="the state_db was lost: ask the aggregator how much epsilon it "
+                             "recorded for this site and carry that into this ledger (the "
+                             "budget continues from there); dials the aggregator")
+    action.add_argument("--raise-total", action="store_true",
+                        help="record the larger policy.total_epsilon of site.toml as the "
+                             "ledger's total (kept with --operator and the time)")
+    ledger.add_argument("--operator", default=None,
+                        help="who is doing this, recorded in the ledger (default user@host)")
+    ledger.set_defaults(func=cmd_ledger)
+
+    check = sub.add_parser(
+        "check", help="validate config, keys and data without releasing",
+        epilog="example:\n  dpfed site check --config site.toml\n"
+               "      exit 0 when the config, keys and data file are usable; 2 with the reason "
+               "otherwise.\n      Nothing is released and nothing is debited.")
+    check.add_argument("--config", required=True, help="site.toml")
+    check.set_defaults(func=cmd_check)
+
+    parser.set_defaults(func=lambda args: (parser.print_help(), exitcodes.USAGE)[1])
+
+
+def _load(path, *, insecure: bool = False):
+    from site_node.config import ConfigError, load_config
+
+    try:
+        return load_config(path, insecure=insecure), None
+    except ConfigError as exc:
+        return None, str(exc)
+
+
+def cmd_serve(args) -> int:
+    from site_node.client import SiteClient
+    from site_node.ledger import BudgetRaise, LedgerError
+    from site_node.node import LedgerMismatch, SiteNode
+
+    config, error = _load(args.config, insecure=args.insecure)
+    if error:
+        print(f"dpfed site serve: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    if config.tls is None:
+        from dpfed.transport import warn_plaintext
+        warn_plaintext("site serve")
+    else:
+        # An expired or mismatched certificate would only show as failed handshakes and
+        # PERMISSION_DENIED from the aggregator; say so before dialling.
+        from dpfed.identity import certificate_problems
+        problems = certificate_problems(config.tls, "site", config.site_id)
+        if problems:
+            print(f"dpfed site serve: [tls]: {'; '.join(problems)}", file=sys.stderr)
+            return exitcodes.USAGE
+        from dpfed.identity import expiry_warning
+        warning = expiry_warning(config.tls.cert)
+        if warning:
+            print(f"warning: {warning}", file=sys.stderr)
+    try:
+        node = SiteNode(config)
+    except BudgetRaise as exc:
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
+    except LedgerError as exc:
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.ERROR
+    except (OSError, ValueError) as exc:  # unreadable key files
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    log.info("site %s: privacy budget %g, spent %g, remaining %g", config.site_id,
+             node.ledger.total_epsilon, node.ledger.spent, node.ledger.remaining)
+    client = SiteClient(node)
+    # SIGTERM (systemd, docker stop) stops as cleanly as Ctrl-C.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: client.stop())
+    try:
+        client.run()
+    except KeyboardInterrupt:
+        client.stop()
+        return exitcodes.INTERRUPTED
+    except LedgerMismatch as exc:
+        print(f"dpfed site serve: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
+    return exitcodes.OK
+
+
+def _operator(args) -> str:
+    if args.operator:
+        return args.operator
+    import getpass
+    import socket
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"
+
+
+def cmd_acknowledge_reset(args) -> int:
+    """Ask the aggregator for its record of this site (GetSiteHistory, a signed hello over the
+    site's own TLS identity) and carry it into the ledger (PrivacyLedger.acknowledge_reset)."""
+    import grpc
+
+    from dpfed.transport import client_channel
+    from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
+    from site_node.ledger import LedgerError
+    from site_node.node import SiteNode
+
+    config, error = _load(args.config)
+    if error:
+        print(f"dpfed site ledger: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        node = SiteNode(config)
+    except LedgerError as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
+    except (OSError, ValueError) as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        with client_channel(config.aggregator, config.tls, server_name=config.server_name) as ch:
+            history = pb_grpc.AggregatorStub(ch).GetSiteHistory(node.hello(), timeout=30)
+    except grpc.RpcError as exc:
+        print(f"dpfed site ledger: the aggregator {config.aggregator} did not give this site's "
+              f"record ({exc.code().name}: {exc.details()}); nothing changed", file=sys.stderr)
+        node.ledger.close()
+        return exitcodes.UNAVAILABLE
+    before = node.ledger.spent
+    carried = node.ledger.acknowledge_reset(
+        aggregator_spent=history.spent_epsilon, aggregator_rounds=history.rounds,
+        aggregator_total=history.declared_total_epsilon, operator=_operator(args))
+    print(f"reset acknowledged by {_operator(args)}: the aggregator records epsilon "
+          f"{history.spent_epsilon:g} spent over {history.rounds} round(s); the ledger had "
+          f"{before:g}, {carried:g} carried over; now spent {node.ledger.spent:g} of "
+          f"{node.ledger.total_epsilon:g}")
+    node.ledger.close()
+    return exitcodes.OK
+
+
+def _ledger_config(args, missing: str):
+    """(config, None) for a site whose ledger exists, else (None, exit code) after saying why;
+    reads the ledger only, never dials."""
+    config, error = _load(args.config, insecure=True)
+    if error:
+        print(f"dpfed site ledger: {error}", file=sys.stderr)
+        return None, exitcodes.USAGE
+    if not config.state_db.exists():
+        print(f"dpfed site ledger: no ledger yet at {config.state_db}{missing}", file=sys.stderr)
+        return None, exitcodes.ERROR
+    return config, None
+
+
+def cmd_raise_total(args) -> int:
+    from site_node.ledger import LedgerError, PrivacyLedger
+
+    config, code = _ledger_config(args, ": nothing to raise")
+    if config is None:
+        return code
+    new = config.policy.total_epsilon
+    try:
+        with PrivacyLedger(config.state_db, site_id=config.site_id) as ledger:
+            old = ledger.raise_total(new, operator=_operator(args))
+    except LedgerError as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.REFUSED
+    print(f"total budget raised from {old:g} to {new:g} by {_operator(args)} (recorded in "
+          f"{config.state_db})")
+    return exitcodes.OK
+
+
+def cmd_ledger(args) -> int:
+    from site_node.ledger import LedgerError, PrivacyLedger
+
+    if getattr(args, "acknowledge_reset", False):
+        return cmd_acknowledge_reset(args)
+    if getattr(args, "raise_total", False):
+        return cmd_raise_total(args)
+    config, code = _ledger_config(args, " (nothing released)")
+    if config is None:
+        return code
+    try:
+        with PrivacyLedger(config.state_db) as ledger:
+            summary = ledger.summary()
+    except LedgerError as exc:
+        print(f"dpfed site ledger: {exc}", file=sys.stderr)
+        return exitcodes.ERROR
+    if args.json:
+        print(jsonsafe.dumps(summary, indent=2, sort_keys=True))
+        return exitcodes.OK
+    total = summary["total_epsilon"]
+    print(f"site:      {summary['site_id']}")
+    print(f"ledger:    {summary['path']}")
+    print(f"budget:    epsilon {total:g}" if total is not None else "budget:    (not set)")
+    print(f"spent:     {summary['spent_epsilon']:g}")
+    if summary["remaining_epsilon"] is not None:
+        print(f"remaining: {summary['remaining_epsilon']:g}")
+    if total is not None and config.policy.total_epsilon > total:
+        print(f"note: site.toml says total_epsilon = {config.policy.total_epsilon:g}, more than "
+              f"the ledger's {total:g}: the site will not start until the raise is recorded "
+              f"(dpfed site ledger --raise-total)")
+    elif total is not None and config.policy.total_epsilon < total:
+        print(f"note: site.toml says total_epsilon = {config.policy.total_epsilon:g}; the "
+              f"ledger's total is lowered to it when the site starts")
+    for e in summary.get("budget_events", []):
+        when = datetime.fromtimestamp(e["created_unix_ms"] / 1000, timezone.utc).strftime(
+            "%Y-%m-%d %H:%M:%SZ")
+        change = (f"{e['old_total']:g} -> {e['new_total']:g}" if e["old_total"] is not None
+                  and e["new_total"] != e["old_total"] else f"{e['new_total']:g}")
+        carried = f", carried epsilon {e['epsilon']:g}" if e["epsilon"] else ""
+        by = f" by {e['operator']}" if e["operator"] else ""
+        print(f"  {when}  budget {e['kind']}: total {change}{carried}{by} ({e['note']})")
+    print(f"releases:  {len(summary['releases'])}")
+    for r in summary["releases"]:
+        when = datetime.fromtimestamp(r["created_unix_ms"] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+        state = ("acknowledged" if r["acknowledged"] else
+                 f"rejected: {r['last_error']}" if r["last_error"] else
+                 "sent, unacknowledged" if r["sent"] else "stored, not sent")
+        if r.get("refused"):
+            state = "refused after the draw (noisy n below min_n)"
+        print(f"  {when}  round {r['round_id']}  epsilon {r['epsilon']:g}  n {r['n']}  "
+              f"{r['neighbouring']}  {state}")
+    return exitcodes.OK
+
+
+PLACEHOLDER_HOSTS = ("example.org", "example.com", "example.net", "example", "invalid",
+                     "change-me", "changeme")
+
+
+def _check_aggregator_address(config) -> list[str]:
+    """Problems with the aggregator address (it must resolve); a placeholder host such as
+    aggregator.example.org (the kit's template) gets a warning on stderr."""
+    import socket
+    host, _, port = config.aggregator.rpartition(":")
+    host = host.strip("[]")
+    labels = host.lower().split(".")
+    if any(".".join(labels[i:]) in PLACEHOLDER_HOSTS for i in range(len(labels))) or \
+            "change-me" in host.lower():
+        print(f"warning: aggregator = {config.aggregator!r} looks like a placeholder, not your "
+              "federation's aggregator; set the address you were given", file=sys.stderr)
+    try:
+        addresses = sorted({a[4][0] for a in socket.getaddrinfo(host, int(port) if
+                                                                port.isdigit() else None)})
+    except (socket.gaierror, UnicodeError, OSError) as exc:
+        return [f"aggregator {config.aggregator}: the host {host!r} does not resolve ({exc})"]
+    print(f"aggregator: {config.aggregator} resolves to {', '.join(addresses)}")
+    return []
+
+
+def _print_effective_settings(config) -> None:
+    """Every setting the node will use, with its value; those site.toml does not set are
+    marked (default). An unknown key never gets here: loading the config rejects it."""
+    import dataclasses
+
+    def show(key, value, explicit=True):
+        if isinstance(value, tuple):
+            value = [str(v) for v in value]
+        elif isinstance(value, dict):
+            value = dict(value)
+        elif value is not None and not isinstance(value, (bool, int, float, list)):
+            value = str(value)
+        print(f"  {key} = {json.dumps(value)}{'' if explicit else '  (default)'}")
+
+    print("effective settings (site.toml and defaults):")
+    for key in ("site_id", "aggregator", "server_name", "state_db", "signing_key"):
+        show(key, getattr(config, key), key in config.explicit)
+    show("insecure", config.tls is None, "insecure" in config.explicit)
+    if config.tls is not None:
+        for f in dataclasses.fields(config.tls):
+            show(f"tls.{f.name}", getattr(config.tls, f.name))
+    for table, value in (("data", config.data), ("policy", config.policy)):
+        for f in dataclasses.fields(value):
+            show(f"{table}.{f.name}", getattr(value, f.name), f"{table}.{f.name}" in config.explicit)
+    if config.data.id_column:
+        print(f"  (the id column {config.data.id_column!r} is never a feature or target, "
+              "whatever allowed_features says)")
+
+
+def cmd_check(args) -> int:
+    from dpfed.wire.signing import SigningKey
+    from site_node.data import DataError, describe
+    from site_node.policy import trusted_keys
+
+    config, error = _load(args.config)
+    if error:
+        print(f"dpfed site check: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    problems = []
+    try:
+        key = SigningKey.load(config.signing_key)
+        print(f"signing key: {config.signing_key} (key id {key.key_id})")
+    except (OSError, ValueError) as exc:
+        problems.append(f"signing_key {config.signing_key}: {exc}")
+    if config.tls is not None:
+        from dpfed.identity import certificate_problems
+        tls_problems = certificate_problems(config.tls, "site", config.site_id)
+        problems += [f"[tls]: {p}" for p in tls_problems]
+        if not tls_problems:
+            print(f"tls: {config.tls.cert} (dpfed://site/{config.site_id}, signed by "
+                  f"{config.tls.ca_cert})")
+            from dpfed.identity import expiry_warning
+            warning = expiry_warning(config.tls.cert)
+            if warning:
+                print(f"warning: {warning}", file=sys.stderr)
+    else:
+        print("tls: none (insecure = true: plaintext, local tests only)")
+    try:
+        keys = trusted_keys(config.policy.trusted_coordinators)
+        print(f"trusted coordinators: {', '.join(k[:16] for k in keys)}")
+    except (OSError, ValueError) as exc:
+        problems.append(f"policy.trusted_coordinators: {exc}")
+    try:
+        info = describe(config.data)
+        print(f"data: {info['path']} ({info['format']}), {info['rows']} rows, "
+              f"{len(info['columns'])} columns")
+        mapped = [c for c in config.data.columns.values() if c not in info["columns"]]
+        if mapped:
+            problems.append(f"data.columns maps to column(s) not in the file: {mapped}")
+    except DataError as exc:
+        problems.append(str(exc))
+    problems += _check_aggregator_address(config)
+    _print_effective_settings(config)
+    if config.state_db.exists():
+        from site_node.ledger import LedgerError, PrivacyLedger
+        try:
+            with PrivacyLedger(config.state_db) as ledger:
+                print(f"ledger: {config.state_db}: spent {ledger.spent:g} of "
+                      f"{ledger.total_epsilon:g}")
+                if ledger.total_epsilon is not None and \
+                        config.policy.total_epsilon > ledger.total_epsilon:
+                    problems.append(f"policy.total_epsilon = {config.policy.total_epsilon:g} is "
+                                    f"larger than the ledger's {ledger.total_epsilon:g}: the "
+                                    f"site will not start until `dpfed site ledger "
+                                    f"--raise-total` records the raise")
+        except (LedgerError, TypeError) as exc:
+            problems.append(f"state_db: {exc}")
+    else:
+        print(f"ledger: {config.state_db} (created on first serve)")
+    for p in problems:
+        print(f"problem: {p}", file=sys.stderr)
+    if problems:
+        return exitcodes.USAGE
+    print("ok: nothing was released")
+    return exitcodes.OK

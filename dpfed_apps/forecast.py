@@ -1,0 +1,300 @@
+"""Is a round worth its budget? A forecast from public inputs only (issue 9 part 4;
+method.md section 11).
+
+Before a round, a coordinator knows only public numbers: the sites' n (or planned n), K, d, the
+epsilons it considers, the bounds (or "choose them"), the neighbouring relation, and the public
+rows with their target and features (round.toml). ``forecast_round`` simulates the round on
+auxiliary populations shaped like the public rows (``dpfed.auxiliary``): every site's release
+with the mechanism's clipping and Laplace noise (K independent draws summed), plus the exact
+statistics of that population's public rows, fitted by ``fit`` (default: the closed form with the
+noise-matched ridge the bounds were tuned with; any batched fit function can be plugged in, e.g.
+``posterior_fit("laplace")``, the production noise-aware posterior), and scored by Spearman on
+held-out rows of the same population. Per epsilon it reports the expected held-out Spearman of
+public-only, of private + public and of the non-private fit, and the *gain* of private + public
+over public-only: its mean and 10/90 % quantiles over populations x noise draws (what one round
+may give) and over populations (its expectation given the population).
+
+Nothing private is read; the simulation's random numbers are numpy's (synthetic data: they
+protect nothing; never use this module to release anything). What the forecast assumes is what
+``dpfed.auxiliary`` assumes (independent columns shaped like the public ones, a linear signal of
+modest R^2): on data that break those assumptions the forecast is off by that much
+(docs/evaluation.md, "Forecast vs realised", measures it on GDSC).
+
+No aggregator import at module import time (``posterior_fit`` imports it when called).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from dpfed.auxiliary import AuxiliarySource
+from dpfed.preprocess import Preprocessing
+
+__all__ = ["NoiseScales", "Mechanism", "closed_form_fit", "posterior_fit", "simulate_release",
+           "score_cell", "forecast_round", "DEFAULT_RIDGE_C", "summarise"]
+
+#: Ridge c used when the bounds are given rather than chosen (no search to choose c in).
+DEFAULT_RIDGE_C = 8.0
+
+
+@dataclass(frozen=True)
+class NoiseScales:
+    """Laplace scales of one site's release (per coordinate) and the number of independent
+    draws the summed statistics carry (K independent site releases)."""
+
+    xtx: float
+    xty: float
+    yty: float
+    n: float | None
+    draws: int = 1
+
+    def xtx_sd(self) -> float:
+        """sd of one Sxx entry's total noise: sqrt(2 K) b_xx."""
+        return math.sqrt(2.0 * self.draws) * self.xtx
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """The public parameters of a round's release."""
+
+    epsilon: float
+    x_bound: float
+    y_bound: float
+    budget_split: tuple[float, ...]
+    neighbouring: str = "add_remove"
+    xtx_sensitivity: str = "exact"
+
+    def scales(self, d: int, draws: int = 1) -> NoiseScales:
+        from dpfed.bounds import unit_scales
+
+        u_xx, u_xy, u_yy, u_n = unit_scales(d, self.epsilon, self.budget_split,
+                                            self.neighbouring, self.xtx_sensitivity)
+        bx, by = self.x_bound, self.y_bound
+        return NoiseScales(u_xx * bx * bx, u_xy * bx * by, u_yy * by * by, u_n, draws)
+
+
+Fit = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, NoiseScales], np.ndarray]
+
+
+def closed_form_fit(ridge_c: float = 0.0) -> Fit:
+    """The fixed-precision closed form with the noise-matched ridge (``dpfed.bounds``):
+    beta = (PSD(Sxx) + r I)^-1 Sxy, r = 1 + c sqrt(2 K) b_xx. Batched: sxx (B, d, d),
+    sxy (B, d) -> beta (B, d). ``ridge_c = 0`` is the paper's lambda = lambda0 = 1 form."""
+
+    def fit(sxx, sxy, syy, n, noise: NoiseScales | None) -> np.ndarray:
+        from dpfed.bounds import psd_ridge_solve
+
+        r = 1.0 + (ridge_c * noise.xtx_sd() if noise is not None else 0.0)
+        return psd_ridge_solve(sxx, np.asarray(sxy)[..., None, :], [r])[0][..., 0, :]
+
+    fit.ridge_c = ridge_c  # type: ignore[attr-defined]
+    return fit
+
+
+def posterior_fit(method: str = "laplace", **kwargs) -> Fit:
+    """Adapter to the production posterior ``aggregator.posterior.fit_posterior(stats,
+    method=...)`` on ``Statistics`` carrying a ``dpfed.noise.NoiseDescription`` of the
+    simulated noise; predictions use ``beta_mean``. Imported when called (not at import)."""
+
+    def fit(sxx, sxy, syy, n, noise: NoiseScales | None) -> np.ndarray:
+        from aggregator.posterior import fit_posterior
+        from dpfed.noise import EXACT, NoiseDescription
+        from dpfed.statistics import Statistics
+
+        desc = EXACT if noise is None else NoiseDescription.single(
+            "laplace", xtx=noise.xtx, xty=noise.xty, yty=noise.yty, n=noise.n, draws=noise.draws)
+        out = []
+        for b in range(sxx.shape[0]):
+            a = np.triu(sxx[b])
+            a = a + np.triu(a, 1).T
+            stats = Statistics(a, sxy[b], float(syy[b]), max(int(round(float(n[b]))), 1), desc)
+            out.append(np.asarray(fit_posterior(stats, method=method, **kwargs).beta_mean))
+        return np.array(out)
+
+    return fit
+
+
+def _symmetric_noise(rng, shape, d):
+    iu = np.triu_indices(d)
+    up = rng.laplace(size=shape + (iu[0].size,))
+    e = np.zeros(shape + (d, d))
+    e[..., iu[0], iu[1]] = up
+    e[..., iu[1], iu[0]] = up
+    return e
+
+
+def simulate_release(rng: np.random.Generator, sites: Sequence[tuple[np.ndarray, np.ndarray]],
+                     mech: Mechanism, n_noise: int):
+    """``n_noise`` draws of the sum of the K sites' releases (clip, statistics, independent
+    Laplace noise per site with the mechanism's scales; numpy noise: synthetic evaluation only).
+    Returns (sxx (N,d,d), sxy (N,d), syy (N,), n (N,), NoiseScales with draws = K)."""
+    d = sites[0][0].shape[1]
+    k = len(sites)
+    sc = mech.scales(d, draws=k)
+    sxx = np.zeros((d, d))
+    sxy = np.zeros(d)
+    syy = 0.0
+    n_total = 0
+    for x, y in sites:
+        xc = np.clip(x, -mech.x_bound, mech.x_bound)
+        yc = np.clip(y, -mech.y_bound, mech.y_bound)
+        sxx += xc.T @ xc
+        sxy += xc.T @ yc
+        syy += float(yc @ yc)
+        n_total += x.shape[0]
+    e_xx = sum(_symmetric_noise(rng, (n_noise,), d) for _ in range(k))
+    e_xy = rng.laplace(size=(k, n_noise, d)).sum(axis=0)
+    e_yy = rng.laplace(size=(k, n_noise)).sum(axis=0)
+    e_n = rng.laplace(size=(k, n_noise)).sum(axis=0) if sc.n is not None else np.zeros(n_noise)
+    return (sxx + sc.xtx * e_xx, sxy + sc.xty * e_xy, syy + sc.yty * e_yy,
+            n_total + (sc.n or 0.0) * e_n, sc)
+
+
+def _spearman_many(x_test, y_test, betas) -> np.ndarray:
+    from dpfed.metrics import LinearTestRanks
+
+    return LinearTestRanks(x_test, y_test).spearman_many(betas, constant=0.0)
+
+
+def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, fit: Fit,
+               n_noise: int) -> dict:
+    """Spearman on the test rows of: public-only (closed form, lambda = lambda0 = 1, exact public
+    statistics), private + public (``n_noise`` simulated releases of ``sites`` + the exact public
+    statistics, fitted by ``fit``) and non-private (every row, unclipped, closed form)."""
+    d = x_test.shape[1]
+    sxx_p = x_public.T @ x_public
+    sxy_p = x_public.T @ y_public
+    syy_p = float(y_public @ y_public)
+    exact = closed_form_fit(0.0)
+    pub = exact(sxx_p[None], sxy_p[None], np.array([syy_p]), np.array([len(y_public)]), None)
+    sxx, sxy, syy, n, sc = simulate_release(rng, sites, mech, n_noise)
+    beta = fit(sxx + sxx_p, sxy + sxy_p, syy + syy_p, n + len(y_public), sc)
+    xa = np.vstack([x_public] + [x for x, _ in sites])
+    ya = np.concatenate([y_public] + [y for _, y in sites])
+    nonp = exact((xa.T @ xa)[None], (xa.T @ ya)[None], np.array([ya @ ya]), np.array([len(ya)]), None)
+    sp = _spearman_many(x_test, y_test, np.vstack([pub, nonp, beta.reshape(-1, d)]))
+    return {"public_only": float(sp[0]), "nonprivate": float(sp[1]), "private_public": sp[2:]}
+
+
+def summarise(values) -> dict:
+    v = np.asarray(values, dtype=np.float64).ravel()
+    v = v[np.isfinite(v)]
+    if v.size == 0:
+        return {"mean": None, "q10": None, "q90": None}
+    return {"mean": float(v.mean()), "q10": float(np.quantile(v, 0.1)),
+            "q90": float(np.quantile(v, 0.9))}
+
+
+def _split_sizes(n_per_site) -> list[int]:
+    if isinstance(n_per_site, (int, np.integer)):
+        return [int(n_per_site)]
+    sizes = [int(v) for v in n_per_site]
+    if not sizes or any(v < 2 for v in sizes):
+        raise ValueError("every site needs n >= 2")
+    return sizes
+
+
+def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
+                   feature_names: Sequence[str] | None = None,
+                   preprocessing: Preprocessing | None = None, bounds="choose",
+                   neighbouring: str = "add_remove", xtx_sensitivity: str = "exact",
+                   budget_split=None, ridge_c: float | None = None, search_sxx_share: bool = True,
+                   n_test: int = 100, n_datasets: int = 20, n_noise: int = 10, seed: int = 0,
+                   fit: Fit | None = None, choose_datasets: int = 10, choose_noise: int = 10,
+                   omegas=None, row_bootstrap: float | None = None) -> dict:
+    """Forecast what a round buys, per epsilon (module docstring). Public inputs only.
+
+    ``n_per_site``: an int (one site) or the list of the K sites' n. ``bounds``: "choose"
+    (``dpfed.bounds.choose_bounds`` on auxiliary data of the same public rows, for the smallest
+    site, with a seed disjoint from the forecast's) or ``(x_bound, y_bound)``. ``fit``: a batched
+    fit ``fit(sxx, sxy, syy, n, NoiseScales) -> beta`` (default: ``closed_form_fit`` with the
+    chosen ridge c, or ``ridge_c``/``DEFAULT_RIDGE_C`` when bounds are given).
+    Returns a JSON-ready dict; see ``docs/evaluation.md`` ("dpfed plan") for the keys.
+    """
+    from dpfed.bounds import choose_bounds, default_split
+
+    x_public = np.asarray(x_public, dtype=np.float64)
+    y_public = np.asarray(y_public, dtype=np.float64)
+    pre = preprocessing or Preprocessing.from_public_data(x_public, y_public)
+    source = AuxiliarySource(x_public, y_public, pre, feature_names=feature_names,
+                             **({} if row_bootstrap is None else {"row_bootstrap": row_bootstrap}))
+    sizes = _split_sizes(n_per_site)
+    d = source.d
+    sigma_x, sigma_y = source.scales()
+    split0 = tuple(budget_split) if budget_split is not None else default_split(neighbouring)
+    eps_list = [float(e) for e in epsilons]
+    if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
+        raise ValueError("epsilons must be finite and > 0")
+    results = []
+    for i_eps, eps in enumerate(eps_list):
+        if isinstance(bounds, str):
+            if bounds != "choose":
+                raise ValueError("bounds must be 'choose' or (x_bound, y_bound)")
+            choice = choose_bounds(min(sizes), d, eps, auxiliary=source, neighbouring=neighbouring,
+                                   xtx_sensitivity=xtx_sensitivity, budget_split=split0,
+                                   ridge="noise_matched", search_sxx_share=search_sxx_share,
+                                   n_datasets=choose_datasets, n_noise=choose_noise,
+                                   seed=seed + 1_000_003, n_test=n_test, omegas=omegas)
+            bx, by = choice.bounds(sigma_x, sigma_y)
+            split, c = choice.budget_split, choice.ridge_c
+            om = (choice.omega_x, choice.omega_y)
+        else:
+            bx, by = (float(v) for v in bounds)
+            split, c = split0, DEFAULT_RIDGE_C if ridge_c is None else float(ridge_c)
+            om = (bx / sigma_x, by / sigma_y)
+        mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity)
+        fit_fn = fit or closed_form_fit(c)
+        pub, nonp, priv = [], [], []
+        for child in np.random.SeedSequence(seed).spawn(n_datasets):  # same populations per eps
+            rng = np.random.default_rng(child)
+            data = source.sample(rng, sum(sizes), n_test)
+            bounds_idx = np.cumsum(sizes)[:-1]
+            sites = list(zip(np.split(data.x, bounds_idx), np.split(data.y, bounds_idx)))
+            cell = score_cell(rng, sites, data.x_public, data.y_public, data.x_test,
+                              data.y_test, mech, fit_fn, n_noise)
+            pub.append(cell["public_only"])
+            nonp.append(cell["nonprivate"])
+            priv.append(cell["private_public"])
+        pub_a, priv_a = np.array(pub), np.array(priv)                  # (D,), (D, N)
+        gain = priv_a - pub_a[:, None]
+        sc = mech.scales(d, draws=len(sizes))
+        g = summarise(gain)
+        g["sd"] = float(np.std(gain))
+        g["se_mean"] = float(np.std(gain.mean(axis=1), ddof=1) / math.sqrt(n_datasets)) \
+            if n_datasets > 1 else None
+        g["p_positive"] = float(np.mean(gain > 0))
+        results.append({
+            "epsilon": eps,
+            "epsilon_per_site": eps,
+            "epsilon_replace_one_equivalent": 2 * eps if neighbouring == "add_remove" else eps,
+            "bounds": {"x_bound": bx, "y_bound": by, "omega_x": om[0], "omega_y": om[1],
+                       "sigma_x": sigma_x, "sigma_y": sigma_y,
+                       "chosen": isinstance(bounds, str)},
+            "budget_split": list(split),
+            "ridge_c": c if fit is None else None,
+            "noise_scales": {"xtx": sc.xtx, "xty": sc.xty, "yty": sc.yty, "n": sc.n,
+                             "draws": sc.draws},
+            "spearman_public_only": summarise(pub_a),
+            "spearman_private_public": summarise(priv_a),
+            "spearman_nonprivate": summarise(nonp),
+            "gain": g,
+            "gain_expected": summarise(gain.mean(axis=1)),
+        })
+    return {
+        "d": d, "n_public": source.m, "n_per_site": sizes, "sites": len(sizes),
+        "neighbouring": neighbouring, "xtx_sensitivity": xtx_sensitivity,
+        "fit": "closed_form_noise_matched_ridge" if fit is None else getattr(fit, "__name__", "custom"),
+        "n_datasets": n_datasets, "n_noise": n_noise, "n_test": n_test, "seed": seed,
+        "auxiliary": {"column_kinds": {str(k): v for k, v in source.column_kinds().items()},
+                      "exclusive_groups": [list(g) for g in source.groups],
+                      "r2_prior_beta": list(source.r2_prior)},
+        "per_epsilon": results,
+        "notes": ("public inputs only; auxiliary populations shaped like the public rows "
+                  "(dpfed.auxiliary); gain = Spearman(private+public) - Spearman(public-only) "
+                  "on held-out auxiliary rows; quantiles over populations x noise draws "
+                  "(gain) and over populations (gain_expected)"),
+    }

@@ -1,0 +1,350 @@
+"""A federation on one machine: its files (site data, keys, configs) and its processes.
+
+``LocalFederation`` starts ``dpfed aggregator serve`` and K ``dpfed site serve`` processes
+talking real gRPC on loopback and always stops them (a context manager). Every channel is
+mutual TLS with a CA and kits made by dpfed_apps.ca, as in a deployment.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from dpfed.tomlwriter import to_toml
+from dpfed_apps.simulation.problem import Problem, Split, site_ids
+
+COORDINATOR_ID = "coordinator"
+# The round's split: the add/remove default of dpfed.sensitivity (Sxx, Sxy, Syy, n).
+from dpfed.sensitivity import DEFAULT_SPLIT_ADD_REMOVE as DEFAULT_BUDGET_SPLIT  # noqa: E402
+
+Progress = Callable[[str], None]
+
+
+def _stderr_progress(message: str) -> None:
+    print(f"[simulate] {message}", file=sys.stderr, flush=True)
+
+
+def write_rows_csv(path: Path, problem: Problem, rows: np.ndarray) -> None:
+    """``id, features..., target`` for ``rows``; floats written with repr so they read back
+    bit for bit (the public means computed from the file then equal ours exactly)."""
+    with Path(path).open("w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([problem.id_column, *problem.feature_names, problem.target])
+        for r in rows:
+            w.writerow([problem.ids[r], *(repr(float(v)) for v in problem.x[r]),
+                        repr(float(problem.y[r]))])
+
+
+def free_port() -> int:
+    """A TCP port free on loopback right now (the aggregator binds it moments later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class FederationLayout:
+    """Paths of everything the simulation writes in its work folder."""
+
+    root: Path
+
+    @property
+    def pki(self) -> Path:
+        """The CA and one kit per party (dpfed_apps.ca layout)."""
+        return self.root / "pki"
+
+    def kit(self, name: str) -> Path:
+        """The kit folder of a site, the coordinator or the aggregator."""
+        from dpfed_apps.ca import AGGREGATOR, COORDINATOR, SITE, kit_dir
+        kind = (AGGREGATOR if name == AGGREGATOR else
+                COORDINATOR if name == COORDINATOR_ID else SITE)
+        return kit_dir(self.pki, kind, name)
+
+    def signing_key(self, name: str) -> Path:
+        return self.kit(name) / "keys" / f"{name}.key"
+
+    def tls(self, name: str):
+        """The TlsFiles (dpfed.transport) of a party's kit."""
+        from dpfed_apps.ca import kit_tls
+        return kit_tls(self.kit(name), name)
+
+    @property
+    def data(self) -> Path:
+        return self.root / "data"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def site_config(self, site_id: str) -> Path:
+        return self.root / f"{site_id}.toml"
+
+    def site_db(self, site_id: str) -> Path:
+        return self.state / f"{site_id}.sqlite"
+
+    def site_csv(self, site_id: str) -> Path:
+        return self.data / f"{site_id}.csv"
+
+    @property
+    def aggregator_config(self) -> Path:
+        return self.root / "aggregator.toml"
+
+    @property
+    def aggregator_db(self) -> Path:
+        return self.state / "aggregator.sqlite"
+
+    @property
+    def public_csv(self) -> Path:
+        return self.data / "public.csv"
+
+    @property
+    def round_config(self) -> Path:
+        return self.root / "round.toml"
+
+    def make(self) -> None:
+        for p in (self.data, self.state, self.logs):
+            p.mkdir(parents=True, exist_ok=True)
+
+
+def write_federation(layout: FederationLayout, problem: Problem, split: Split, *, port: int,
+                     epsilon: float, total_epsilon: float | None = None) -> list[str]:
+    """CA and kits (dpfed_apps.ca), per-site CSVs, site.toml files and aggregator.toml
+    (docs/interfaces.md) with [tls] tables. Returns the site ids."""
+    from dpfed_apps.ca import Project, provision
+
+    layout.make()
+    names = site_ids(len(split.sites))
+    address = f"127.0.0.1:{port}"
+    provision(Project(federation="dpfed-simulate", aggregator_address=address, listen=address,
+                      sites=tuple(names), coordinators=(COORDINATOR_ID,)), layout.pki)
+    for name, rows in zip(names, split.sites):
+        write_rows_csv(layout.site_csv(name), problem, rows)
+        layout.site_config(name).write_text(to_toml({
+            "site_id": name,
+            "aggregator": address,
+            "state_db": str(layout.site_db(name)),
+            "signing_key": str(layout.signing_key(name)),
+            "tls": _tls_table(layout, name),
+            "data": {"path": str(layout.site_csv(name)), "format": "csv",
+                     "id_column": problem.id_column},
+            "policy": {"trusted_coordinators": [str(layout.kit(name) / "keys" /
+                                                    f"{COORDINATOR_ID}.pub")],
+                       "max_epsilon_per_round": float(epsilon),
+                       "total_epsilon": float(total_epsilon or 5 * epsilon),
+                       "min_n": 20, "allowed_targets": ["*"], "allowed_features": ["*"],
+                       # secure rounds: these simulated sites accept any T up to K
+                       "max_noise_threshold": len(names)},
+        }))
+    write_rows_csv(layout.public_csv, problem, split.public)
+    agg_keys = layout.kit("aggregator") / "keys"
+    layout.aggregator_config.write_text(to_toml({
+        "listen": address,
+        "state_db": str(layout.aggregator_db),
+        "max_clock_skew_s": 300,
+        "tls": _tls_table(layout, "aggregator"),
+        "sites": [{"site_id": n, "public_key": str(agg_keys / f"{n}.pub")} for n in names],
+        "coordinators": [{"coordinator_id": COORDINATOR_ID,
+                          "public_key": str(agg_keys / f"{COORDINATOR_ID}.pub")}],
+    }))
+    return names
+
+
+def _tls_table(layout: FederationLayout, name: str) -> dict:
+    tls = layout.tls(name)
+    return {"ca_cert": str(tls.ca_cert), "cert": str(tls.cert), "key": str(tls.key)}
+
+
+def round_config(problem: Problem, *, epsilon: float, x_bound: float, y_bound: float,
+                 quorum: int, public_csv: Path, fit_method: str, fit_draws: int, fit_seed: int,
+                 deadline_s: int = 600, budget_split=DEFAULT_BUDGET_SPLIT,
+                 aggregation: str = "independent", noise_threshold: int = 0,
+                 max_site_rows: int = 0) -> dict:
+    """The round.toml content (docs/interfaces.md) as a dict (secure: with T and the rows
+    bound)."""
+    secure = {} if aggregation != "secure" else {
+        "aggregation": "secure", "noise_threshold": int(noise_threshold),
+        "max_site_rows": int(max_site_rows)}
+    return {**secure,
+        "target": problem.target,
+        "features": list(problem.feature_names),
+        "epsilon": float(epsilon),
+        "x_bound": float(x_bound),
+        "y_bound": float(y_bound),
+        "budget_split": [float(p) for p in budget_split],
+        "quorum": int(quorum),
+        "deadline_s": int(deadline_s),
+        "sites": [],
+        "public": {"path": str(public_csv)},
+        "fit": {"method": fit_method, "draws": int(fit_draws), "seed": int(fit_seed)},
+    }
+
+
+class FederationFailed(RuntimeError):
+    """A process died, never became ready, or the round failed."""
+
+
+def child_environment() -> dict[str, str]:
+    """The environment of the child processes: ours, plus the source tree on PYTHONPATH when
+    dpfed runs from a checkout (the coordinator package may not be in the installed set)."""
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parents[2]
+    if (root / "dpfed").is_dir():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH")) if p)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return "(no log)"
+    return "\n".join(text[-lines:])
+
+
+def dpfed_command(log_level: str, *args: str) -> list[str]:
+    """``python -m dpfed_apps.cli ARGS`` with the interpreter running us (same environment)."""
+    return [sys.executable, "-m", "dpfed_apps.cli", "--log-level", log_level, *args]
+
+
+def aggregator_command(config_path: Path, log_level: str = "INFO") -> list[str]:
+    return dpfed_command(log_level, "aggregator", "serve", "--config", str(config_path))
+
+
+@dataclass
+class ChildProcess:
+    name: str
+    popen: subprocess.Popen
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class LocalFederation:
+    """Starts and always stops the aggregator and site processes (a context manager)."""
+
+    layout: FederationLayout
+    site_names: list[str]
+    port: int
+    progress: Progress = _stderr_progress
+    log_level: str = "INFO"
+    children: list[ChildProcess] = field(default_factory=list)
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _spawn(self, name: str, command: list[str], env: dict | None = None) -> ChildProcess:
+        log_path = self.layout.logs / f"{name}.log"
+        log = log_path.open("ab")
+        try:
+            # New session: a Ctrl-C in the terminal reaches only us; we stop the children
+            # ourselves, in order, instead of racing their own interrupt handling.
+            popen = subprocess.Popen(
+                command,
+                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                cwd=self.layout.root, env={**child_environment(), **(env or {})},
+                start_new_session=True)
+        finally:
+            log.close()
+        child = ChildProcess(name, popen, log_path)
+        self.children.append(child)
+        return child
+
+    def start(self, *, timeout_s: float = 60.0, stop_after_keys=()) -> None:
+        """Start the aggregator and the sites. ``stop_after_keys``: sites that stop (SIGKILL
+        themselves, the DPFED_TEST_CRASH_AT fault hook) right after their key shares were
+        taken in a secure round: they drop out after key agreement, before releasing."""
+        self.progress(f"starting aggregator on {self.address}")
+        self._spawn("aggregator", aggregator_command(self.layout.aggregator_config,
+                                                     self.log_level))
+        self.wait_aggregator_healthy(timeout_s)
+        for name in self.site_names:
+            env = {"DPFED_TEST_CRASH_AT": "after_share_keys"} if name in stop_after_keys else None
+            self._spawn(name, dpfed_command(self.log_level, "site", "serve", "--config",
+                                            str(self.layout.site_config(name))), env)
+        self.progress(f"started {len(self.site_names)} site processes; waiting for them to connect")
+
+    def check_alive(self) -> None:
+        for child in self.children:
+            if not child.alive():
+                raise FederationFailed(f"{child.name} exited with code {child.popen.returncode}")
+
+    def wait_aggregator_healthy(self, timeout_s: float) -> None:
+        """Standard gRPC health check (grpc.health.v1) until SERVING."""
+        import grpc
+        from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+        from dpfed.transport import client_channel
+
+        deadline = time.monotonic() + timeout_s
+        # Over mutual TLS with the coordinator's certificate: the aggregator admits no other.
+        with client_channel(self.address, self.layout.tls(COORDINATOR_ID)) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+            while True:
+                self.check_alive()
+                try:
+                    reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=1.0)
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        return
+                except grpc.RpcError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise FederationFailed(f"aggregator not healthy after {timeout_s:.0f} s")
+                time.sleep(0.2)
+
+    def wait_sites_connected(self, coordinator, timeout_s: float = 60.0) -> None:
+        """Poll ListSites until every site holds its outbound stream open."""
+        deadline = time.monotonic() + timeout_s
+        wanted = set(self.site_names)
+        while True:
+            self.check_alive()
+            try:
+                connected = {s.site_id for s in coordinator.list_sites() if s.connected}
+            except Exception:  # the aggregator may still be settling; the deadline decides
+                connected = set()
+            if wanted <= connected:
+                return
+            if time.monotonic() > deadline:
+                raise FederationFailed(f"sites not connected after {timeout_s:.0f} s: "
+                                       f"{', '.join(sorted(wanted - connected))}")
+            time.sleep(0.2)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every child, then SIGKILL what is left after ``grace_s``. Sites first,
+        so the aggregator sees their streams close."""
+        for child in reversed(self.children):
+            if child.alive():
+                child.popen.terminate()
+        deadline = time.monotonic() + grace_s
+        for child in reversed(self.children):
+            try:
+                child.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                child.popen.kill()
+                child.popen.wait()
+
+    def log_tails(self, lines: int = 20) -> str:
+        return "\n".join(f"--- {c.log_path} (last {lines} lines) ---\n{tail(c.log_path, lines)}"
+                         for c in self.children)
+
+    def __enter__(self) -> "LocalFederation":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,243 @@
+"""The whole simulation: split, public bounds, one federated round, scores against baselines."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
+                                         LocalFederation, Progress, _stderr_progress,
+                                         free_port, round_config, to_toml, write_federation)
+from dpfed_apps.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
+from dpfed.preprocess import public_sigmas
+from dpfed_apps.simulation.public import public_preprocessing, round_bounds
+from dpfed_apps.simulation.scoring import (baseline_models, feature_table, model_from_result,
+                                      test_spearman)
+
+DEFAULT_SITES = 3
+DEFAULT_EPSILON = 2.0
+DEFAULT_PUBLIC = 10
+DEFAULT_TEST = 100
+
+
+@dataclass(frozen=True)
+class SimulationOptions:
+    n_sites: int = DEFAULT_SITES
+    epsilon: float = DEFAULT_EPSILON
+    drug: int = 1047
+    features: tuple[str, ...] | None = None
+    data: Path | None = None          # CSV instead of GDSC
+    id_column: str | None = None
+    target: str | None = None
+    n_public: int = DEFAULT_PUBLIC
+    n_test: int = DEFAULT_TEST
+    seed: int = 0
+    fit_method: str = "auto"
+    fit_draws: int = 5000
+    workdir: Path | None = None       # kept if given; a temporary folder otherwise
+    round_timeout_s: float = 600.0
+    startup_timeout_s: float = 60.0
+    log_level: str = "INFO"
+    # "secure" or "independent"; None: secure for 2 sites or more, independent for one.
+    aggregation: str | None = None
+    # Secure only: sites that stop right after key agreement (before releasing anything).
+    dropouts: int = 0
+
+
+# A secure round with dropouts waits for them until its release step's deadline: a short
+# round deadline keeps the simulation quick (docs/protocol.md, "Secure rounds").
+DROPOUT_DEADLINE_S = 20
+
+
+def secure_plan(n_sites: int, dropouts: int) -> tuple[int, list[int]]:
+    """(T, indices of the sites that drop out) for a secure simulation: T = the sites that
+    release, K - N, so their shares make exactly one noise draw; the last N sites drop.
+    ValueError when N sites cannot drop: the Shamir threshold t of K sites needs K - N >= t."""
+    from dpfed.secagg.graph import choose_graph_parameters
+    if n_sites < 2:
+        raise ValueError("secure aggregation needs at least 2 sites (--aggregation independent "
+                         "for one)")
+    t = choose_graph_parameters(n_sites).threshold
+    if not 0 <= dropouts <= n_sites - t:
+        raise ValueError(f"--dropouts {dropouts}: with {n_sites} sites the key-share threshold "
+                         f"is t = {t}, so at most {n_sites - t} site(s) may drop out after key "
+                         f"agreement")
+    return n_sites - dropouts, list(range(n_sites - dropouts, n_sites))
+
+
+def load_problem(options: SimulationOptions) -> Problem:
+    if options.data is not None:
+        return csv_problem(options.data, id_column=options.id_column, target=options.target,
+                           feature_names=options.features)
+    return gdsc_problem(options.drug, options.features)
+
+
+def _import_coordinator():
+    try:
+        from coordinator.client import Coordinator
+        from coordinator.roundspec import build_round_spec
+    except ModuleNotFoundError as exc:
+        raise FederationFailed(f"the coordinator package is not available ({exc})") from None
+    return Coordinator, build_round_spec
+
+
+def run_simulation(options: SimulationOptions, progress: Progress = _stderr_progress) -> dict:
+    """Run the whole federation once; returns the result dict (see ``format_report``).
+
+    Raises FederationFailed (with ``.workdir`` and ``.logs`` attributes) if a process or the
+    round fails. The child processes are stopped on every exit path, Ctrl-C included.
+    """
+    from dpfed.wire.signing import SigningKey
+
+    t_start = time.monotonic()
+    aggregation = options.aggregation or ("secure" if options.n_sites >= 2 else "independent")
+    if options.dropouts and aggregation != "secure":
+        raise ValueError("--dropouts needs --aggregation secure")
+    noise_threshold, drop_index = (secure_plan(options.n_sites, options.dropouts)
+                                   if aggregation == "secure" else (0, []))
+    problem = load_problem(options)
+    split = split_rows(problem.n, n_sites=options.n_sites, n_public=options.n_public,
+                       n_test=options.n_test, seed=options.seed)
+    prep = public_preprocessing(problem, split)
+    sigma_x, sigma_y = public_sigmas(problem.x[split.public], problem.y[split.public], prep)
+    # One pair of bounds for every site: chosen for the smallest site (n is public under
+    # bounded DP), since smaller data sets want tighter clipping.
+    n_bounds = min(split.site_sizes)
+    progress(f"{problem.label}: {problem.n} lines, d={problem.dim}; sites {split.site_sizes}, "
+             f"{split.public.size} public, {split.test.size} test")
+    progress(f"choosing bounds for n={n_bounds}, d={problem.dim}, eps={options.epsilon}")
+    x_bound, y_bound = round_bounds(n_bounds, problem.dim, options.epsilon, sigma_x, sigma_y)
+
+    # What the round is expected to buy, from public inputs only (dpfed_apps.forecast), computed
+    # before any budget is spent and shown beside the realised result.
+    from dpfed_apps.forecast import forecast_round
+
+    forecast = forecast_round(x_public=problem.x[split.public], y_public=problem.y[split.public],
+                              feature_names=problem.feature_names, preprocessing=prep,
+                              n_per_site=list(split.site_sizes), epsilons=[options.epsilon],
+                              bounds=(x_bound, y_bound), seed=options.seed)
+    expected = forecast["per_epsilon"][0]["gain"]
+    progress(f"forecast gain over the public lines alone: {expected['mean']:+.3f} "
+             f"(10-90 %: {expected['q10']:+.3f} to {expected['q90']:+.3f})")
+
+    keep = options.workdir is not None
+    root = Path(options.workdir) if keep else Path(tempfile.mkdtemp(prefix="dpfed-simulate-"))
+    root.mkdir(parents=True, exist_ok=True)
+    layout = FederationLayout(root.resolve())
+    port = free_port()
+    names = write_federation(layout, problem, split, port=port, epsilon=options.epsilon)
+    dropping = [names[i] for i in drop_index]
+    deadline_s = int(options.round_timeout_s)
+    if dropping:
+        deadline_s = min(deadline_s, DROPOUT_DEADLINE_S)
+    config = round_config(problem, epsilon=options.epsilon, x_bound=x_bound, y_bound=y_bound,
+                          quorum=len(names) - len(dropping), public_csv=layout.public_csv,
+                          fit_method=options.fit_method, fit_draws=options.fit_draws,
+                          fit_seed=options.seed, deadline_s=deadline_s,
+                          aggregation=aggregation, noise_threshold=noise_threshold,
+                          max_site_rows=int(max(split.site_sizes)))
+    layout.round_config.write_text(to_toml(config))
+
+    Coordinator, build_round_spec = _import_coordinator()
+    federation = LocalFederation(layout, names, port, progress, options.log_level)
+    failed = True
+    try:
+        with federation:
+            federation.start(timeout_s=options.startup_timeout_s, stop_after_keys=dropping)
+            coordinator = Coordinator(federation.address,
+                                      SigningKey.load(layout.signing_key(COORDINATOR_ID)),
+                                      COORDINATOR_ID, layout.tls(COORDINATOR_ID))
+            federation.wait_sites_connected(coordinator, options.startup_timeout_s)
+            spec = build_round_spec(config, base_dir=layout.root)
+            progress(f"starting round: target {problem.target}, eps {options.epsilon} per site, "
+                     f"bounds x {x_bound:.3g}, y {y_bound:.3g}, fit {options.fit_method}, "
+                     f"{aggregation} aggregation"
+                     + (f" (T = {noise_threshold})" if aggregation == "secure" else "")
+                     + (f"; {', '.join(dropping)} stop after key agreement" if dropping else ""))
+            status = coordinator.start_round(spec)
+            round_id = status.round_id
+            status = coordinator.wait(round_id, options.round_timeout_s)
+            from dpfed.v1 import dpfed_pb2 as pb
+
+            if status.state != pb.RoundStatus.DONE:
+                state = pb.RoundStatus.State.Name(status.state)
+                raise FederationFailed(f"round {round_id} ended {state}: {status.message}")
+            result = coordinator.result(round_id)
+            progress(f"round {round_id} done in {status.round_seconds:.2f} s "
+                     f"(+ fit {status.fit_seconds:.1f} s)")
+        failed = False
+    except FederationFailed as exc:
+        exc.workdir = layout.root
+        exc.logs = federation.log_tails()
+        raise
+    except Exception as exc:  # gRPC errors, a coordinator bug: the round failed all the same
+        failure = FederationFailed(f"{type(exc).__name__}: {exc}")
+        failure.workdir = layout.root
+        failure.logs = federation.log_tails()
+        raise failure from exc
+    finally:
+        if failed or keep:
+            pass  # keep the folder: its logs explain the failure, or the user asked for it
+        else:
+            shutil.rmtree(layout.root, ignore_errors=True)
+
+    summary = json.loads(result.summary_json)
+    private = model_from_result(result)
+    progress(f"fitting baselines ({options.fit_method}) on exact statistics")
+    t_fit = time.monotonic()
+    baseline_method = options.fit_method.removeprefix("plug-in-")
+    baselines = baseline_models(problem, split, prep, method=baseline_method,
+                                draws=options.fit_draws, seed=options.seed)
+    baseline_fit_s = time.monotonic() - t_fit
+    by_site = {c.site_id: c for c in status.contributions}
+    secure = aggregation == "secure"
+    return {
+        "round_id": round_id,
+        "data": problem.label,
+        "target": problem.target,
+        "features": list(problem.feature_names),
+        # Secure: a site's n is never released on its own (it is inside the masked sum).
+        "sites": [{"site_id": n, "n": int(by_site[n].n) if n in by_site and not secure else None,
+                   "n_planned": int(rows.size),
+                   "epsilon": float(by_site[n].epsilon_spent) if n in by_site else 0.0}
+                  for n, rows in zip(names, split.sites)],
+        "n_public": int(split.public.size),
+        "n_test": int(split.test.size),
+        "epsilon": float(options.epsilon),
+        "bounds": {"x_bound": x_bound, "y_bound": y_bound, "sigma_x": sigma_x,
+                   "sigma_y": sigma_y, "chosen_for_n": int(n_bounds)},
+        "fit_method": options.fit_method,
+        "metrics": {
+            "spearman_private": test_spearman(private, problem, split, prep),
+            "spearman_nonprivate": test_spearman(baselines["nonprivate"], problem, split, prep),
+            "spearman_public_only": test_spearman(baselines["public_only"], problem, split, prep),
+        },
+        "timings": {"round_s": float(status.round_seconds), "fit_s": float(status.fit_seconds),
+                    "baselines_s": baseline_fit_s, "total_s": time.monotonic() - t_start},
+        # The round's phases (consent, release, fitting) and how long each took; sites that
+        # consented but never released.
+        # How the sites' statistics were combined; secure: T, and the sites that stopped after
+        # key agreement (asked for) and that the round lists as dropped.
+        "aggregation": aggregation,
+        "noise_threshold": noise_threshold if secure else None,
+        "dropouts": dropping,
+        "phases": [{"phase": p.phase, "seconds": float(p.seconds)} for p in status.phases],
+        "dropped": list(status.dropped),
+        "n_total": summary.get("n_total"),
+        "beta_mean": [float(v) for v in private.beta_mean],
+        "top_features": feature_table(private, problem.feature_names),
+        "nonprivate_beta_mean": [float(v) for v in baselines["nonprivate"].beta_mean],
+        "diagnostics": summary.get("diagnostics", {}),
+        "model": summary.get("model", ""),
+        "noise": summary.get("noise", ""),
+        "information": summary.get("information", {}),
+        "forecast": {"gain": expected, "fit": forecast["fit"],
+                     "spearman_public_only": forecast["per_epsilon"][0]["spearman_public_only"],
+                     "spearman_private_public":
+                         forecast["per_epsilon"][0]["spearman_private_public"]},
+        "workdir": str(layout.root) if keep else None,
+    }

@@ -1,0 +1,272 @@
+"""A site's side of secure rounds (docs/protocol.md, "Secure rounds"; dpfed.secure_round).
+
+After consent (``SiteNode.consent``, as for any round) the aggregator pushes one
+``PhaseNotice`` per step, each carrying the coordinator-signed spec (verified again here)
+and what the step needs in ``body``:
+
+    "keys"        participants + the identity keys of this site's holders
+                  -> build the RoundConfig, SiteSession.advertise()   -> SendPhase("advertise")
+    "share_keys"  AdvertisementBundle -> SiteSession.share_keys()   -> SendPhase("share_keys")
+    "release"     ShareDelivery -> fixed-point statistics + this site's 1/T noise share
+                  (GridCalibration.release), SiteSession.masked_input(); then, in ONE ledger
+                  transaction, debit the round's epsilon and store the signed masked
+                  Contribution; only then is it sent (Contribute)
+    "unmask"      UnmaskRequest -> SiteSession.unmask()              -> SendPhase("unmask")
+
+The session's secrets (X25519 keys, self-mask seed, received shares) live in memory only. A
+site that restarts before its release has lost them: it ignores the later notices of that
+round and drops out, with nothing drawn that left it and nothing debited. After its release
+the stored masked Contribution is resent (re-signed when old, same bytes: ``SiteNode.
+fresh_envelope``), and its unmask answer may be missing: the other holders' shares cover it
+(docs/protocol.md). A notice of a step already answered (the aggregator restarted before
+storing the answer) gets the same answer body again under a fresh nonce.
+
+What this site checks on its own, whatever the aggregator says: the spec's signature and the
+site policy (``policy.max_noise_threshold``: the largest T it accepts), that it is a
+participant and the participants make a feasible round, that every relayed identity key
+matches the key id the coordinator signed into the spec (``site_key_ids``, when given), and
+everything the secagg core checks (signed adverts, authenticated shares, at least t holders,
+never revealing both secrets of a site, at least max(T + c, quorum) contributions).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from dpfed import secure_round
+from dpfed.noise import to_proto as noise_to_proto
+from dpfed.preprocess import NonFiniteRow, Preprocessing
+from dpfed.secagg.errors import SecAggError
+from dpfed.secagg.protocol import SiteSession
+from dpfed.statistics import validate_shapes
+from dpfed.v1 import dpfed_pb2 as pb
+from dpfed.wire.canonical import digest
+from dpfed.wire.signing import key_id
+from site_node import policy as site_policy
+from site_node.data import DataError, load_round_data
+from site_node.ledger import BudgetExhausted, RoundConflict
+from site_node.release import clipped_statistics
+
+log = logging.getLogger(__name__)
+
+# Notice phase -> the PhaseMessage phase this site answers with.
+ANSWER_PHASE = {"keys": "advertise", "share_keys": "share_keys", "unmask": "unmask"}
+NOTICE_PHASES = ("keys", "share_keys", "release", "unmask")
+
+
+@dataclass
+class _SecureState:
+    spec: pb.RoundSpec
+    spec_digest: str
+    secure: secure_round.SecureRound
+    session: SiteSession
+    # Notice phase -> the body this site answered with (resent on a repeated notice).
+    answered: dict[str, bytes] = field(default_factory=dict)
+
+
+class SecureSite:
+    """The secure rounds of one SiteNode (which holds the lock, keys, ledger and config)."""
+
+    def __init__(self, node):
+        self.node = node
+        self._rounds: dict[str, _SecureState] = {}
+        # TEST HOOK: called as on_release(round_id, encoded, x) with this site's fixed-point
+        # statistics without noise and its input (statistics + noise share) just before they
+        # are masked; lets tests check the unmasked sum exactly. None in production: neither
+        # vector is kept after the release.
+        self.on_release: Callable | None = None
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _message(self, spec: pb.RoundSpec, spec_digest: str, phase: str,
+                 body: bytes) -> pb.SignedEnvelope:
+        from site_node.node import new_nonce, now_ms
+        return self.node.signing_key.sign(pb.PhaseMessage(
+            round_id=spec.round_id, site_id=self.node.site_id, spec_digest=spec_digest,
+            phase=phase, body=body, timestamp_unix_ms=now_ms(), nonce=new_nonce()))
+
+    def _refuse(self, spec: pb.RoundSpec, spec_digest: str, reason: str) -> pb.SignedEnvelope:
+        log.warning("refused secure round %s: %s", spec.round_id, reason)
+        self._rounds.pop(spec.round_id, None)
+        return self.node.refusal(spec.round_id, spec_digest, reason)
+
+    def forget_finished(self, now_ms: int) -> None:
+        """Drop the in-memory state (secrets) of rounds past their deadline."""
+        for rid in [r for r, s in self._rounds.items() if s.spec.deadline_unix_ms < now_ms]:
+            del self._rounds[rid]
+
+    # -- one notice -------------------------------------------------------------------------
+    def handle(self, notice: pb.PhaseNotice, spec_envelope: pb.SignedEnvelope,
+               spec: pb.RoundSpec) -> pb.SignedEnvelope | None:
+        """The answer to ``notice`` of the verified secure ``spec`` (under the node's lock):
+        a signed PhaseMessage, the signed masked Contribution, a Refusal, or None (nothing to
+        say: a notice this site cannot answer)."""
+        from site_node.node import now_ms
+        spec_digest = digest(spec_envelope.payload)
+        rid, phase = spec.round_id, notice.phase
+        self.forget_finished(now_ms())
+        state = self._rounds.get(rid)
+        if state is not None and state.spec_digest != spec_digest:
+            log.warning("ignored a %s notice for round %s with another spec", phase, rid)
+            return None
+        if state is not None and phase in state.answered:
+            # The aggregator did not keep the answer (it restarted): the same body again.
+            log.info("round %s: %s notice again; resending the same answer", rid, phase)
+            if phase == "release":
+                stored = self.node.ledger.get_release(rid)
+                return None if stored is None else self.node.fresh_envelope(stored)
+            return self._message(spec, spec_digest, ANSWER_PHASE[phase], state.answered[phase])
+        if phase == "keys":
+            return self._keys(notice, spec, spec_digest)
+        if phase == "release":
+            stored = self.node.ledger.get_release(rid)
+            if stored is not None:
+                if stored.spec_digest != spec_digest:
+                    return self._refuse(spec, spec_digest, f"round id {rid} was already "
+                                        f"answered for a different spec")
+                log.info("round %s: already released; resending the stored masked release",
+                         rid)
+                return self.node.fresh_envelope(stored)
+        if state is None:
+            log.warning("round %s: %s notice, but this site holds no key state for the round "
+                        "(it restarted, or missed the key step): it drops out of the round%s",
+                        rid, phase, "; nothing was drawn or debited" if phase != "unmask" else
+                        "; its masked release stands and the other holders' shares unmask it")
+            return None
+        try:
+            if phase == "share_keys":
+                body = state.session.share_keys(notice.body).to_bytes()
+            elif phase == "release":
+                return self._release(state, notice)
+            elif phase == "unmask":
+                body = state.session.unmask(notice.body).to_bytes()
+            else:
+                log.warning("ignored a notice of unknown phase %r for round %s", phase[:32], rid)
+                return None
+        except SecAggError as exc:
+            if phase == "unmask":   # it released: a refusal would be refused; say why, locally
+                log.error("round %s: unmask request refused: %s: %s", rid, type(exc).__name__,
+                          exc)
+                return None
+            return self._refuse(spec, spec_digest, f"secure aggregation: {type(exc).__name__}: "
+                                                   f"{exc}")
+        state.answered[phase] = body
+        return self._message(spec, spec_digest, ANSWER_PHASE[phase], body)
+
+    def _keys(self, notice: pb.PhaseNotice, spec: pb.RoundSpec,
+              spec_digest: str) -> pb.SignedEnvelope:
+        """The "keys" notice: check the participants and relayed keys, open the session,
+        advertise this round's public keys."""
+        node = self.node
+        from site_node.node import now_ms
+        try:
+            site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
+                                   spent=node.ledger.spent,
+                                   total=node.ledger.total_epsilon or 0.0, now_ms=now_ms())
+        except site_policy.PolicyViolation as exc:
+            return self._refuse(spec, spec_digest, str(exc))
+        if node.ledger.get_release(spec.round_id) is not None:
+            return self._refuse(spec, spec_digest, f"round id {spec.round_id} was already "
+                                                   f"answered")
+        participants = list(notice.participants)
+        if node.site_id not in participants:
+            return self._refuse(spec, spec_digest, "this site is not among the participants the "
+                                                   "key notice names")
+        outside = sorted(set(participants) - set(spec.sites)) if spec.sites else []
+        if outside:
+            return self._refuse(spec, spec_digest, f"the key notice names sites the spec does "
+                                                   f"not invite: {', '.join(outside[:5])}")
+        try:
+            secure = secure_round.build(spec, participants)
+            keys = secure_round.decode_keys(notice.body)
+        except secure_round.SecureRoundError as exc:
+            return self._refuse(spec, spec_digest, str(exc))
+        holders = secure.config.graph().holders(node.site_id)
+        missing = [h for h in holders if h not in keys]
+        if missing:
+            return self._refuse(spec, spec_digest, f"the key notice lacks the identity keys of "
+                                                   f"{', '.join(missing[:5])}")
+        own = node.signing_key.key_id
+        if key_id(keys[node.site_id]) != own:
+            return self._refuse(spec, spec_digest, "the key notice relays another identity key "
+                                                   "for this site")
+        if spec.site_key_ids:
+            wrong = [h for h in holders if spec.site_key_ids.get(h) != key_id(keys[h])]
+            if wrong:
+                return self._refuse(spec, spec_digest,
+                                    f"the aggregator relayed identity keys that differ from the "
+                                    f"key ids the coordinator signed (site_key_ids) for "
+                                    f"{', '.join(wrong[:5])}")
+        session = SiteSession(secure.config, node.site_id, node.signing_key,
+                              {h: keys[h] for h in holders})
+        body = session.advertise().to_bytes()
+        state = _SecureState(spec, spec_digest, secure, session)
+        state.answered["keys"] = body
+        self._rounds[spec.round_id] = state
+        log.info("round %s: key agreement with %d holder(s) of %d participant(s) (T = %d, "
+                 "t = %d); nothing drawn, nothing debited", spec.round_id, len(holders) - 1,
+                 len(participants), secure.config.noise_threshold, secure.config.threshold)
+        return self._message(spec, spec_digest, "advertise", body)
+
+    def _release(self, state: _SecureState, notice: pb.PhaseNotice) -> pb.SignedEnvelope:
+        """The "release" notice: fixed-point statistics + noise share, masked; debit and store
+        the signed masked Contribution in one ledger transaction; return it to be sent."""
+        node, spec, spec_digest = self.node, state.spec, state.spec_digest
+        rid = spec.round_id
+        from site_node.node import new_nonce, now_ms
+        try:
+            site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
+                                   spent=node.ledger.spent,
+                                   total=node.ledger.total_epsilon or 0.0, now_ms=now_ms())
+            neighbouring, _ = site_policy.round_mechanism(spec)
+            data = load_round_data(node.config.data, list(spec.feature_names), spec.target)
+            site_policy.check_secure_rows(data.n, spec)
+        except site_policy.PolicyViolation as exc:
+            return self._refuse(spec, spec_digest, str(exc))
+        except DataError as exc:
+            log.error("refused round %s: %s", rid, exc)
+            return self._refuse(spec, spec_digest, exc.public_reason)
+        pre = spec.preprocessing
+        preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
+                                      source=spec.public_source or "coordinator")
+        try:
+            x, y = validate_shapes(*preprocessing.apply(data.x, data.y))
+            sxx, sxy, syy = clipped_statistics(x, y, spec.x_bound, spec.y_bound)
+        except (NonFiniteRow, ValueError) as exc:
+            log.error("refused round %s: pre-processing or statistics failed: %s", rid, exc)
+            return self._refuse(spec, spec_digest, "pre-processing gave a non-finite number at "
+                                                   "the site (details in the site log)")
+        d = len(spec.feature_names)
+        upper = np.concatenate([sxx[np.triu_indices(d)], sxy, [syy]])
+        calibration = state.secure.calibration
+        try:
+            encoded = calibration.encode(upper, data.n)
+            vector = calibration.release(upper, data.n)   # + this site's 1/T noise share
+            if self.on_release is not None:
+                self.on_release(rid, encoded, vector)
+            masked = state.session.masked_input(notice.body, vector)
+        except SecAggError as exc:
+            # Nothing left the site: the share was drawn in memory only and is discarded.
+            return self._refuse(spec, spec_digest, f"secure aggregation: {type(exc).__name__}: "
+                                                   f"{exc}")
+        charge = float(spec.epsilon)
+        contribution = pb.Contribution(
+            round_id=rid, site_id=node.site_id, masked=masked.to_bytes(),
+            epsilon_spent=charge, spec_digest=spec_digest, timestamp_unix_ms=now_ms(),
+            nonce=new_nonce(), noise=noise_to_proto(state.secure.share_noise()))
+        signed = node.signing_key.sign(contribution)
+        try:
+            result = node.ledger.record_release(round_id=rid, spec_digest=spec_digest,
+                                                epsilon=charge, n=0, envelope=signed,
+                                                neighbouring=neighbouring)
+        except (BudgetExhausted, RoundConflict) as exc:
+            return self._refuse(spec, spec_digest, str(exc))
+        state.answered["release"] = b""
+        if not result.fresh:
+            return node.fresh_envelope(result.release)
+        log.info("released round %s (secure, masked; %s): epsilon=%g, remaining budget %g of %g",
+                 rid, neighbouring, charge, node.ledger.remaining, node.ledger.total_epsilon)
+        return result.release.envelope
