@@ -8,13 +8,13 @@ import json
 
 import pytest
 
-from dpfed import simulation as sim
+from dpfed_apps import simulation as sim
 
 pytestmark = pytest.mark.slow
 
 
 def test_simulate_secure_with_a_dropout(tmp_path):
-    from dpfed import cli
+    from dpfed_apps import cli
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
         code = cli.main(["--log-level", "WARNING", "simulate", "--json", "--fit-method",
