@@ -17,6 +17,10 @@ Phases (docs/protocol.md; states in aggregator.round_state):
   release masked inputs in RELEASE and unmask the sum (UNMASK) before FITTING: the steps are
   in aggregator.secure_rounds (SecureSteps, mixed in here).
 
+Who sent a message and whether it is fresh is aggregator.authentication's; the sites' open
+streams are aggregator.subscribers'; what arrives on the wire is checked by
+aggregator.contribution_wire, and a closed round is fitted by aggregator.fitting.
+
 Every state change is one store transaction first and an in-memory change second, so the
 in-memory view never runs ahead of what a restart would reload. Checks are ordered cheapest
 first and authentication before anything that reveals round state; nothing that is rejected
@@ -28,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import queue
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -40,10 +43,11 @@ from dpfed import secure_round
 from dpfed.statistics import Statistics, StatisticsError, encoded_values
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import CanonicalError, canonical_bytes, digest, parse_canonical
-from dpfed.wire.signing import SignatureError, verify, verify_signature
+from dpfed.wire.signing import SignatureError, verify
 from dpfed.wire import limits
 
 from aggregator import aggregate, identity
+from aggregator.authentication import SiteAuthenticator
 from aggregator.budget import SiteBudgets
 from aggregator.contribution_wire import (check_envelope_size, check_fields, fast_contribution,
                                           parse_envelope)
@@ -55,6 +59,7 @@ from aggregator.round_state import (COLLECTING, CONSENT, DONE, FAILED, FITTING, 
                                     Admission, LiveRound, round_expected_noise, stored_noise,
                                     sum_noise, with_public)
 from aggregator.secure_rounds import SecureSteps
+from aggregator.subscribers import Subscribers
 from aggregator.store import RoundStore, StoredRound
 
 log = logging.getLogger(__name__)
@@ -86,9 +91,11 @@ class RoundManager(SecureSteps):
         self.clock = clock
         self._lock = threading.RLock()
         self._rounds: dict[str, LiveRound] = {}
-        self._nonces: set[tuple[str, str]] = set()
-        self._subscribers: dict[int, tuple[str, queue.Queue]] = {}
-        self._next_subscriber = 0
+        # Signature, identity, freshness and replay checks (aggregator.authentication).
+        self.auth = SiteAuthenticator(registry, store, max_clock_skew_ms=self.max_clock_skew_ms,
+                                      now_ms=self.now_ms, lock=self._lock)
+        # The sites' open round streams (aggregator.subscribers).
+        self.subscribers = Subscribers(self._lock)
         # One fit at a time: PyMC is CPU-bound and the machine small; rounds queue up.
         self._fit_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fit")
         self._closed = False
@@ -102,9 +109,7 @@ class RoundManager(SecureSteps):
     def recover(self) -> None:
         """Reload every round from the store; restart deadline timers of open rounds and re-fit
         rounds whose fit was interrupted."""
-        now = self.now_ms()
-        self.store.prune_nonces(now - self.max_clock_skew_ms)
-        self._nonces = set(self.store.nonces_since(now - self.max_clock_skew_ms))
+        self.auth.load()
         refit, reopen = [], []
         with self._lock:
             for stored in self.store.rounds():
@@ -163,50 +168,8 @@ class RoundManager(SecureSteps):
             for live in self._rounds.values():
                 if live.timer:
                     live.timer.cancel()
-            for _, q in self._subscribers.values():
-                q.put(None)
+        self.subscribers.close()
         self._fit_pool.shutdown(wait=False, cancel_futures=True)
-
-    # ---- common checks ----
-    def _check_fresh(self, timestamp_ms: int, what: str) -> None:
-        skew = abs(self.now_ms() - timestamp_ms)
-        if skew > self.max_clock_skew_ms:
-            raise Rejected("UNAUTHENTICATED",
-                           f"{what} timestamp is {skew / 1000:.0f} s away from the aggregator's "
-                           f"clock (allowed {self.max_clock_skew_ms / 1000:.0f} s): stale or "
-                           f"clock out of sync")
-
-    def _verify_site(self, envelope: pb.SignedEnvelope, type_name: str,
-                     peer: identity.PeerIdentity | None = None):
-        check_envelope_size(envelope)
-        msg = None
-        if type_name == "dpfed.v1.Contribution" and envelope.payload_type == type_name:
-            public_key = self.registry.site_keys.get(envelope.key_id)
-            if public_key is not None:
-                # Same order as signing.verify: bytes verified first, parsed only after.
-                try:
-                    verify_signature(envelope, public_key, type_name)
-                except SignatureError as exc:
-                    raise Rejected("UNAUTHENTICATED", str(exc)) from None
-                msg = fast_contribution(envelope.payload)
-        try:
-            if msg is None:
-                msg = verify(envelope, self.registry.site_keys, type_name)
-        except SignatureError as exc:
-            raise Rejected("UNAUTHENTICATED", str(exc)) from None
-        except CanonicalError as exc:
-            raise Rejected("INVALID_ARGUMENT", str(exc)) from None
-        check_fields(limits.SITE_MESSAGE_CHECKS[type_name], msg)
-        owner = self.registry.site_of_key(envelope.key_id)
-        if msg.site_id != owner:
-            raise Rejected("PERMISSION_DENIED",
-                           f"{type_name} claims site {msg.site_id!r} but is signed by the key "
-                           f"of {owner!r}")
-        # Key and TLS certificate must name the same site (aggregator.identity).
-        mismatch = identity.site_mismatch(peer, msg.site_id)
-        if mismatch:
-            raise Rejected("PERMISSION_DENIED", f"{type_name}: {mismatch}")
-        return msg
 
     def _round(self, round_id: str) -> LiveRound:
         live = self._rounds.get(round_id)
@@ -270,9 +233,7 @@ class RoundManager(SecureSteps):
                 running=(None if secure_round.is_secure(spec)
                          else aggregate.RunningTotal(len(spec.feature_names))),
                 expected_noise=expected)
-            for site_id, q in self._subscribers.values():
-                if site_id in invited:
-                    q.put(spec.round_id)
+            self.subscribers.notify(invited, spec.round_id)
         log.info("round %s: started by %s, d=%d, eps=%g, %s, quorum %d of %d invited site(s), "
                  "consent within %.0f s, deadline in %.0f s", spec.round_id, owner,
                  len(spec.feature_names), spec.epsilon, secure_round.describe(spec),
@@ -409,9 +370,9 @@ class RoundManager(SecureSteps):
               *, declare: bool = True) -> str:
         """Authenticate a SiteHello; returns the site id. ``declare``: record the total budget
         and trusted coordinators it declares (Subscribe; not GetSiteHistory)."""
-        hello = self._verify_site(envelope, "dpfed.v1.SiteHello", peer)
-        self._check_fresh(hello.timestamp_unix_ms, "SiteHello")
-        self._take_nonce(envelope.key_id, hello.nonce, hello.timestamp_unix_ms, "SiteHello")
+        hello = self.auth.verify_site(envelope, "dpfed.v1.SiteHello", peer)
+        self.auth.check_fresh(hello.timestamp_unix_ms, "SiteHello")
+        self.auth.take_nonce(envelope.key_id, hello.nonce, hello.timestamp_unix_ms, "SiteHello")
         if declare:
             self.budgets.declare(hello, envelope, self.now_ms())
         return hello.site_id
@@ -422,47 +383,16 @@ class RoundManager(SecureSteps):
         (GetSiteHistory): only that site may ask, over its own TLS identity."""
         return self.budgets.history(self.hello(envelope, peer, declare=False))
 
-    def _take_nonce(self, kid: str, nonce: str, timestamp_ms: int, what: str,
-                    persist: bool = True) -> None:
-        if not nonce:
-            raise Rejected("INVALID_ARGUMENT", f"{what} has no nonce")
-        with self._lock:
-            if (kid, nonce) in self._nonces:
-                raise Rejected("ALREADY_EXISTS", f"{what} nonce {nonce[:16]} was already used "
-                                                 f"(replay)")
-            if persist:
-                self.store.insert_nonce(kid, nonce, timestamp_ms)
-                self._nonces.add((kid, nonce))
-
     def subscribe(self, site_id: str, updates=None) -> tuple[int, object]:
-        """Register a round stream of ``site_id``: the id of every round it is invited to is
-        put on ``updates`` (anything with a thread-safe ``put``; default a new queue.Queue)
-        as the round starts, and None when the aggregator shuts down.
-
-        One identity, one live stream: while ``site_id`` has a stream, another is refused
-        with ALREADY_EXISTS. Two processes started from one kit would otherwise both get
-        every round, each draw fresh noise and debit its own ledger (issue 11, finding 1).
-        The identity is free again when the first stream ends (``unsubscribe``); a stream
-        whose peer vanished without closing is ended by gRPC keepalive (about 40 s)."""
-        with self._lock:
-            if any(s == site_id for s, _ in self._subscribers.values()):
-                raise Rejected("ALREADY_EXISTS",
-                               f"site {site_id!r} already has a live round stream at the "
-                               f"aggregator: only one process per site identity may be "
-                               f"connected (is another site node running with this kit?)")
-            token = self._next_subscriber
-            self._next_subscriber += 1
-            q = queue.Queue() if updates is None else updates
-            if self._closed:
-                q.put(None)
-            self._subscribers[token] = (site_id, q)
+        """Register a round stream of ``site_id`` (aggregator.subscribers: one live stream per
+        identity); its queue gets the id of every round that needs the site."""
+        token, q = self.subscribers.add(site_id, updates)
         self.registry.mark_connected(site_id, self.now_ms())
         log.info("site %s subscribed", site_id)
         return token, q
 
     def unsubscribe(self, token: int) -> None:
-        with self._lock:
-            site_id, _ = self._subscribers.pop(token, (None, None))
+        site_id = self.subscribers.remove(token)
         if site_id:
             self.registry.mark_disconnected(site_id, self.now_ms())
             log.info("site %s unsubscribed", site_id)
@@ -498,11 +428,8 @@ class RoundManager(SecureSteps):
                     if self.message_for_site(rid, site_id) is not None]
 
     def _notify(self, sites, round_id: str) -> None:
-        """Wake the round streams of ``sites`` (under the lock): each pushes what
-        ``message_for_site`` now says."""
-        for site_id, q in self._subscribers.values():
-            if site_id in sites:
-                q.put(round_id)
+        """Wake the round streams of ``sites``: each pushes what ``message_for_site`` says."""
+        self.subscribers.notify(sites, round_id)
 
     # ---- consent phase ----
     def send_phase(self, envelope: pb.SignedEnvelope,
@@ -510,7 +437,7 @@ class RoundManager(SecureSteps):
         """A site's signed PhaseMessage. Phase "consent": the site will release if selected;
         recorded durably (with its nonce), and the consent phase ends early once every invited
         site answered."""
-        m = self._verify_site(envelope, "dpfed.v1.PhaseMessage", peer)
+        m = self.auth.verify_site(envelope, "dpfed.v1.PhaseMessage", peer)
         live = self._round(m.round_id)
         if m.phase != "consent":   # the key and unmasking steps of a secure round
             return self._secure_phase(m, envelope, live)
@@ -528,13 +455,13 @@ class RoundManager(SecureSteps):
                                f"site {m.site_id!r} is not a participant and must not release")
             if m.site_id in live.refusals:
                 raise Rejected("ALREADY_EXISTS", f"site {m.site_id!r} refused round {m.round_id!r}")
-            self._check_fresh(m.timestamp_unix_ms, "PhaseMessage")
-            self._take_nonce(envelope.key_id, m.nonce, m.timestamp_unix_ms, "PhaseMessage",
+            self.auth.check_fresh(m.timestamp_unix_ms, "PhaseMessage")
+            self.auth.take_nonce(envelope.key_id, m.nonce, m.timestamp_unix_ms, "PhaseMessage",
                              persist=False)
             now = self.now_ms()
             self.store.insert_consent(m.round_id, m.site_id, envelope.SerializeToString(), now,
                                       envelope.key_id, m.nonce, m.timestamp_unix_ms)
-            self._nonces.add((envelope.key_id, m.nonce))
+            self.auth.nonces.add((envelope.key_id, m.nonce))
             live.consents[m.site_id] = now
             log.info("round %s: site %s consented (%d of %d invited)", m.round_id, m.site_id,
                      len(live.consents), len(live.invited))
@@ -617,7 +544,7 @@ class RoundManager(SecureSteps):
         reserved (it counts towards the quorum, a retry is told to wait) until it is stored
         and completed, or abandoned. An identical retry of a stored contribution comes back
         with its ``reply`` set and nothing reserved: idempotent, it adds nothing."""
-        c = self._verify_site(envelope, "dpfed.v1.Contribution", peer)
+        c = self.auth.verify_site(envelope, "dpfed.v1.Contribution", peer)
         live = self._round(c.round_id)
         if c.masked or secure_round.is_secure(live.spec):
             return self._admit_masked(c, envelope, live)
@@ -653,14 +580,14 @@ class RoundManager(SecureSteps):
             # Re-check under the lock: the round may have closed, or this site answered, while
             # the statistics were decoded. Then reserve the site's slot and the nonce.
             self._check_contribution(c, live, envelope)
-            self._take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
+            self.auth.take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
                              persist=False)
             # The site's recorded spend must stay within the total it declared.
             beyond = self.budgets.reserve(site, c.epsilon_spent, c.round_id)
             if beyond:
                 raise Rejected("FAILED_PRECONDITION", beyond)
             live.storing[site] = accepted
-            self._nonces.add((envelope.key_id, c.nonce))
+            self.auth.nonces.add((envelope.key_id, c.nonce))
         # Durable before anything in memory changes or the site is answered; committed
         # together with the contributions arriving at the same time (RoundStore group
         # commit), without holding the manager lock so they can join the same transaction.
@@ -671,7 +598,7 @@ class RoundManager(SecureSteps):
         live, c = admission.live, admission.contribution
         with self._lock:
             del live.storing[c.site_id]
-            self._nonces.discard((admission.envelope.key_id, c.nonce))
+            self.auth.nonces.discard((admission.envelope.key_id, c.nonce))
             self.budgets.release(c.site_id, c.epsilon_spent)
             self._close_if_due(live)
 
@@ -761,10 +688,10 @@ class RoundManager(SecureSteps):
                                           f"{c.round_id!r} is being stored; retry")
         if c.site_id in live.refusals:
             raise Rejected("ALREADY_EXISTS", f"site {c.site_id!r} refused round {c.round_id!r}")
-        self._check_fresh(c.timestamp_unix_ms, "Contribution")
+        self.auth.check_fresh(c.timestamp_unix_ms, "Contribution")
 
     def refuse(self, envelope: pb.SignedEnvelope, peer: identity.PeerIdentity | None = None) -> pb.Ack:
-        r = self._verify_site(envelope, "dpfed.v1.Refusal", peer)
+        r = self.auth.verify_site(envelope, "dpfed.v1.Refusal", peer)
         live = self._round(r.round_id)
         with self._lock:
             if live.refusals.get(r.site_id) is not None:
@@ -788,20 +715,20 @@ class RoundManager(SecureSteps):
                 raise Rejected("FAILED_PRECONDITION", "spec_digest does not match the round")
             if r.site_id in live.contributions or r.site_id in live.storing:
                 raise Rejected("ALREADY_EXISTS", f"site {r.site_id!r} already contributed")
-            self._check_fresh(r.timestamp_unix_ms, "Refusal")
+            self.auth.check_fresh(r.timestamp_unix_ms, "Refusal")
             if r.epsilon_spent and r.epsilon_spent != live.spec.epsilon:
                 # A refusal that debited (noisy n below min_n, drawn first) spent the round's
                 # epsilon, no other amount.
                 raise Rejected("INVALID_ARGUMENT", f"refusal epsilon_spent {r.epsilon_spent} is "
                                                    f"neither 0 nor the round's epsilon "
                                                    f"{live.spec.epsilon}")
-            self._take_nonce(envelope.key_id, r.nonce, r.timestamp_unix_ms, "Refusal",
+            self.auth.take_nonce(envelope.key_id, r.nonce, r.timestamp_unix_ms, "Refusal",
                              persist=False)
             now = self.now_ms()
             self.store.insert_refusal(r.round_id, r.site_id, r.reason, envelope.SerializeToString(),
                                       now, envelope.key_id, r.nonce, r.timestamp_unix_ms,
                                       epsilon=r.epsilon_spent)
-            self._nonces.add((envelope.key_id, r.nonce))
+            self.auth.nonces.add((envelope.key_id, r.nonce))
             live.refusals[r.site_id] = r.reason
             if r.epsilon_spent:
                 # Recorded, not checked against the declared total: the site already spent it

@@ -209,11 +209,11 @@ class SecureSteps:
                 raise Rejected("FAILED_PRECONDITION", f"site {site!r} is not in the {step} step "
                                                       f"of round {rid!r} (it missed an earlier "
                                                       f"step)")
-            self._check_fresh(m.timestamp_unix_ms, "PhaseMessage")
+            self.auth.check_fresh(m.timestamp_unix_ms, "PhaseMessage")
             msg = self._check_secagg(live, m.body, site, PHASE_MESSAGE_TYPES[step])
-            self._take_nonce(envelope.key_id, m.nonce, m.timestamp_unix_ms, "PhaseMessage",
+            self.auth.take_nonce(envelope.key_id, m.nonce, m.timestamp_unix_ms, "PhaseMessage",
                              persist=False)
-            self._nonces.add((envelope.key_id, m.nonce))
+            self.auth.nonces.add((envelope.key_id, m.nonce))
             live.pending[site] = msg
         now = self.now_ms()
         try:
@@ -223,7 +223,7 @@ class SecureSteps:
         except Exception as exc:  # noqa: BLE001 - not stored: free the slot, say so
             with self._lock:
                 live.pending.pop(site, None)
-                self._nonces.discard((envelope.key_id, m.nonce))
+                self.auth.nonces.discard((envelope.key_id, m.nonce))
                 self._close_if_due(live)
             raise Rejected("UNAVAILABLE", f"the aggregator could not store the {step} message "
                                           f"({type(exc).__name__}: {exc}); retry") from None
@@ -267,7 +267,7 @@ class SecureSteps:
             raise Rejected("FAILED_PRECONDITION", f"site {site!r} did not complete key "
                                                   f"agreement in round {rid!r}: it must not "
                                                   f"release")
-        self._check_fresh(c.timestamp_unix_ms, "Contribution")
+        self.auth.check_fresh(c.timestamp_unix_ms, "Contribution")
 
     def _admit_masked(self, c: pb.Contribution, envelope: pb.SignedEnvelope, live: LiveRound):
         """admit_contribution for a secure round: the masked input is checked by the secagg
@@ -309,13 +309,13 @@ class SecureSteps:
         with self._lock:
             self._check_masked(c, live)
             msg = self._check_secagg(live, c.masked, site, MaskedInput)
-            self._take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
+            self.auth.take_nonce(envelope.key_id, c.nonce, c.timestamp_unix_ms, "Contribution",
                              persist=False)
             beyond = self.budgets.reserve(site, c.epsilon_spent, c.round_id)
             if beyond:
                 raise Rejected("FAILED_PRECONDITION", beyond)
             live.storing[site] = accepted
-            self._nonces.add((envelope.key_id, c.nonce))
+            self.auth.nonces.add((envelope.key_id, c.nonce))
         return Admission(live, c, envelope, accepted, secagg=msg)
 
     # ---- ending steps ----

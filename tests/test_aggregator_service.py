@@ -72,7 +72,7 @@ def test_rejections_leave_the_round_untouched(federation):
     bad_sig.CopyFrom(federation.contribution("site-b", "r1", stats))
     bad_sig.signature = bytes(64)
     replay = federation.contribution("site-b", "r1", stats)
-    federation.manager._nonces.add((replay.key_id, json.loads(replay.payload)["nonce"]))
+    federation.manager.auth.nonces.add((replay.key_id, json.loads(replay.payload)["nonce"]))
     nan_stats = stats.to_bytes()[:-8] + np.array([math.nan]).astype("<f8").tobytes()
     cases = {
         "unknown key": (federation.contribution("site-b", "r1", stats, key=stranger),
