@@ -401,25 +401,66 @@ def _laplace_functions(stats, public, model, x_bound=None):
     return f, fb, u0, None, None
 
 
+def _extra_starts(stats, public, model, u0, lap) -> list[np.ndarray]:
+    """More starting points for the mode search when the first Laplace approximation does not
+    carry importance sampling: the posterior can have several modes (a small-coefficient one
+    near the ridge start, and one with larger coefficients and a smaller lambda that explains
+    a noisy Sxy by a strong signal; seen on GDSC releases under replace-one) or a long ridge.
+    From: a weakly regularised solve, the public rows' own fit, zero coefficients, and the
+    first mode with its coefficients tripled and lambda lowered."""
+    d = stats.dim
+    starts = []
+    from aggregator import noise_aware as na  # noqa: F401  (import cost paid already)
+    xtx = np.array(stats.xtx)
+    w, v = np.linalg.eigh(xtx)
+    psd = (v * np.maximum(w, 0.0)) @ v.T
+    starts.append(_start(stats, psd, 1.0))
+    if public is not None and public.n >= 2:
+        starts.append(_start(public, public.xtx, 1.0))
+    zero = u0.copy()
+    zero[:d] = 0.0
+    starts.append(zero)
+    if lap is not None and lap.converged:
+        big = lap.mode.copy()
+        big[:d] *= 3.0
+        big[d] -= 1.5
+        starts.append(big)
+    return starts
+
+
 def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None) -> Posterior:
     """Laplace approximation + importance sampling (aggregator.laplace) of the exact or the
-    noise-aware model, lambda0 integrated out and drawn given beta afterwards."""
+    noise-aware model, lambda0 integrated out and drawn given beta afterwards.
+
+    Attempt 1: the Laplace approximation at the mode found from the ridge start, its t
+    proposal. If that keeps fewer than ``_MIN_ESS`` effective draws, attempt 2: modes from
+    more starting points (``_extra_starts``), and a mixture of wider, heavier-tailed t
+    proposals, one per distinct mode (``aggregator.laplace.mixture_importance``). The fit is
+    refused (``ConvergenceError``) only if that fails too."""
     from aggregator import noise_aware as na
-    from aggregator.laplace import laplace_importance
+    from aggregator.laplace import (distinct_modes, laplace_approximation, laplace_importance,
+                                    mixture_importance)
 
     d = stats.dim
     f, fb, u0, newton, neg_hessian = _laplace_functions(stats, public, model, x_bound)
     rng = np.random.default_rng(ss)
-    # A proposal too narrow for the target shows as a small effective sample size; widen it
-    # (heavier tails, more draws) before giving up, around the same Laplace approximation.
-    res = None
-    for attempt, wider in enumerate(_WIDER_PROPOSALS):
-        res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
-                                 neg_hessian=neg_hessian,
-                                 laplace=None if res is None else res.laplace, **wider)
-        if not res.laplace.converged or res.ess >= _MIN_ESS:
-            break
-    diag["importance_attempts"] = attempt + 1
+    res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
+                             neg_hessian=neg_hessian)
+    attempt, modes = 1, 1
+    if res.ess < _MIN_ESS:
+        attempt = 2
+        laps = [res.laplace] + [laplace_approximation(f, u, newton=newton,
+                                                      neg_hessian=neg_hessian)
+                                for u in _extra_starts(stats, public, model, u0, res.laplace)]
+        found = distinct_modes(laps)
+        modes = len(found)
+        if found:
+            wider = dict(_WIDER_PROPOSALS[1])
+            res = mixture_importance(fb, found, draws=draws, rng=rng,
+                                     proposals=wider["proposals"], df=wider["df"],
+                                     scale=wider["scale"])
+    diag["importance_attempts"] = attempt
+    diag["modes"] = modes
     lap = res.laplace
     diag.update(converged=bool(lap.converged and res.ess >= _MIN_ESS),
                 iterations=lap.iterations, gradient_norm=lap.gradient_norm,

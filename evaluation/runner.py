@@ -54,6 +54,9 @@ class Task:
     config: ProtocolConfig
     methods: tuple[str, ...]
     bounds: dict  # (n_site, eps) -> (omega_x, omega_y), from protocol.bounds_table
+    # Where robust_private's per-repeat public-shaped bounds are cached (config.bounds ==
+    # "public"; protocol.repeat_bounds), or None (computed, not stored).
+    cache_dir: str | None = None
 
 
 @dataclass
@@ -68,14 +71,16 @@ class TaskResult:
 
 
 def plan_tasks(drugs: Sequence[int], config: ProtocolConfig, methods: Sequence[str],
-               bounds: dict, repeats_per_task: int = 5) -> list[Task]:
+               bounds: dict, repeats_per_task: int = 5, cache_dir=None) -> list[Task]:
     """Tasks of ``repeats_per_task`` repeats of one drug (more per task: bigger ADVI batches,
-    coarser progress and load balance)."""
+    coarser progress and load balance). ``cache_dir``: where the per-repeat public-shaped
+    bounds are cached (the output folder's bounds-cache)."""
     tasks = []
     for drug in drugs:
         for start in range(0, config.repeats, repeats_per_task):
             reps = tuple(range(start, min(config.repeats, start + repeats_per_task)))
-            tasks.append(Task(int(drug), reps, config, tuple(methods), dict(bounds)))
+            tasks.append(Task(int(drug), reps, config, tuple(methods), dict(bounds),
+                              None if cache_dir is None else str(cache_dir)))
     return tasks
 
 
@@ -93,6 +98,8 @@ def run_task(task: Task) -> TaskResult:
     from evaluation.methods import get_method
     from evaluation.methods.base import PrivacySetting, TrainingData
     from evaluation.methods.posterior_fit import posterior_beta
+    from evaluation.protocol import repeat_bounds
+    from dpfed.sensitivity import row_norm_bound
 
     t0 = time.perf_counter()
     cfg = task.config
@@ -112,6 +119,11 @@ def run_task(task: Task) -> TaskResult:
     for rep in task.repeats:
         data = prepare_repeat(problem, cfg, task.drug, rep)
         scorer = TestRanks(data.y_test)  # y_test ranked once per repeat
+        # robust_private's bounds, split and ridge for every (n, K, eps) of this repeat, from
+        # its public lines only (protocol.repeat_bounds); the other methods use task.bounds.
+        public_table = {}
+        if cfg.bounds == "public" and "robust_private" in methods:
+            public_table = timed("_bounds", repeat_bounds, data, cfg, cache_dir=task.cache_dir)
         seed_seq = np.random.SeedSequence([cfg.seed, task.drug, rep, 1])
         fit_seeds = iter(seed_seq.generate_state(10_000))
         # n = 0: public only, the same Gamma-prior posterior of the public lines for every
@@ -144,14 +156,28 @@ def run_task(task: Task) -> TaskResult:
                         key = (m, float(eps))
                         row = _row(data, name, None if name in _EPS_FREE else eps, n, k,
                                    cfg.neighbouring)
-                        if m < 2 or key not in task.bounds:
-                            continue  # fewer than 2 rows per site: no release to make
-                        om_x, om_y = task.bounds[key]
-                        setting = PrivacySetting(eps, om_x * data.sigma_x, om_y * data.sigma_y,
-                                                 budget_split=cfg.budget_split, n_sites=k,
-                                                 y_range=data.y_range,
-                                                 neighbouring=cfg.neighbouring,
-                                                 xtx_sensitivity=cfg.xtx_sensitivity)
+                        if name == "robust_private" and cfg.bounds == "public":
+                            choice = public_table.get((n, k, float(eps)))
+                            if m < 2 or choice is None:
+                                continue
+                            setting = PrivacySetting(
+                                eps, choice.omega_x * data.sigma_x,
+                                choice.omega_y * data.sigma_y,
+                                budget_split=choice.budget_split, n_sites=k,
+                                y_range=data.y_range, neighbouring=cfg.neighbouring,
+                                xtx_sensitivity=cfg.xtx_sensitivity,
+                                x_norm_bound=row_norm_bound(data.preprocessing.normalize_rows))
+                        else:
+                            if m < 2 or (key not in task.bounds and name not in _EPS_FREE):
+                                continue  # fewer than 2 rows per site: no release to make
+                            # nonprivate ignores the bounds (it clips nothing).
+                            om_x, om_y = task.bounds.get(key, (1.0, 1.0))
+                            setting = PrivacySetting(eps, om_x * data.sigma_x,
+                                                     om_y * data.sigma_y,
+                                                     budget_split=cfg.budget_split, n_sites=k,
+                                                     y_range=data.y_range,
+                                                     neighbouring=cfg.neighbouring,
+                                                     xtx_sensitivity=cfg.xtx_sensitivity)
                         try:
                             t_fit = time.perf_counter()
                             beta = timed(name, method.fit, training, setting,
