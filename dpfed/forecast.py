@@ -67,14 +67,31 @@ class Mechanism:
     budget_split: tuple[float, ...]
     neighbouring: str = "add_remove"
     xtx_sensitivity: str = "exact"
+    x_norm_bound: float | None = None   # row-norm bound R (rows projected into the L2 ball)
 
     def scales(self, d: int, draws: int = 1) -> NoiseScales:
+        if self.x_norm_bound is not None:
+            from dpfed.sensitivity import noise_calibration
+
+            cal = noise_calibration(d, self.epsilon, self.x_bound, self.y_bound,
+                                    tuple(self.budget_split), neighbouring=self.neighbouring,
+                                    xtx_sensitivity=self.xtx_sensitivity,
+                                    x_norm_bound=self.x_norm_bound)
+            return NoiseScales(cal.xtx_scale, cal.xty_scale, cal.yty_scale, cal.n_scale, draws)
         from dpfed.bounds import unit_scales
 
         u_xx, u_xy, u_yy, u_n = unit_scales(d, self.epsilon, self.budget_split,
                                             self.neighbouring, self.xtx_sensitivity)
         bx, by = self.x_bound, self.y_bound
         return NoiseScales(u_xx * bx * bx, u_xy * bx * by, u_yy * by * by, u_n, draws)
+
+    def clip_rows(self, x: np.ndarray) -> np.ndarray:
+        """Rows clipped like the release clips them (box, then the row-norm ball)."""
+        z = np.clip(x, -self.x_bound, self.x_bound)
+        if self.x_norm_bound is not None:
+            norms = np.sqrt(np.einsum("ij,ij->i", z, z))
+            z = z * np.minimum(1.0, self.x_norm_bound / np.where(norms > 0, norms, 1.0))[:, None]
+        return z
 
 
 Fit = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, NoiseScales], np.ndarray]
@@ -141,7 +158,7 @@ def simulate_release(rng: np.random.Generator, sites: Sequence[tuple[np.ndarray,
     syy = 0.0
     n_total = 0
     for x, y in sites:
-        xc = np.clip(x, -mech.x_bound, mech.x_bound)
+        xc = mech.clip_rows(x)
         yc = np.clip(y, -mech.y_bound, mech.y_bound)
         sxx += xc.T @ xc
         sxy += xc.T @ yc
@@ -173,7 +190,10 @@ def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, 
     exact = closed_form_fit(0.0)
     pub = exact(sxx_p[None], sxy_p[None], np.array([syy_p]), np.array([len(y_public)]), None)
     sxx, sxy, syy, n, sc = simulate_release(rng, sites, mech, n_noise)
-    beta = fit(sxx + sxx_p, sxy + sxy_p, syy + syy_p, n + len(y_public), sc)
+    # With the private release, the public rows clipped like the private ones (as a round's
+    # spec carries them, coordinator.roundspec); public-only uses them as they are.
+    xc, yc = mech.clip_rows(x_public), np.clip(y_public, -mech.y_bound, mech.y_bound)
+    beta = fit(sxx + xc.T @ xc, sxy + xc.T @ yc, syy + float(yc @ yc), n + len(y_public), sc)
     xa = np.vstack([x_public] + [x for x, _ in sites])
     ya = np.concatenate([y_public] + [y for _, y in sites])
     nonp = exact((xa.T @ xa)[None], (xa.T @ ya)[None], np.array([ya @ ya]), np.array([len(ya)]), None)
@@ -206,7 +226,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
                    budget_split=None, ridge_c: float | None = None, search_sxx_share: bool = True,
                    n_test: int = 100, n_datasets: int = 20, n_noise: int = 10, seed: int = 0,
                    fit: Fit | None = None, choose_datasets: int = 10, choose_noise: int = 10,
-                   omegas=None, row_bootstrap: float | None = None) -> dict:
+                   omegas=None, row_bootstrap: float | None = None,
+                   x_norm_bound="auto") -> dict:
     """Forecast what a round buys, per epsilon (module docstring). Public inputs only.
 
     ``n_per_site``: an int (one site) or the list of the K sites' n. ``bounds``: "choose"
@@ -214,6 +235,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     site, with a seed disjoint from the forecast's) or ``(x_bound, y_bound)``. ``fit``: a batched
     fit ``fit(sxx, sxy, syy, n, NoiseScales) -> beta`` (default: ``closed_form_fit`` with the
     chosen ridge c, or ``ridge_c``/``DEFAULT_RIDGE_C`` when bounds are given).
+    ``x_norm_bound``: the release's row-norm bound ("auto": 1 when the pre-processing
+    normalises rows, ``dpfed.sensitivity.row_norm_bound``; None: coordinate clipping only);
+    with it, "choose" uses ``dpfed.bounds.choose_bounds_table`` for the sites' total n and K.
     Returns a JSON-ready dict; see ``docs/evaluation.md`` ("dpfed plan") for the keys.
     """
     from dpfed.bounds import choose_bounds, default_split
@@ -231,8 +255,26 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
         raise ValueError("epsilons must be finite and > 0")
     results = []
+    if x_norm_bound == "auto":
+        from dpfed.sensitivity import row_norm_bound
+
+        x_norm_bound = row_norm_bound(pre.normalize_rows)
+    table = None
+    if isinstance(bounds, str) and bounds == "choose" and x_norm_bound is not None:
+        from dpfed.bounds import choose_bounds_table
+
+        table = choose_bounds_table(source, [(sum(sizes), len(sizes))], eps_list,
+                                    neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                                    x_norm_bound=x_norm_bound, budget_split=split0,
+                                    n_datasets=choose_datasets, seed=seed + 1_000_003,
+                                    n_test=n_test)
     for i_eps, eps in enumerate(eps_list):
-        if isinstance(bounds, str):
+        if table is not None:
+            choice = table[(sum(sizes), len(sizes), eps)]
+            bx, by = choice.bounds(sigma_x, sigma_y)
+            split, c = choice.budget_split, choice.ridge_c
+            om = (choice.omega_x, choice.omega_y)
+        elif isinstance(bounds, str):
             if bounds != "choose":
                 raise ValueError("bounds must be 'choose' or (x_bound, y_bound)")
             choice = choose_bounds(min(sizes), d, eps, auxiliary=source, neighbouring=neighbouring,
@@ -247,7 +289,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
             bx, by = (float(v) for v in bounds)
             split, c = split0, DEFAULT_RIDGE_C if ridge_c is None else float(ridge_c)
             om = (bx / sigma_x, by / sigma_y)
-        mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity)
+        mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity, x_norm_bound)
         fit_fn = fit or closed_form_fit(c)
         pub, nonp, priv = [], [], []
         for child in np.random.SeedSequence(seed).spawn(n_datasets):  # same populations per eps
@@ -288,6 +330,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     return {
         "d": d, "n_public": source.m, "n_per_site": sizes, "sites": len(sizes),
         "neighbouring": neighbouring, "xtx_sensitivity": xtx_sensitivity,
+        "x_norm_bound": x_norm_bound,
         "fit": "closed_form_noise_matched_ridge" if fit is None else getattr(fit, "__name__", "custom"),
         "n_datasets": n_datasets, "n_noise": n_noise, "n_test": n_test, "seed": seed,
         "auxiliary": {"column_kinds": {str(k): v for k, v in source.column_kinds().items()},

@@ -13,7 +13,7 @@ from dpfed.simulation.federation import (COORDINATOR_ID, FederationFailed, Feder
                                          LocalFederation, Progress, _stderr_progress,
                                          free_port, round_config, to_toml, write_federation)
 from dpfed.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
-from dpfed.simulation.public import public_preprocessing, public_sigmas, round_bounds
+from dpfed.simulation.public import public_preprocessing, public_sigmas, round_choice
 from dpfed.simulation.scoring import (baseline_models, feature_table, model_from_result,
                                       test_spearman)
 
@@ -78,8 +78,12 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     n_bounds = min(split.site_sizes)
     progress(f"{problem.label}: {problem.n} lines, d={problem.dim}; sites {split.site_sizes}, "
              f"{split.public.size} public, {split.test.size} test")
-    progress(f"choosing bounds for n={n_bounds}, d={problem.dim}, eps={options.epsilon}")
-    x_bound, y_bound = round_bounds(n_bounds, problem.dim, options.epsilon, sigma_x, sigma_y)
+    progress(f"choosing bounds and split for sites {list(split.site_sizes)}, d={problem.dim}, "
+             f"eps={options.epsilon} on auxiliary data shaped like the public lines")
+    choice = round_choice(split.site_sizes, problem.dim, options.epsilon,
+                          problem.x[split.public], problem.y[split.public], prep,
+                          feature_names=problem.feature_names, seed=options.seed)
+    x_bound, y_bound = choice["x_bound"], choice["y_bound"]
 
     # What the round is expected to buy, from public inputs only (dpfed.forecast), computed
     # before any budget is spent and shown beside the realised result.
@@ -88,7 +92,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     forecast = forecast_round(x_public=problem.x[split.public], y_public=problem.y[split.public],
                               feature_names=problem.feature_names, preprocessing=prep,
                               n_per_site=list(split.site_sizes), epsilons=[options.epsilon],
-                              bounds=(x_bound, y_bound), seed=options.seed)
+                              bounds=(x_bound, y_bound), budget_split=choice["budget_split"],
+                              ridge_c=choice["ridge_c"], seed=options.seed)
     expected = forecast["per_epsilon"][0]["gain"]
     progress(f"forecast gain over the public lines alone: {expected['mean']:+.3f} "
              f"(10-90 %: {expected['q10']:+.3f} to {expected['q90']:+.3f})")
@@ -102,7 +107,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     config = round_config(problem, epsilon=options.epsilon, x_bound=x_bound, y_bound=y_bound,
                           quorum=len(names), public_csv=layout.public_csv,
                           fit_method=options.fit_method, fit_draws=options.fit_draws,
-                          fit_seed=options.seed, deadline_s=int(options.round_timeout_s))
+                          fit_seed=options.seed, deadline_s=int(options.round_timeout_s),
+                          budget_split=choice["budget_split"])
     layout.round_config.write_text(to_toml(config))
 
     Coordinator, build_round_spec = _import_coordinator()
