@@ -14,7 +14,11 @@ Which *model* is fitted follows from what the statistics say about their noise
 
 Methods (``method=``):
 
-- ``"auto"`` (default) = ``"laplace"``: Laplace approximation with importance sampling
+- ``"auto"`` (default): ``"laplace"``, and if that refuses the fit (importance sampling keeps
+  too few effective draws even from several modes, or no mode is found) the reference
+  ``"nuts"`` on the same model (``fallback``); ``Posterior.method`` and
+  ``diagnostics["fallback_from"]`` say which ran.
+- ``"laplace"``: Laplace approximation with importance sampling
   (``aggregator.laplace.laplace_importance``) of the posterior of (beta, log lambda) with
   lambda0 integrated out; compiled with Numba (aggregator.noise_aware_jit; the numpy
   reference in aggregator.noise_aware), milliseconds. Works for every model.
@@ -274,7 +278,7 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
                   tune: int = 1000, chains: int = 2, target_accept: float = 0.9,
                   rhat_max: float = 1.05,
                   eigen_floor: float | None = None, rss_floor: float | None = None,
-                  project_xty: bool = True) -> Posterior:
+                  project_xty: bool = True, fallback: str | None = "auto") -> Posterior:
     """Fit the posterior of beta to ``stats`` and return a ``Posterior`` (module docstring).
 
     ``public``: the exact public statistics that ``stats`` includes (their second moments set
@@ -291,7 +295,9 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
     ``grad_tol`` posterior sds of the stationary point (``stationarity``), else
     ``ConvergenceError``. ``"nuts"``: ``chains`` chains after ``tune`` steps; r-hat above
     ``rhat_max`` raises ``ConvergenceError``. ``eigen_floor``/``rss_floor``/``project_xty``
-    tune the plug-in repair.
+    tune the plug-in repair. ``fallback``: what runs when the Laplace fit refuses ("nuts" or
+    None: raise ``ConvergenceError``); "auto" means "nuts" for ``method="auto"`` and None for
+    an explicit ``method="laplace"``.
     """
     t_start = time.perf_counter()
     if not isinstance(stats, Statistics):
@@ -313,6 +319,10 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
             "privacy noise)")
     else:
         model = "exact" if stats.noise.is_exact else "noise-aware"
+    if fallback == "auto":
+        fallback = "nuts" if method == "auto" else None
+    if fallback not in (None, "nuts"):
+        raise ValueError(f"fallback must be 'auto', 'nuts' or None, got {fallback!r}")
     if method == "auto":
         method = "laplace"
     if model == "noise-aware" and method in ("advi", "fixed"):
@@ -334,7 +344,22 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
         fitted, rep = stats, _no_repair(stats)
     diag["repair"] = rep.to_dict()
     if method == "laplace":
-        post = _fit_laplace(fitted, public, model, rep, diag, ss, draws, x_bound)
+        try:
+            post = _fit_laplace(fitted, public, model, rep, diag, ss, draws, x_bound)
+        except ConvergenceError as exc:
+            if fallback != "nuts":
+                raise
+            # The reference sampler on the same model; recorded as such.
+            diag = dict(diag, fallback_from="laplace", laplace_refusal=str(exc),
+                        laplace_importance_ess=exc.diagnostics.get("importance_ess"))
+            diag["method"] = "nuts"
+            if model == "noise-aware":
+                post = _fit_nuts_noise_aware(fitted, public, rep, diag, ss, draws,
+                                             x_bound=x_bound, tune=tune, chains=chains,
+                                             target_accept=target_accept, rhat_max=rhat_max)
+            else:
+                post = _fit_nuts(fitted, rep, diag, ss, draws, tune=tune, chains=chains,
+                                 target_accept=target_accept, rhat_max=rhat_max)
     elif method == "fixed":
         post = _fit_fixed(fitted, rep, diag, ss, draws, lam, lam0)
     elif method == "advi":

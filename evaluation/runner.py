@@ -4,12 +4,15 @@ One *task* is one drug and a chunk of its repeats (``plan_tasks``); ``run_task``
 function of the task (plus OpenDP's unseeded DP noise) that returns one row per
 (drug, repeat, method, epsilon, n_private, sites) cell:
 
-    drug, repeat, method, epsilon, n_private, sites, spearman, converged, error
+    drug, repeat, method, epsilon, n_private, sites, neighbouring, spearman, converged,
+    error, fit
 
 ``epsilon`` is None for ``nonprivate`` (it does not depend on eps); ``sites`` is K for
-``robust_private`` and 1 for everything else. ``converged`` is the ADVI convergence flag of the
-cell's Gamma-prior fit (None for methods that do not end in one); ``error`` is the message of a
-method that raised on this cell (its spearman is NaN): one failing cell does not end an
+``robust_private`` and 1 for everything else. ``fit`` says which posterior fit ran
+("laplace", or "nuts (after laplace refused)": the fast path refused and the reference
+sampler took over). ``converged`` is the ADVI convergence flag of the cell's Gamma-prior fit
+(None for methods that do not end in one); ``error`` is the message of a method that raised
+on this cell (its spearman is NaN): one failing cell does not end an
 hour-long run, and the report counts them.
 
 Every method is called through ``method.fit``. The methods that end in the Gamma-prior
@@ -38,7 +41,7 @@ __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_gr
 
 ROW_FIELDS = ("drug", "repeat", "method", "epsilon", "n_private", "sites", "neighbouring",
               "spearman",
-              "converged", "error")
+              "converged", "error", "fit")
 
 DEFAULT_METHODS = ("robust_private", "nonprivate", "nonprivate_robust", "private_unclipped",
                    "output_perturbation", "functional_mechanism", "adassp")
@@ -88,7 +91,7 @@ def _row(data: RepeatData, method: str, eps, n: int, k: int, neighbouring: str, 
     row = dict(drug=data.drug, repeat=data.repeat, method=method,
                epsilon=None if eps is None else float(eps), n_private=int(n), sites=int(k),
                neighbouring=neighbouring, spearman=float("nan"), converged=None,
-               error=None)
+               error=None, fit=None)
     row.update(kw)
     return row
 
@@ -97,7 +100,7 @@ def run_task(task: Task) -> TaskResult:
     """Every cell of ``task`` (module docstring)."""
     from evaluation.methods import get_method
     from evaluation.methods.base import PrivacySetting, TrainingData
-    from evaluation.methods.posterior_fit import posterior_beta
+    from evaluation.methods.posterior_fit import FIT_LOG, posterior_beta
     from evaluation.protocol import repeat_bounds
     from dpfed.sensitivity import row_norm_bound
 
@@ -180,8 +183,14 @@ def run_task(task: Task) -> TaskResult:
                                                      xtx_sensitivity=cfg.xtx_sensitivity)
                         try:
                             t_fit = time.perf_counter()
-                            beta = timed(name, method.fit, training, setting,
-                                         seed=int(next(fit_seeds)))
+                            log = []
+                            token = FIT_LOG.set(log)
+                            try:
+                                beta = timed(name, method.fit, training, setting,
+                                             seed=int(next(fit_seeds)))
+                            finally:
+                                FIT_LOG.reset(token)
+                            row["fit"] = "; ".join(log) or None
                             if getattr(method, "posterior", None) is not None:
                                 fits += 1
                                 fit_s += time.perf_counter() - t_fit

@@ -140,3 +140,88 @@ def test_fit_methods_spelled_out_for_the_cli_match_the_aggregator():
     from dpfed.commands.simulate import FIT_METHODS as CLI
 
     assert tuple(CLI) == tuple(FIT_METHODS)
+
+
+def test_posterior_tends_to_the_public_only_one_when_the_release_says_nothing():
+    """The public statistics have their own exact likelihood (aggregator.noise_aware): with a
+    release drowned in noise the posterior is the public rows' own posterior, not one pulled
+    towards zero by the release's errors-in-variables term (what the summed form gave)."""
+    rng = np.random.default_rng(11)
+    _, release, public = _problem(rng, 4, 300, 1.0, 1)
+    drowned = (release + public).with_noise(release.noise + NoiseDescription.single(
+        "laplace", xtx=1e6, xty=1e6, yty=1e7, n=1e4, draws=10))
+    post = fit_posterior(drowned, public=public, seed=0, draws=4000)
+    ref = fit_posterior(public, seed=0, draws=4000)
+    sd = ref.beta_draws.std(axis=0)
+    assert np.all(np.abs(post.beta_mean - ref.beta_mean) <= 0.1 * sd)
+    assert np.all(np.abs(post.beta_draws.std(axis=0) / sd - 1) <= 0.1)
+
+
+def test_second_attempt_uses_more_starts_and_a_mixture_proposal(monkeypatch):
+    """When the first mode's proposal carries too few effective draws, more starting points
+    and a mixture proposal are tried (aggregator.posterior._fit_laplace); forced here by
+    making the first attempt fail."""
+    import aggregator.posterior as post_mod
+    from aggregator import laplace as lap_mod
+
+    rng = np.random.default_rng(2)
+    _, release, public = _problem(rng, 3, 300, 1.0, 1)
+    real = lap_mod.laplace_importance
+
+    def first_fails(*args, **kw):
+        res = real(*args, **kw)
+        return lap_mod.ImportanceResult(res.draws, 1.0, res.proposals, res.laplace)
+
+    monkeypatch.setattr(lap_mod, "laplace_importance", first_fails)
+    post = post_mod.fit_posterior(release + public, public=public, seed=0, draws=2000)
+    assert post.diagnostics["importance_attempts"] == 2
+    assert post.diagnostics["modes"] >= 1 and post.diagnostics["importance_ess"] >= 50
+    monkeypatch.undo()
+    ref = post_mod.fit_posterior(release + public, public=public, seed=0, draws=2000)
+    sd = ref.beta_draws.std(axis=0)
+    assert np.all(np.abs(post.beta_mean - ref.beta_mean) <= 0.15 * sd)
+
+
+def test_fallback_is_recorded_and_only_for_auto(monkeypatch):
+    """method="auto": a refused Laplace fit falls back to the reference sampler, and the
+    Posterior says so; an explicit method="laplace" raises instead (fast: the NUTS fit is
+    replaced by a stub that records its call)."""
+    import aggregator.posterior as post_mod
+
+    rng = np.random.default_rng(4)
+    _, release, public = _problem(rng, 3, 200, 1.0, 1)
+    monkeypatch.setattr(post_mod, "_MIN_ESS", 10 ** 9)   # every Laplace fit refuses
+    calls = []
+
+    def fake_nuts(stats, public, rep, diag, ss, draws, **kw):
+        calls.append(diag)
+        b = np.zeros((draws, stats.dim))
+        return post_mod.Posterior("nuts", b.mean(axis=0), b, {}, {}, diag, rep, stats)
+
+    monkeypatch.setattr(post_mod, "_fit_nuts_noise_aware", fake_nuts)
+    with pytest.raises(post_mod.ConvergenceError):
+        post_mod.fit_posterior(release + public, public=public, method="laplace", seed=0)
+    post = post_mod.fit_posterior(release + public, public=public, seed=0, draws=10)
+    assert post.method == "nuts" and post.diagnostics["fallback_from"] == "laplace"
+    assert "effective draws" in post.diagnostics["laplace_refusal"] and len(calls) == 1
+    from evaluation.methods.posterior_fit import FIT_LOG, posterior_beta
+    log = []
+    token = FIT_LOG.set(log)
+    try:
+        posterior_beta(release + public, posterior="laplace", draws=10, seed=0, public=public)
+    finally:
+        FIT_LOG.reset(token)
+    assert log == ["nuts (after laplace refused)"]
+
+
+@pytest.mark.slow
+def test_fallback_runs_the_reference_sampler(monkeypatch):
+    import aggregator.posterior as post_mod
+
+    rng = np.random.default_rng(4)
+    _, release, public = _problem(rng, 3, 200, 1.0, 1)
+    monkeypatch.setattr(post_mod, "_MIN_ESS", 10 ** 9)
+    post = post_mod.fit_posterior(release + public, public=public, seed=0, draws=1000,
+                                  tune=500)
+    assert post.method == "nuts" and post.model == "noise-aware"
+    assert post.diagnostics["fallback_from"] == "laplace" and post.diagnostics["converged"]

@@ -9,11 +9,19 @@ the statistics.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 import numpy as np
 
 from aggregator.closed_form import closed_form_mean
 from aggregator.posterior import fit_posterior
 from dpfed.statistics import Statistics
+
+
+#: The fit actually used by the last ``posterior_beta`` calls of this process, when a caller
+#: (evaluation.runner) sets a list here: one entry per fit ("laplace", or "nuts" after the
+#: Laplace fit refused and the reference sampler took over).
+FIT_LOG: ContextVar[list | None] = ContextVar("FIT_LOG", default=None)
 
 
 def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
@@ -24,8 +32,14 @@ def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
     in ``stats`` and ``x_bound`` the private rows' clipping bound (the noise-aware model's
     design prior)."""
     plug_in = posterior.startswith("plug-in-")
+    # "laplace" as in production ("auto"): the reference NUTS if the fast path refuses.
     post = fit_posterior(stats, method=posterior.removeprefix("plug-in-"), draws=draws,
-                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in)
+                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in,
+                         fallback="nuts" if posterior == "laplace" else None)
+    log = FIT_LOG.get()
+    if log is not None:
+        log.append(post.method if "fallback_from" not in post.diagnostics
+                   else f"{post.method} (after {post.diagnostics['fallback_from']} refused)")
     return np.array(post.beta_draws.mean(axis=0))
 
 
