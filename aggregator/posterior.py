@@ -55,7 +55,7 @@ from aggregator.closed_form import closed_form_mean, posterior_precision
 from aggregator.model import (DEFAULT_MODE, PRIOR_RATE, PRIOR_SHAPE, AdviState, build_model,
                               get_advi_engine)
 from aggregator.repair import Repair, repair_statistics
-from dpfed.statistics import Statistics
+from dpfed.statistics import Statistics, realisable
 
 __all__ = ["Posterior", "PosteriorError", "ConvergenceError", "fit_posterior", "METHODS",
            "MODELS", "variational_init", "UnknownNoiseError"]
@@ -306,6 +306,10 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if public is not None and not (isinstance(public, Statistics) and public.is_exact):
         raise ValueError("public must be exact Statistics (noise=EXACT)")
+    if public is not None and public.n > 0 and not realisable(public):
+        # They get their own exact likelihood (aggregator.noise_aware), unbounded for these.
+        raise PosteriorError("the public statistics are not the exact statistics of any rows "
+                             "(their augmented Gram matrix is not positive semidefinite)")
     draws = int(draws)
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}")

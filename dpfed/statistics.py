@@ -272,3 +272,16 @@ def clipped_exact_statistics(x, y, x_bound: float, y_bound: float,
         over = norms > x_norm_bound
         z[over] *= (x_norm_bound * (1.0 - 1e-12) / norms[over])[:, None]
     return exact_statistics(z, np.clip(y, -y_bound, y_bound))
+
+
+def realisable(stats: Statistics, rel_tol: float = 1e-9) -> bool:
+    """Whether ``stats`` can be the exact statistics of some rows: the augmented Gram matrix
+    [[Sxx, Sxy], [Sxy^T, Syy]] = sum of z z^T over rows z = (x, y) is positive semidefinite
+    (up to ``rel_tol`` of its largest entry). A noisy release usually is not."""
+    d = stats.dim
+    g = np.empty((d + 1, d + 1))
+    g[:d, :d] = stats.xtx
+    g[:d, d] = g[d, :d] = stats.xty
+    g[d, d] = stats.yty
+    scale = max(1.0, float(np.max(np.abs(g))))
+    return bool(np.linalg.eigvalsh(g)[0] >= -rel_tol * scale)

@@ -18,7 +18,7 @@ from dpfed.statistics import Statistics
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.signing import SigningKey
 
-from tests.conftest import random_statistics
+from tests.conftest import public_statistics, random_statistics
 
 
 def _code(call):
@@ -38,7 +38,7 @@ def _exact_sum(parts):
 
 
 def test_round_quorum_fit_result_and_exact_sum(federation):
-    public = random_statistics(seed=9, n=10)
+    public = public_statistics(seed=9, n=10)
     federation.start_round(federation.spec(quorum=3, public=public))
     releases = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(federation.SITES)}
     for site, stats in releases.items():
@@ -139,7 +139,9 @@ def test_start_round_checks_key_and_spec(federation):
     for bad in [federation.spec(quorum=4), federation.spec(epsilon=0.0),
                 federation.spec(x_bound=-1.0), federation.spec(budget_split=[0.5, 0.5]),
                 federation.spec(sites=["site-z"]), federation.spec(deadline_s=-5),
-                federation.spec(public=random_statistics(d=2))]:
+                federation.spec(public=random_statistics(d=2)),
+                # a release-like value is not the exact statistics of any rows
+                federation.spec(public=random_statistics(seed=9, n=10))]:
         assert _code(lambda: federation.start_round(bad)) == C.INVALID_ARGUMENT
     federation.start_round(federation.spec())
     assert _code(lambda: federation.start_round(federation.spec())) == C.ALREADY_EXISTS
@@ -342,7 +344,7 @@ def test_contribution_noise_must_match_the_spec(federation, monkeypatch):
     from dpfed.sensitivity import expected_noise
     from aggregator import aggregate
 
-    public = random_statistics(seed=9, n=10)
+    public = public_statistics(seed=9, n=10)
     spec = federation.spec(quorum=3, public=public)
     federation.start_round(spec)
     expected = expected_noise(3, spec.epsilon, spec.x_bound, spec.y_bound,
