@@ -439,7 +439,6 @@ def _extra_starts(stats, public, model, u0, lap) -> list[np.ndarray]:
     first mode with its coefficients tripled and lambda lowered."""
     d = stats.dim
     starts = []
-    from aggregator import noise_aware as na  # noqa: F401  (import cost paid already)
     xtx = np.array(stats.xtx)
     w, v = np.linalg.eigh(xtx)
     psd = (v * np.maximum(w, 0.0)) @ v.T

@@ -9,11 +9,14 @@ a synthetic study of the fit, never a release).
 
     python benchmarks/aux_fit_study.py --study omega_y [--relation replace_one]
     python benchmarks/aux_fit_study.py --study design_sd [--relation add_remove]
+    python benchmarks/aux_fit_study.py --study n_share --relation add_remove
 
 ``omega_y``: the noise-aware posterior mean and the noise-matched ridge (c = 4) for
 B_y = omega_y sigma_y, omega_y in 0.2 .. 2 (why ``dpfed.bounds.TABLE_OMEGAS_Y`` starts at 0.7).
 ``design_sd``: the posterior mean with ``aggregator.noise_aware.DESIGN_PRIOR_RELATIVE_SD`` in
 {0.05, 0.1, 0.2, 0.3}, fitted to the *same* releases (paired), B_y = sigma_y, Sxx share 0.2.
+``n_share`` (add/remove only): the n share of the budget in {0.01, 0.02, 0.05, 0.1} (Sxx 0.2,
+Syy 0.03, Sxy the rest), each its own release, B_y = sigma_y.
 Prints mean Spearman per cell and the paired differences with their standard errors.
 """
 
@@ -72,7 +75,7 @@ def ridge(stats: Statistics, c: float, k: int, xtx_scale: float) -> np.ndarray:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--study", choices=("omega_y", "design_sd"), required=True)
+    ap.add_argument("--study", choices=("omega_y", "design_sd", "n_share"), required=True)
     ap.add_argument("--relation", default="replace_one", choices=("replace_one", "add_remove"))
     ap.add_argument("--drugs", type=int, default=24, help="drugs 100, 101, ... of the eligible list")
     ap.add_argument("--repeats", type=int, default=2)
@@ -81,8 +84,10 @@ def main(argv=None) -> int:
     cfg = ProtocolConfig(neighbouring=args.relation)
     rel = args.relation
     base_split = (0.2, 0.75, 0.05) if rel == "replace_one" else (0.2, 0.75, 0.03, 0.02)
-    variants = (0.2, 0.3, 0.5, 0.7, 1.0, 1.4, 2.0) if args.study == "omega_y" else \
-        (0.05, 0.1, 0.2, 0.3)
+    if args.study == "n_share" and rel != "add_remove":
+        ap.error("--study n_share needs --relation add_remove (n is public under replace-one)")
+    variants = {"omega_y": (0.2, 0.3, 0.5, 0.7, 1.0, 1.4, 2.0), "design_sd": (0.05, 0.1, 0.2, 0.3),
+                "n_share": (0.01, 0.02, 0.05, 0.1)}[args.study]
     rows = []
     t0 = time.time()
     for drug in eligible_drugs()[100:100 + args.drugs]:
@@ -98,7 +103,20 @@ def main(argv=None) -> int:
                 scorer = _TestScorer(aux.x_test, aux.y_test)
                 for n, k, eps in CELLS:
                     row = {"cell": (n, k, eps)}
-                    if args.study == "design_sd":
+                    if args.study == "n_share":
+                        by = sy
+                        pub = clipped_exact_statistics(aux.x_public, aux.y_public, 1.0, by, 1.0)
+                        for v in variants:
+                            sp = (0.2, 0.77 - v, 0.03, v)
+                            st = simulated_release(rng, aux.x[:n], aux.y[:n], 1.0, by, k, eps,
+                                                   sp, rel) + pub
+                            try:
+                                p = fit_posterior(st, public=pub, x_bound=1.0, draws=500,
+                                                  seed=1, method="laplace")
+                                row[v] = float(scorer.spearman(p.beta_mean[None])[0])
+                            except ConvergenceError:
+                                row[v] = np.nan
+                    elif args.study == "design_sd":
                         by = sy
                         pub = clipped_exact_statistics(aux.x_public, aux.y_public, 1.0, by, 1.0)
                         st = simulated_release(rng, aux.x[:n], aux.y[:n], 1.0, by, k, eps,
@@ -146,7 +164,7 @@ def main(argv=None) -> int:
     if args.study == "omega_y":
         rmeans = {v: np.nanmean([r[("ridge", v)] for r in rows]) for v in variants}
         print("ridge (c = 4): " + ", ".join(f"{v}: {m:.4f}" for v, m in rmeans.items()))
-    ref = variants[-1] if args.study == "design_sd" else 1.0
+    ref = {"design_sd": 0.3, "omega_y": 1.0, "n_share": 0.02}[args.study]
     for v in variants:
         if v == ref:
             continue

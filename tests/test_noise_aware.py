@@ -208,7 +208,11 @@ def test_fallback_is_recorded_and_only_for_auto(monkeypatch):
     log = []
     token = FIT_LOG.set(log)
     try:
-        posterior_beta(release + public, posterior="laplace", draws=10, seed=0, public=public)
+        posterior_beta(release + public, posterior="laplace", draws=10, seed=0, public=public,
+                       fallback="nuts")
+        with pytest.raises(post_mod.ConvergenceError):   # comparison methods: no fallback
+            posterior_beta(release + public, posterior="laplace", draws=10, seed=0,
+                           public=public)
     finally:
         FIT_LOG.reset(token)
     assert log == ["nuts (after laplace refused)"]
