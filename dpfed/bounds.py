@@ -719,9 +719,9 @@ def choose_bounds_table(source, cells, epsilons, *, neighbouring: str = "add_rem
     ``source.scales()``, ``budget_split``, ``ridge_c``, ``sites`` = K). Deterministic for a
     ``seed``; with ``cache_dir`` stored as one JSON file keyed by every input.
     """
-    from dpfed.sensitivity import check_norm_bound, default_budget_split
+    from dpfed.sensitivity import check_neighbouring, check_norm_bound, default_budget_split
 
-    check_neighbouring_local(neighbouring)
+    check_neighbouring(neighbouring)
     if xtx_sensitivity not in XTX_SENSITIVITIES:
         raise ValueError(f"xtx_sensitivity must be one of {XTX_SENSITIVITIES}")
     x_norm_bound = check_norm_bound(x_norm_bound)
@@ -789,11 +789,6 @@ def choose_bounds_table(source, cells, epsilons, *, neighbouring: str = "add_rem
             fh.write(payload)
         os.replace(tmp, path)
     return build(rows)
-
-
-def check_neighbouring_local(neighbouring):
-    if neighbouring not in NEIGHBOURING:
-        raise ValueError(f"neighbouring must be one of {NEIGHBOURING}, got {neighbouring!r}")
 
 
 def _project_ball(x: np.ndarray, r: float) -> np.ndarray:
