@@ -18,7 +18,8 @@ import numpy as np
 from scipy import optimize, special
 
 __all__ = ["LaplaceResult", "laplace_approximation", "ImportanceResult", "laplace_importance",
-           "mixture_importance", "distinct_modes", "default_proposals", "MAX_PROPOSALS"]
+           "mixture_importance", "adaptive_importance", "distinct_modes", "default_proposals",
+           "MAX_PROPOSALS"]
 
 LogDensity = Callable[[np.ndarray], tuple[float, np.ndarray]]
 #: newton(u0, tol=...) -> (status, mode, value, gradient, minus Hessian, iterations); status 0
@@ -288,3 +289,53 @@ def mixture_importance(f_batch: Callable[[np.ndarray], np.ndarray], laps, *, dra
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
     return ImportanceResult(u[rng.permutation(idx)], ess, u.shape[0], laps[0])
+
+
+def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: LaplaceResult, *,
+                        draws: int, rng: np.random.Generator, proposals: int = 16000,
+                        iterations: int = 3, df: float = 3.0, scale: float = 2.0,
+                        adapted_scale: float = 1.3, target_ess: float = 200.0
+                        ) -> ImportanceResult:
+    """Importance sampling whose t proposal is moved to the target's weighted mean and
+    covariance (population Monte Carlo; Cappe et al. 2004): the first proposal is
+    t(``df``) around the Laplace mode with ``scale^2`` times its covariance; the next is
+    centred at the weighted mean with ``adapted_scale^2`` times the weighted covariance, and
+    so on until, after at least one move, the effective sample size reaches ``target_ess``
+    (or ``iterations`` rounds of ``proposals`` draws). For a
+    unimodal but skewed or ridge-shaped posterior, where the Laplace covariance points the
+    wrong way, one or two rounds are enough. Each round's draws and weights are a valid
+    (truncated) importance sample of the target on their own; the last round's are returned,
+    resampled as in ``laplace_importance``."""
+    k = lap.mode.size
+    mean = np.array(lap.mode, dtype=np.float64)
+    chol = np.linalg.cholesky(lap.cov) * scale
+    u = np.empty((0, k))
+    w = np.empty(0)
+    ess = 0.0
+    for it in range(int(iterations)):
+        g = rng.standard_normal((int(proposals), k))
+        w_chi = rng.chisquare(df, size=int(proposals)) / df
+        z = (g @ chol.T) / np.sqrt(w_chi)[:, None]
+        u = mean + z
+        q = np.einsum("ij,ij->i", g, g) / w_chi
+        lw = f_batch(u) - _log_mvt_q(q, chol, df)
+        lw[~np.isfinite(lw)] = -np.inf
+        if not np.any(np.isfinite(lw)):
+            return ImportanceResult(np.empty((0, k)), 0.0, int(proposals) * (it + 1), lap)
+        w, ess = _weights(lw)
+        # At least one move: a proposal that misses part of the target can still show a
+        # large ESS (on a banana-shaped target the Laplace proposal kept 400-650 effective
+        # draws of 16000 and put E[u2] at a third of its value; one move fixed it).
+        if (ess >= target_ess and it >= 1) or it == iterations - 1:
+            break
+        mean = w @ u
+        centred = u - mean
+        cov = (centred * w[:, None]).T @ centred
+        cov = 0.5 * (cov + cov.T) + 1e-12 * np.trace(cov) / k * np.eye(k)
+        try:
+            chol = np.linalg.cholesky(cov) * adapted_scale
+        except np.linalg.LinAlgError:
+            break
+    positions = (rng.random() + np.arange(draws)) / draws
+    idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
+    return ImportanceResult(u[rng.permutation(idx)], ess, int(proposals) * (it + 1), lap)

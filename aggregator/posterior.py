@@ -463,11 +463,13 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None) -> Po
     Attempt 1: the Laplace approximation at the mode found from the ridge start, its t
     proposal. If that keeps fewer than ``_MIN_ESS`` effective draws, attempt 2: modes from
     more starting points (``_extra_starts``), and a mixture of wider, heavier-tailed t
-    proposals, one per distinct mode (``aggregator.laplace.mixture_importance``). The fit is
-    refused (``ConvergenceError``) only if that fails too."""
+    proposals, one per distinct mode (``aggregator.laplace.mixture_importance``); with a
+    single mode, attempt 3: the proposal moved to the target's weighted moments
+    (``aggregator.laplace.adaptive_importance``). The fit is refused (``ConvergenceError``)
+    only if that fails too."""
     from aggregator import noise_aware as na
-    from aggregator.laplace import (distinct_modes, laplace_approximation, laplace_importance,
-                                    mixture_importance)
+    from aggregator.laplace import (adaptive_importance, distinct_modes, laplace_approximation,
+                                    laplace_importance, mixture_importance)
 
     d = stats.dim
     f, fb, u0, newton, neg_hessian = _laplace_functions(stats, public, model, x_bound)
@@ -487,6 +489,11 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None) -> Po
             res = mixture_importance(fb, found, draws=draws, rng=rng,
                                      proposals=wider["proposals"], df=wider["df"],
                                      scale=wider["scale"])
+        if found and res.ess < _MIN_ESS and modes == 1:
+            # Attempt 3: one mode, but the posterior is skewed or ridge-shaped around it: move
+            # the proposal to the weighted moments of the target (adaptive_importance).
+            attempt = 3
+            res = adaptive_importance(fb, found[0], draws=draws, rng=rng)
     diag["importance_attempts"] = attempt
     diag["modes"] = modes
     lap = res.laplace
