@@ -293,19 +293,23 @@ def mixture_importance(f_batch: Callable[[np.ndarray], np.ndarray], laps, *, dra
 
 def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: LaplaceResult, *,
                         draws: int, rng: np.random.Generator, proposals: int = 16000,
-                        iterations: int = 3, df: float = 3.0, scale: float = 2.0,
-                        adapted_scale: float = 1.3, target_ess: float = 200.0
-                        ) -> ImportanceResult:
+                        iterations: int = 6, df: float = 3.0, scale: float = 2.0,
+                        adapted_scale: float = 1.3, target_ess: float = 200.0,
+                        max_shift: float = 0.2) -> ImportanceResult:
     """Importance sampling whose t proposal is moved to the target's weighted mean and
     covariance (population Monte Carlo; Cappe et al. 2004): the first proposal is
-    t(``df``) around the Laplace mode with ``scale^2`` times its covariance; the next is
-    centred at the weighted mean with ``adapted_scale^2`` times the weighted covariance, and
-    so on until, after at least one move, the effective sample size reaches ``target_ess``
-    (or ``iterations`` rounds of ``proposals`` draws). For a
-    unimodal but skewed or ridge-shaped posterior, where the Laplace covariance points the
-    wrong way, one or two rounds are enough. Each round's draws and weights are a valid
-    (truncated) importance sample of the target on their own; the last round's are returned,
-    resampled as in ``laplace_importance``."""
+    t(``df``) around the Laplace mode with ``scale^2`` times its covariance; each next one is
+    centred at the previous round's weighted mean with ``adapted_scale^2`` times its weighted
+    covariance. It stops when, after at least one move, a round of ``proposals`` draws has
+    an effective sample size of at least ``target_ess`` *and* its weighted mean lies within
+    ``max_shift`` (Mahalanobis, in the weighted covariance) of the proposal's centre, i.e. the
+    proposal has settled on the target; else after ``iterations`` rounds. (A proposal that
+    misses part of the target can still show a large ESS: on a banana-shaped target the
+    Laplace proposal kept 400-650 effective draws of 16000 with E[u2] at a third of its
+    value; on a GDSC release three rounds gave an ESS of 258 with a mean still moving by
+    half a posterior sd.) Each round's draws and weights are a valid (truncated) importance
+    sample of the target on their own; the last round's are returned, resampled as in
+    ``laplace_importance``."""
     k = lap.mode.size
     mean = np.array(lap.mode, dtype=np.float64)
     chol = np.linalg.cholesky(lap.cov) * scale
@@ -323,19 +327,18 @@ def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: Laplac
         if not np.any(np.isfinite(lw)):
             return ImportanceResult(np.empty((0, k)), 0.0, int(proposals) * (it + 1), lap)
         w, ess = _weights(lw)
-        # At least one move: a proposal that misses part of the target can still show a
-        # large ESS (on a banana-shaped target the Laplace proposal kept 400-650 effective
-        # draws of 16000 and put E[u2] at a third of its value; one move fixed it).
-        if (ess >= target_ess and it >= 1) or it == iterations - 1:
-            break
-        mean = w @ u
-        centred = u - mean
+        new_mean = w @ u
+        centred = u - new_mean
         cov = (centred * w[:, None]).T @ centred
         cov = 0.5 * (cov + cov.T) + 1e-12 * np.trace(cov) / k * np.eye(k)
         try:
-            chol = np.linalg.cholesky(cov) * adapted_scale
+            new_chol = np.linalg.cholesky(cov)
         except np.linalg.LinAlgError:
             break
+        shift = float(np.linalg.norm(np.linalg.solve(new_chol, new_mean - mean)))
+        if (it >= 1 and ess >= target_ess and shift <= max_shift) or it == iterations - 1:
+            break
+        mean, chol = new_mean, new_chol * adapted_scale
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
     return ImportanceResult(u[rng.permutation(idx)], ess, int(proposals) * (it + 1), lap)

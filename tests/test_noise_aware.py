@@ -157,10 +157,11 @@ def test_posterior_tends_to_the_public_only_one_when_the_release_says_nothing():
     assert np.all(np.abs(post.beta_draws.std(axis=0) / sd - 1) <= 0.1)
 
 
-def test_second_attempt_uses_more_starts_and_a_mixture_proposal(monkeypatch):
-    """When the first mode's proposal carries too few effective draws, more starting points
-    and a mixture proposal are tried (aggregator.posterior._fit_laplace); forced here by
-    making the first attempt fail."""
+def test_unsettled_first_attempt_looks_for_modes_and_moves_the_proposal(monkeypatch):
+    """When the first mode's proposal keeps too few effective draws, more starting points are
+    tried and the proposal is a mixture over the modes or moved to the target's moments
+    (aggregator.posterior._fit_laplace); forced here by making the first attempt fail. The
+    answer agrees with the one the first attempt gives on its own."""
     import aggregator.posterior as post_mod
     from aggregator import laplace as lap_mod
 
@@ -174,8 +175,10 @@ def test_second_attempt_uses_more_starts_and_a_mixture_proposal(monkeypatch):
 
     monkeypatch.setattr(lap_mod, "laplace_importance", first_fails)
     post = post_mod.fit_posterior(release + public, public=public, seed=0, draws=2000)
-    assert post.diagnostics["importance_attempts"] == 2
-    assert post.diagnostics["modes"] >= 1 and post.diagnostics["importance_ess"] >= 50
+    # one mode here: the adaptive proposal (attempt 3); several would give the mixture (2)
+    assert post.diagnostics["importance_attempts"] == (3 if post.diagnostics["modes"] == 1
+                                                       else 2)
+    assert post.diagnostics["importance_ess"] >= 50
     monkeypatch.undo()
     ref = post_mod.fit_posterior(release + public, public=public, seed=0, draws=2000)
     sd = ref.beta_draws.std(axis=0)
