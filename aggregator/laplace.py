@@ -130,6 +130,7 @@ class ImportanceResult:
     ess: float                 # effective sample size of the (truncated) weights
     proposals: int             # proposal draws made
     laplace: LaplaceResult
+    settled: bool = True       # adaptive_importance: the proposal stopped moving
 
 
 def _log_mvt(z: np.ndarray, chol: np.ndarray, df: float) -> np.ndarray:
@@ -316,6 +317,7 @@ def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: Laplac
     u = np.empty((0, k))
     w = np.empty(0)
     ess = 0.0
+    settled = False
     for it in range(int(iterations)):
         g = rng.standard_normal((int(proposals), k))
         w_chi = rng.chisquare(df, size=int(proposals)) / df
@@ -336,9 +338,11 @@ def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: Laplac
         except np.linalg.LinAlgError:
             break
         shift = float(np.linalg.norm(np.linalg.solve(new_chol, new_mean - mean)))
-        if (it >= 1 and ess >= target_ess and shift <= max_shift) or it == iterations - 1:
+        settled = it >= 1 and ess >= target_ess and shift <= max_shift
+        if settled or it == iterations - 1:
             break
         mean, chol = new_mean, new_chol * adapted_scale
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
-    return ImportanceResult(u[rng.permutation(idx)], ess, int(proposals) * (it + 1), lap)
+    return ImportanceResult(u[rng.permutation(idx)], ess, int(proposals) * (it + 1), lap,
+                            settled)

@@ -69,6 +69,9 @@ _MIN_ESS = 50
 # than 0.3 posterior sd in a quarter of the fits (ESS 100-400 of 2000-4000 proposals), against
 # 2 % above 400. The fit then looks for more modes and moves the proposal (``_fit_laplace``).
 _SETTLED_ESS = 400
+# Draws per round of the adaptive proposal (attempt 3; 2-6 rounds; 4x as many if it has not
+# settled after 6).
+_ADAPTIVE_PROPOSALS = 4000
 # Proposals tried in turn: the default (aggregator.laplace), then a wider, heavier-tailed t.
 _WIDER_PROPOSALS = ({}, dict(scale=2.0, df=3.0, proposals=16000, max_proposals=16000))
 
@@ -482,7 +485,11 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None) -> Po
     res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
                              neg_hessian=neg_hessian)
     attempt, modes = 1, 1
-    if res.ess < min(_SETTLED_ESS, 0.2 * max(res.proposals, 1)):
+    # The exact model's posterior (exact statistics) is close to normal: its first attempt
+    # is trusted down to _MIN_ESS; the noise-aware one's only from _SETTLED_ESS.
+    settled = min(_SETTLED_ESS, 0.2 * max(res.proposals, 1)) if model == "noise-aware" \
+        else _MIN_ESS
+    if res.ess < settled:
         laps = [res.laplace] + [laplace_approximation(f, u, newton=newton,
                                                       neg_hessian=neg_hessian)
                                 for u in _extra_starts(stats, public, model, u0, res.laplace)]
@@ -499,7 +506,11 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None) -> Po
             # Attempt 3: one mode, but the target is skewed or ridge-shaped around it: move
             # the proposal to the target's weighted moments (adaptive_importance).
             attempt = 3
-            res = adaptive_importance(fb, found[0], draws=draws, rng=rng)
+            res = adaptive_importance(fb, found[0], draws=draws, rng=rng,
+                                      proposals=_ADAPTIVE_PROPOSALS)
+            if not res.settled:   # again with 4x the draws per round
+                res = adaptive_importance(fb, found[0], draws=draws, rng=rng,
+                                          proposals=4 * _ADAPTIVE_PROPOSALS)
     diag["importance_attempts"] = attempt
     diag["modes"] = modes
     lap = res.laplace
