@@ -26,18 +26,21 @@ FIT_LOG: ContextVar[list | None] = ContextVar("FIT_LOG", default=None)
 
 def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
                    public: Statistics | None = None, x_bound: float | None = None,
-                   fallback: str | None = None) -> np.ndarray:
+                   fallback: str | None = None, check_first_attempt: bool = True
+                   ) -> np.ndarray:
     """The paper's predictor (eq. (8)): the posterior mean of ``beta``, so ``x @ beta`` is the
     average of x^T beta over the posterior. ``posterior`` is one of
     ``evaluation.methods.base.POSTERIORS``; ``public`` the exact public statistics included
     in ``stats`` and ``x_bound`` the private rows' clipping bound (the noise-aware model's
     design prior). ``fallback="nuts"``: if the Laplace fit refuses, the reference NUTS fit
     (what a round's default method "auto" does; robust_private uses it); None: the refusal
-    is raised (the comparison methods: a refused cell is counted, not rescued)."""
+    is raised (the comparison methods: a refused cell is counted, not rescued).
+    ``check_first_attempt``: see ``aggregator.fit_posterior``."""
     plug_in = posterior.startswith("plug-in-")
     post = fit_posterior(stats, method=posterior.removeprefix("plug-in-"), draws=draws,
                          seed=seed, public=public, x_bound=x_bound, plug_in=plug_in,
-                         fallback=fallback if posterior == "laplace" else None)
+                         fallback=fallback if posterior == "laplace" else None,
+                         check_first_attempt=check_first_attempt)
     log = FIT_LOG.get()
     if log is not None:
         log.append(post.method if "fallback_from" not in post.diagnostics
