@@ -17,7 +17,8 @@ import numpy as np
 from dpfed.intervals import credible_interval
 from dpfed.jsonsafe import jsonable
 from dpfed.noise import EXACT
-from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values)
+from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values,
+                              realisable)
 from dpfed.v1 import dpfed_pb2 as pb
 
 from aggregator.exact_sum import ExactSum, ExactSumError
@@ -243,6 +244,9 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
             pub = Statistics.from_bytes(spec.public_statistics)
             if pub.dim != d:
                 problems.append(f"public_statistics have dimension {pub.dim}, spec has {d} features")
+            elif not realisable(pub):
+                problems.append("public_statistics are not the exact statistics of any rows "
+                                "(their augmented Gram matrix is not positive semidefinite)")
         except StatisticsError as exc:
             problems.append(f"public_statistics do not decode: {exc}")
     return problems

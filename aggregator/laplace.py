@@ -18,7 +18,8 @@ import numpy as np
 from scipy import optimize, special
 
 __all__ = ["LaplaceResult", "laplace_approximation", "ImportanceResult", "laplace_importance",
-           "default_proposals", "MAX_PROPOSALS"]
+           "mixture_importance", "adaptive_importance", "distinct_modes", "default_proposals",
+           "MAX_PROPOSALS"]
 
 LogDensity = Callable[[np.ndarray], tuple[float, np.ndarray]]
 #: newton(u0, tol=...) -> (status, mode, value, gradient, minus Hessian, iterations); status 0
@@ -129,6 +130,7 @@ class ImportanceResult:
     ess: float                 # effective sample size of the (truncated) weights
     proposals: int             # proposal draws made
     laplace: LaplaceResult
+    settled: bool = True       # adaptive_importance: the proposal stopped moving
 
 
 def _log_mvt(z: np.ndarray, chol: np.ndarray, df: float) -> np.ndarray:
@@ -220,3 +222,127 @@ def laplace_importance(f: LogDensity, f_batch: Callable[[np.ndarray], np.ndarray
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), total - 1)
     out = u[rng.permutation(idx)]
     return ImportanceResult(out, ess, total, lap)
+
+
+def distinct_modes(laps, min_distance: float = 1.0) -> list[LaplaceResult]:
+    """The converged ``laps`` with distinct modes, highest density first: a mode within
+    ``min_distance`` (Mahalanobis, in the covariance of the higher one) of a higher one is the
+    same mode found twice."""
+    out: list[LaplaceResult] = []
+    for lap in sorted((lap for lap in laps if lap.converged), key=lambda r: -r.log_density):
+        same = False
+        for kept in out:
+            diff = lap.mode - kept.mode
+            try:
+                dist = float(np.sqrt(diff @ np.linalg.solve(kept.cov, diff)))
+            except np.linalg.LinAlgError:
+                dist = float(np.linalg.norm(diff))
+            if dist < min_distance:
+                same = True
+                break
+        if not same:
+            out.append(lap)
+    return out
+
+
+def mixture_importance(f_batch: Callable[[np.ndarray], np.ndarray], laps, *, draws: int,
+                       rng: np.random.Generator, proposals: int = 16000, df: float = 3.0,
+                       scale: float = 2.0) -> ImportanceResult:
+    """Importance sampling from a mixture of multivariate t proposals, one per mode in ``laps``
+    (converged Laplace approximations, e.g. from several starting points): component k is
+    centred at mode k with scale ``scale^2`` times its Laplace covariance; its weight is the
+    mode's Laplace estimate of its mass, exp(log density) sqrt(det cov), floored at
+    1 / (4 K) of the total so that a mode the approximation undervalues is still explored.
+    Weights are truncated and resampled as in ``laplace_importance``; with one mode this is
+    ``laplace_importance`` with that wider proposal. ``laplace`` of the result is the highest
+    mode's approximation."""
+    laps = [lap for lap in laps if lap.converged]
+    if not laps:
+        raise ValueError("mixture_importance needs at least one converged Laplace approximation")
+    k = laps[0].mode.size
+    m = len(laps)
+    chols = [np.linalg.cholesky(lap.cov) * scale for lap in laps]
+    log_mass = np.array([lap.log_density + float(np.sum(np.log(np.diag(c)))) for lap, c in
+                         zip(laps, chols)])
+    mass = np.exp(log_mass - np.max(log_mass))
+    mass /= mass.sum()
+    mass = np.maximum(mass, 1.0 / (4 * m))
+    mass /= mass.sum()
+    counts = rng.multinomial(int(proposals), mass)
+    us = []
+    for lap, chol, c in zip(laps, chols, counts):
+        if c == 0:
+            continue
+        g = rng.standard_normal((c, k))
+        w_chi = rng.chisquare(df, size=c) / df
+        us.append(lap.mode + (g @ chol.T) / np.sqrt(w_chi)[:, None])
+    u = np.concatenate(us)
+    log_q = np.full((m, u.shape[0]), -np.inf)
+    for i, (lap, chol) in enumerate(zip(laps, chols)):
+        log_q[i] = np.log(mass[i]) + _log_mvt(u - lap.mode, chol, df)
+    top = np.max(log_q, axis=0)
+    lq = top + np.log(np.sum(np.exp(log_q - top), axis=0))
+    lw = f_batch(u) - lq
+    lw[~np.isfinite(lw)] = -np.inf
+    if not np.any(np.isfinite(lw)):
+        return ImportanceResult(np.empty((0, k)), 0.0, u.shape[0], laps[0])
+    w, ess = _weights(lw)
+    positions = (rng.random() + np.arange(draws)) / draws
+    idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
+    return ImportanceResult(u[rng.permutation(idx)], ess, u.shape[0], laps[0])
+
+
+def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: LaplaceResult, *,
+                        draws: int, rng: np.random.Generator, proposals: int = 16000,
+                        iterations: int = 6, df: float = 3.0, scale: float = 2.0,
+                        adapted_scale: float = 1.3, target_ess: float = 200.0,
+                        max_shift: float = 0.2) -> ImportanceResult:
+    """Importance sampling whose t proposal is moved to the target's weighted mean and
+    covariance (population Monte Carlo; Cappe et al. 2004): the first proposal is
+    t(``df``) around the Laplace mode with ``scale^2`` times its covariance; each next one is
+    centred at the previous round's weighted mean with ``adapted_scale^2`` times its weighted
+    covariance. It stops when, after at least one move, a round of ``proposals`` draws has
+    an effective sample size of at least ``target_ess`` *and* its weighted mean lies within
+    ``max_shift`` (Mahalanobis, in the weighted covariance) of the proposal's centre, i.e. the
+    proposal has settled on the target; else after ``iterations`` rounds. (A proposal that
+    misses part of the target can still show a large ESS: on a banana-shaped target the
+    Laplace proposal kept 400-650 effective draws of 16000 with E[u2] at a third of its
+    value; on a GDSC release three rounds gave an ESS of 258 with a mean still moving by
+    half a posterior sd.) Each round's draws and weights are a valid (truncated) importance
+    sample of the target on their own; the last round's are returned, resampled as in
+    ``laplace_importance``."""
+    k = lap.mode.size
+    mean = np.array(lap.mode, dtype=np.float64)
+    chol = np.linalg.cholesky(lap.cov) * scale
+    u = np.empty((0, k))
+    w = np.empty(0)
+    ess = 0.0
+    settled = False
+    for it in range(int(iterations)):
+        g = rng.standard_normal((int(proposals), k))
+        w_chi = rng.chisquare(df, size=int(proposals)) / df
+        z = (g @ chol.T) / np.sqrt(w_chi)[:, None]
+        u = mean + z
+        q = np.einsum("ij,ij->i", g, g) / w_chi
+        lw = f_batch(u) - _log_mvt_q(q, chol, df)
+        lw[~np.isfinite(lw)] = -np.inf
+        if not np.any(np.isfinite(lw)):
+            return ImportanceResult(np.empty((0, k)), 0.0, int(proposals) * (it + 1), lap)
+        w, ess = _weights(lw)
+        new_mean = w @ u
+        centred = u - new_mean
+        cov = (centred * w[:, None]).T @ centred
+        cov = 0.5 * (cov + cov.T) + 1e-12 * np.trace(cov) / k * np.eye(k)
+        try:
+            new_chol = np.linalg.cholesky(cov)
+        except np.linalg.LinAlgError:
+            break
+        shift = float(np.linalg.norm(np.linalg.solve(new_chol, new_mean - mean)))
+        settled = it >= 1 and ess >= target_ess and shift <= max_shift
+        if settled or it == iterations - 1:
+            break
+        mean, chol = new_mean, new_chol * adapted_scale
+    positions = (rng.random() + np.arange(draws)) / draws
+    idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
+    return ImportanceResult(u[rng.permutation(idx)], ess, int(proposals) * (it + 1), lap,
+                            settled)

@@ -300,4 +300,10 @@ def build_noise_aware_model(inp):
                               pt.concatenate([c12[None, :], pt.reshape(c22, (1, 1))], axis=1)],
                              axis=0)
         pm.Potential("loglik", pm.logp(pm.MvNormal.dist(mu=pt.zeros(d + 1), cov=cov), r))
+        if inp.pxx is not None:
+            # The exact public statistics: their own likelihood (method.md section 1).
+            pxx, pxy, pyy, pn = inp.public_parts()
+            quad = pt.dot(beta, pt.dot(pt.as_tensor(pxx), beta)) - 2 * pt.dot(beta, pxy) + pyy
+            pm.Potential("public_loglik", 0.5 * pn * (pt.log(lam) - np.log(2 * np.pi))
+                         - 0.5 * lam * quad)
     return model

@@ -159,7 +159,8 @@ def _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb):
 
 
 @_jit
-def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, const, g):
+def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn,
+                  pxx, pxy, pyy, pn, const, g):
     """``noise_aware.log_posterior_noise_aware``: value, gradient into ``g``; -inf and a zero
     gradient where the covariance is not positive definite."""
     d = rxy.shape[0]
@@ -260,11 +261,45 @@ def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, const, g):
     grad_a += (-rho * g11_abar - 4.0 * rho * g12_ab
                + g22 * (-4.0 * rho * bab - 2.0 * (2.0 * n + vn) * rho * rho))
     g[d] += grad_a
+    if pn > 0.0:
+        val += _public_loglik_grad(u, pxx, pxy, pyy, pn, g)
     return val
 
 
 @_jit
-def _na_logp_batch(us, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, const, out):
+def _public_loglik_grad(u, pxx, pxy, pyy, pn, g):
+    """The exact likelihood of the public statistics (``noise_aware._public_loglik``): adds
+    its gradient into ``g``, returns its value."""
+    d = pxy.shape[0]
+    lam = math.exp(u[d])
+    quad = pyy
+    for i in range(d):
+        sb = 0.0
+        pi = pxx[i]
+        for j in range(d):
+            sb += pi[j] * u[j]
+        quad += u[i] * sb - 2.0 * u[i] * pxy[i]
+        g[i] += -lam * (sb - pxy[i])
+    g[d] += 0.5 * pn - 0.5 * lam * quad
+    return 0.5 * pn * (u[d] - _LOG_2PI) - 0.5 * lam * quad
+
+
+@_jit
+def _public_loglik_value(u, pxx, pxy, pyy, pn):
+    d = pxy.shape[0]
+    quad = pyy
+    for i in range(d):
+        sb = 0.0
+        pi = pxx[i]
+        for j in range(d):
+            sb += pi[j] * u[j]
+        quad += u[i] * sb - 2.0 * u[i] * pxy[i]
+    return 0.5 * pn * (u[d] - _LOG_2PI) - 0.5 * math.exp(u[d]) * quad
+
+
+@_jit
+def _na_logp_batch(us, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn,
+                   pxx, pxy, pyy, pn, const, out):
     """``noise_aware.log_posterior_noise_aware_batch`` into ``out`` (-inf where C is not PD)."""
     m = us.shape[0]
     d = rxy.shape[0]
@@ -300,6 +335,8 @@ def _na_logp_batch(us, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, const, out):
                 prod = 1.0
         logdet += math.log(prod)
         out[row] = _prior_value(u, d, const) - logdet - 0.5 * zz + base
+        if pn > 0.0:
+            out[row] += _public_loglik_value(u, pxx, pxy, pyy, pn)
 
 
 @_jit
@@ -321,23 +358,27 @@ def _exact_logp_batch(us, xtx, xty, yty, n, const, out):
 
 
 @_jit
-def _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, g):
+def _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+               pxx, pxy, pyy, pn, const, g):
     if kind == EXACT:
         return _exact_logp_grad(u, a, b, c0, n, const, g)
-    return _na_logp_grad(u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, g)
+    return _na_logp_grad(u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                         pxx, pxy, pyy, pn, const, g)
 
 
 @_jit
-def _logp_batch(kind, us, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, out):
+def _logp_batch(kind, us, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                pxx, pxy, pyy, pn, const, out):
     if kind == EXACT:
         _exact_logp_batch(us, a, b, c0, n, const, out)
     else:
-        _na_logp_batch(us, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, out)
+        _na_logp_batch(us, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                       pxx, pxy, pyy, pn, const, out)
 
 
 @_jit
-def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step, central, g_u,
-                 h):
+def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                 pxx, pxy, pyy, pn, const, step, central, g_u, h):
     """Minus the Hessian at u by differences of the gradient, symmetrised, into ``h``:
     central differences with steps ``step * max(1, |u_i|)`` (``aggregator.laplace.hessian``,
     2k gradients) or, with ``central=False``, forward differences from ``g_u`` (the gradient
@@ -349,10 +390,12 @@ def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step, cen
     for i in range(k):
         e = step * max(1.0, abs(u[i]))
         up[i] = u[i] + e
-        vp = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, gp)
+        vp = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                        pxx, pxy, pyy, pn, const, gp)
         if central:
             up[i] = u[i] - e
-            vm = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, gm)
+            vm = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                            pxx, pxy, pyy, pn, const, gm)
             if not (math.isfinite(vp) and math.isfinite(vm)):
                 return False
             for j in range(k):
@@ -372,7 +415,8 @@ def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step, cen
 
 
 @_jit
-def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, tol, max_iterations,
+def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+            pxx, pxy, pyy, pn, const, tol, max_iterations,
             max_step, step, mode, grad, prec):
     """Mode of the log density by Newton's method with Levenberg damping and a backtracking
     (Armijo) line search, from ``u0``. Stops when max |gradient| <= ``tol``.
@@ -392,7 +436,8 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, tol, max_iter
     for i in range(k):
         u[i] = u0[i]
     g = grad
-    f = _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, g)
+    f = _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                   pxx, pxy, pyy, pn, const, g)
     if not math.isfinite(f):
         return 3, f, 0
     h = np.empty((k, k))
@@ -411,7 +456,8 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, tol, max_iter
             status = 0
             break
         it += 1
-        if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step,
+        if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                            pxx, pxy, pyy, pn, const, step,
                             False, g, h):
             status = 3
             break
@@ -458,7 +504,8 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, tol, max_iter
         for _ in range(60):
             for i in range(k):
                 un[i] = u[i] + t * p[i]
-            fn = _logp_grad(kind, un, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, gn)
+            fn = _logp_grad(kind, un, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                            pxx, pxy, pyy, pn, const, gn)
             if math.isfinite(fn) and fn >= f + 1e-4 * t * slope:
                 accepted = True
                 break
@@ -470,7 +517,8 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, tol, max_iter
             u[i] = un[i]
             g[i] = gn[i]
         f = fn
-    if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, const, step, True, g,
+    if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+                        pxx, pxy, pyy, pn, const, step, True, g,
                         prec):
         for i in range(k):
             for j in range(k):
@@ -489,7 +537,7 @@ class Target:
     """
 
     kind: int
-    args: tuple  # (a, b, c0, n, abar, vxx, vxy, vyy, vn, const)
+    args: tuple  # (a, b, c0, n, abar, vxx, vxy, vyy, vn, pxx, pxy, pyy, pn, const)
 
     @property
     def dim(self) -> int:
@@ -539,12 +587,14 @@ def target_for(model: str, stats: Statistics,
     if model == "noise-aware":
         if inp is None:
             raise ValueError("the noise-aware target needs its NoiseAwareInputs")
+        pxx, pxy, pyy, pn = inp.public_parts()
         return Target(NOISE_AWARE, (_f64(inp.rxx), _f64(inp.rxy), float(inp.ryy), float(inp.n),
                                     _f64(inp.abar), float(inp.v_xx), float(inp.v_xy),
-                                    float(inp.v_yy), float(inp.v_n), _const(d)))
+                                    float(inp.v_yy), float(inp.v_n), _f64(pxx), _f64(pxy),
+                                    float(pyy), float(pn), _const(d)))
     xtx = _f64(stats.xtx)
     return Target(EXACT, (xtx, _f64(stats.xty), float(stats.yty), float(stats.n), xtx, 0.0, 0.0,
-                          0.0, 0.0, _const(d)))
+                          0.0, 0.0, xtx, _f64(stats.xty), 0.0, 0.0, _const(d)))
 
 
 def warm_up() -> None:
@@ -553,7 +603,10 @@ def warm_up() -> None:
     x = rng.standard_normal((20, 2))
     s = Statistics(x.T @ x, x.T @ x[:, 0], float(x[:, 0] @ x[:, 0]), 20)
     inp = na.NoiseAwareInputs(s.xtx, s.xty, s.yty, 20.0, s.xtx, 0.1, 0.1, 0.1, 0.1)
-    for t in (target_for("exact", s), target_for("noise-aware", s, inp)):
+    inp_pub = na.NoiseAwareInputs(s.xtx, s.xty, s.yty, 20.0, s.xtx, 0.1, 0.1, 0.1, 0.1,
+                                  s.xtx, s.xty, s.yty, 20.0)
+    for t in (target_for("exact", s), target_for("noise-aware", s, inp),
+              target_for("noise-aware", s, inp_pub)):
         u = np.zeros(3)
         t.logp_grad(u)
         t.logp_batch(u[None, :])

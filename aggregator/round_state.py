@@ -18,7 +18,7 @@ import threading
 from dataclasses import dataclass, field
 
 from dpfed import noise as dpnoise
-from dpfed.sensitivity import expected_noise
+from dpfed.sensitivity import expected_noise, row_norm_bound
 from dpfed.statistics import Statistics
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import parse_canonical
@@ -65,12 +65,14 @@ class AcceptedContribution:
 
 def round_expected_noise(spec: pb.RoundSpec) -> dpnoise.NoiseDescription:
     """The NoiseDescription every contribution to ``spec`` must declare: one release of the
-    spec's mechanism (dpfed.sensitivity.expected_noise; "" = add_remove / exact). Raises
+    spec's mechanism (dpfed.sensitivity.expected_noise; "" = add_remove / exact; the row-norm
+    bound R = 1 when the spec's pre-processing normalises rows, ``row_norm_bound``). Raises
     ValueError for a spec whose mechanism is invalid (validate_spec refuses those first)."""
     return expected_noise(len(spec.feature_names), spec.epsilon, spec.x_bound, spec.y_bound,
                           tuple(spec.budget_split),
                           neighbouring=spec.neighbouring or "add_remove",
-                          xtx_sensitivity=spec.xtx_sensitivity or "exact")
+                          xtx_sensitivity=spec.xtx_sensitivity or "exact",
+                          x_norm_bound=row_norm_bound(spec.preprocessing.normalize_rows))
 
 
 def sum_noise(noises) -> dpnoise.NoiseDescription | None:

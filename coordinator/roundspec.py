@@ -2,9 +2,12 @@
 
 Everything data-dependent in the spec comes from the *public* rows only: the pre-processing
 means, the exact public statistics added at the aggregator, and (when bounds are not given)
-the scales sigma_x, sigma_y that turn the chosen omegas into clipping bounds (method.md 4).
-Public rows go through the same pre-processing as private ones; they are not clipped, since
-they are added to the sum without noise.
+the bounds and budget split, tuned on auxiliary data shaped like the public rows
+(``dpfed.bounds.choose_bounds_table``; method.md 4). Public rows go through the same
+pre-processing as private ones and are clipped with the round's bounds (box, then the
+row-norm ball when rows are normalised), like the private rows: they are added without
+noise, and the fit (aggregator.noise_aware) gives them their own exact likelihood, so both
+parts describe the same clipped-data regression.
 """
 
 from __future__ import annotations
@@ -19,8 +22,8 @@ import numpy as np
 
 from dpfed.preprocess import Preprocessing, public_sigmas
 from dpfed.sensitivity import (DEFAULT_BUDGET_SPLIT, check_neighbouring, check_xtx_rule,
-                               default_budget_split)
-from dpfed.statistics import exact_statistics
+                               default_budget_split, row_norm_bound)
+from dpfed.statistics import clipped_exact_statistics
 from dpfed.v1 import dpfed_pb2 as pb
 
 DEFAULT_SPLIT = DEFAULT_BUDGET_SPLIT  # replace-one; add/remove: dpfed.sensitivity.DEFAULT_SPLIT_ADD_REMOVE
@@ -95,16 +98,34 @@ def read_public_rows(path: Path, target: str, features: list[str]) -> tuple[np.n
     return np.asarray(xs, dtype=np.float64), np.asarray(ys, dtype=np.float64)
 
 
-def _choose_bounds(config: dict, d: int, eps: float, x_public: np.ndarray,
-                   y_public: np.ndarray, pre: Preprocessing):
-    """Bounds chosen for the round (dpfed.bounds), scaled by the public rows' sigmas
-    (dpfed.preprocess.public_sigmas; with no public rows, its fallbacks)."""
+def _choose_bounds(config: dict, d: int, eps: float, x_raw: np.ndarray, y_raw: np.ndarray,
+                   pre: Preprocessing, *, public: bool, features=None, draws: int = 1,
+                   neighbouring: str = "add_remove", xtx_rule: str = "exact", split=None):
+    """(x_bound, y_bound, budget split or None) when round.toml gives no bounds. With public
+    rows: ``dpfed.bounds.choose_bounds_table`` on auxiliary data shaped like them, for
+    ``expected_site_n`` rows at each of the invited sites (public numbers) whose sum holds
+    ``draws`` independent noise draws (one per site; one in all for a secure round), with the
+    round's mechanism; the split it picks is used unless round.toml sets one. Without public
+    rows: the paper's search on Gaussian data (``choose_bounds``) scaled by
+    ``dpfed.preprocess.public_sigmas``' fallbacks, split unchanged."""
     try:
-        from dpfed.bounds import choose_bounds
+        from dpfed.bounds import choose_bounds, choose_bounds_table
     except ImportError:
         raise RoundSpecError("x_bound and y_bound are required (dpfed.bounds is not "
                              "available to choose them)") from None
     n = int(config.get("expected_site_n", 500))
+    if public and len(y_raw) >= 2:
+        from dpfed.auxiliary import AuxiliarySource
+
+        k = max(1, len(config.get("sites") or []))
+        source = AuxiliarySource(x_raw, y_raw, pre, feature_names=features)
+        table = choose_bounds_table(source, [(n * k, draws)], [eps], neighbouring=neighbouring,
+                                    xtx_sensitivity=xtx_rule,
+                                    x_norm_bound=row_norm_bound(pre.normalize_rows),
+                                    budget_split=split)
+        choice = table[(n * k, draws, float(eps))]
+        bx, by = choice.bounds(*source.scales())
+        return bx, by, tuple(choice.budget_split)
     chosen = choose_bounds(n, d, eps)
     if isinstance(chosen, dict):
         wx, wy = chosen["omega_x"], chosen["omega_y"]
@@ -112,8 +133,8 @@ def _choose_bounds(config: dict, d: int, eps: float, x_public: np.ndarray,
         wx, wy = chosen.omega_x, chosen.omega_y
     else:
         wx, wy = chosen
-    sigma_x, sigma_y = public_sigmas(x_public, y_public, pre)
-    return wx * sigma_x, wy * sigma_y
+    sigma_x, sigma_y = public_sigmas(x_raw, y_raw, pre)
+    return wx * sigma_x, wy * sigma_y, None
 
 
 def _aggregation(config: dict, spec: pb.RoundSpec) -> None:
@@ -201,13 +222,13 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
 
     public = config.get("public", {})
     x_raw, y_raw = np.zeros((0, d)), np.zeros(0)
+    xp, yp = x_raw, y_raw
     if public.get("path"):
         path = base / public["path"]
         x_raw, y_raw = read_public_rows(path, target, features)
         pre = Preprocessing.from_public_data(x_raw, y_raw,
                                              normalize_rows=bool(public.get("normalize_rows", True)))
         xp, yp = pre.apply(x_raw, y_raw)
-        spec.public_statistics = exact_statistics(xp, yp).to_bytes()
         spec.public_source = str(public.get("source", f"{path.name}: {len(yp)} public rows"))
     else:
         pre = Preprocessing.identity(d) if not config.get("normalize_rows", False) else \
@@ -218,5 +239,17 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     if "x_bound" in config and "y_bound" in config:
         spec.x_bound, spec.y_bound = float(config["x_bound"]), float(config["y_bound"])
     else:
-        spec.x_bound, spec.y_bound = _choose_bounds(config, d, eps, x_raw, y_raw, pre)
+        from dpfed.secure_round import SECURE
+        draws = 1 if spec.aggregation == SECURE else max(1, len(spec.sites))
+        spec.x_bound, spec.y_bound, chosen_split = _choose_bounds(
+            config, d, eps, x_raw, y_raw, pre, public=bool(public.get("path")),
+            features=features, draws=draws, neighbouring=neighbouring, xtx_rule=xtx_rule,
+            split=split)
+        if chosen_split is not None and "budget_split" not in config:
+            del spec.budget_split[:]
+            spec.budget_split.extend(chosen_split)
+    if public.get("path"):
+        # Clipped like the private rows (module docstring); exact, added without noise.
+        spec.public_statistics = clipped_exact_statistics(
+            xp, yp, spec.x_bound, spec.y_bound, row_norm_bound(pre.normalize_rows)).to_bytes()
     return spec

@@ -34,7 +34,7 @@ from dpfed.secagg.codec import Reader, Writer
 from dpfed.secagg.errors import MalformedMessage, ParameterError, SecAggError
 from dpfed.secagg.fixedpoint import PARTS, StatisticsLayout
 from dpfed.secagg.protocol import RoundConfig
-from dpfed.sensitivity import noise_calibration
+from dpfed.sensitivity import noise_calibration, row_norm_bound
 
 __all__ = ["AGGREGATIONS", "INDEPENDENT", "SECURE", "aggregation", "is_secure",
            "min_contributors", "secure_problems", "SecureRound", "build", "encode_keys",
@@ -74,7 +74,8 @@ def _calibration(spec, n_sites: int) -> GridCalibration:
     d = len(spec.feature_names)
     cal = noise_calibration(d, spec.epsilon, spec.x_bound, spec.y_bound,
                             list(spec.budget_split), neighbouring=spec.neighbouring or "add_remove",
-                            xtx_sensitivity=spec.xtx_sensitivity or "exact")
+                            xtx_sensitivity=spec.xtx_sensitivity or "exact",
+                            x_norm_bound=row_norm_bound(spec.preprocessing.normalize_rows))
     return calibrate(d=d, n_max=int(spec.max_site_rows), n_sites=n_sites, x_bound=spec.x_bound,
                      y_bound=spec.y_bound, calibration=cal,
                      noise_threshold=int(spec.noise_threshold))

@@ -31,6 +31,25 @@ reproduce the paper), ``"exact"`` (the default) the exact value. A replacement i
 followed by an addition, so eps-DP under add/remove implies 2 eps-DP under replace-one (group
 privacy over the two steps); state which one a figure uses.
 
+**Row-norm bound** (``x_norm_bound`` R, optional). When every released row is also projected
+into the L2 ball ||x||_2 <= R (``site_node.release`` does it; rows normalised to unit norm by
+the round's pre-processing are unchanged by it with R = 1), the worst row is smaller: with
+t = min(Bx, R / sqrt(d)),
+
+| part | add/remove | replace-one | why |
+|---|---|---|---|
+| Sxx upper triangle | d(d+1)/2 t^2 | min(d(d+1)/2 Bx^2, d(d+1) t^2) | sum_{j<=k} |v_j v_k| = (||v||_1^2 + ||v||_2^2)/2, ||v||_1 <= d t, ||v||_2^2 <= d t^2; replace-one: the box proof, or remove + add |
+| Sxy | d t By | 2 d t By | sum_j |v_j w| <= ||v||_1 By |
+| Syy, n | unchanged | unchanged | |
+
+Every add/remove value is attained by v = (t, ..., t) (inside both the box and the ball). So
+with R = 1 and d = 10 the Sxx and Sxy noise stop growing at Bx = 1/sqrt(10) ~ 0.32, and the
+clipping threshold of the features can be raised to 1 (no coordinate clipping of a unit row)
+at no extra noise: on the bundled binary features, whose normalised rows have one or two
+large entries (~0.7-0.9), that keeps the signal the box clipping at 0.3 flattened
+(docs/evaluation.md). ``xtx_sensitivity="paper"`` keeps the paper's d(d+1) Bx^2 for Sxx.
+``tests/test_sensitivity.py`` checks the new bounds by brute force.
+
 Imports nothing from the roles (site_node, aggregator, coordinator): both the site (to draw
 noise) and the aggregator (to check the noise a contribution declares) compute from here.
 """
@@ -49,7 +68,8 @@ __all__ = ["NEIGHBOURING", "XTX_SENSITIVITIES", "DEFAULT_BUDGET_SPLIT",
            "DEFAULT_SPLIT_ADD_REMOVE", "default_budget_split", "check_neighbouring",
            "check_xtx_rule", "validate_privacy_parameters", "xtx_sensitivity",
            "xtx_sensitivity_tight", "xty_sensitivity", "yty_sensitivity", "n_sensitivity",
-           "NoiseCalibration", "noise_calibration", "expected_noise"]
+           "NoiseCalibration", "noise_calibration", "expected_noise", "row_norm_bound",
+           "coordinate_bound", "check_norm_bound"]
 
 NEIGHBOURING = ("add_remove", "replace_one")
 XTX_SENSITIVITIES = ("exact", "paper")
@@ -85,13 +105,48 @@ def default_budget_split(neighbouring: str = "add_remove") -> tuple[float, ...]:
     return DEFAULT_SPLIT_ADD_REMOVE if neighbouring == "add_remove" else DEFAULT_BUDGET_SPLIT
 
 
-def xtx_sensitivity(d, x_bound, *, rule: str = "exact"):
-    """L1 sensitivity of the upper triangle of X^T X (the same under both relations):
-    ``"exact"`` d(d+1)/2 Bx^2, ``"paper"`` d(d+1) Bx^2 (Honkela et al. 2018, twice that).
-    ``x_bound`` may be a numpy array (vectorised, for dpfed.bounds)."""
+def row_norm_bound(normalize_rows: bool) -> float | None:
+    """The row-norm bound R of a round whose pre-processing does (True) or does not normalise
+    rows: 1.0 (every pre-processed row has L2 norm 1, or 0 for a row at the public mean) or
+    None (no row bound). Site and aggregator derive it from the same signed spec field."""
+    return 1.0 if normalize_rows else None
+
+
+def check_norm_bound(x_norm_bound) -> float | None:
+    """``x_norm_bound`` as a float (finite, > 0) or None; ValueError otherwise."""
+    if x_norm_bound is None:
+        return None
+    if isinstance(x_norm_bound, (bool, np.bool_)) or not isinstance(x_norm_bound, numbers.Real) \
+            or not math.isfinite(x_norm_bound) or x_norm_bound <= 0:
+        raise ValueError(f"x_norm_bound must be a finite number > 0 or None, got {x_norm_bound!r}")
+    return float(x_norm_bound)
+
+
+def coordinate_bound(d, x_bound, x_norm_bound=None):
+    """t = min(Bx, R / sqrt(d)): the largest value every coordinate of the worst-case row can
+    take at once (module docstring, "Row-norm bound"); Bx when there is no row bound.
+    Vectorised over ``x_bound``."""
+    if x_norm_bound is None:
+        return x_bound
+    return np.minimum(x_bound, float(x_norm_bound) / math.sqrt(d))
+
+
+def xtx_sensitivity(d, x_bound, *, rule: str = "exact", x_norm_bound=None,
+                    neighbouring: str = "add_remove"):
+    """L1 sensitivity of the upper triangle of X^T X: ``"exact"`` d(d+1)/2 Bx^2 under either
+    relation, ``"paper"`` d(d+1) Bx^2 (Honkela et al. 2018, twice that). With a row-norm
+    bound R (``x_norm_bound``) and the exact rule: d(d+1)/2 t^2 under add/remove and
+    min(d(d+1)/2 Bx^2, d(d+1) t^2) under replace-one, t = ``coordinate_bound`` (module
+    docstring). ``x_bound`` may be a numpy array (vectorised, for dpfed.bounds)."""
     check_xtx_rule(rule)
     factor = 1.0 if rule == "paper" else 0.5
-    return factor * d * (d + 1) * (x_bound * x_bound)
+    box = factor * d * (d + 1) * (x_bound * x_bound)
+    if x_norm_bound is None or rule == "paper":
+        return box
+    check_neighbouring(neighbouring)
+    t = coordinate_bound(d, x_bound, x_norm_bound)
+    ball = 0.5 * d * (d + 1) * (t * t)
+    return ball if neighbouring == "add_remove" else np.minimum(box, 2.0 * ball)
 
 
 def xtx_sensitivity_tight(d: int, x_bound: float) -> float:
@@ -113,11 +168,13 @@ def xtx_sensitivity_tight(d: int, x_bound: float) -> float:
 _xtx_replace_one_proof = xtx_sensitivity_tight
 
 
-def xty_sensitivity(d, x_bound, y_bound, *, neighbouring: str = "add_remove"):
-    """L1 sensitivity of X^T y: d Bx By under add/remove, 2 d Bx By under replace-one."""
+def xty_sensitivity(d, x_bound, y_bound, *, neighbouring: str = "add_remove",
+                    x_norm_bound=None):
+    """L1 sensitivity of X^T y: d Bx By under add/remove, 2 d Bx By under replace-one; with a
+    row-norm bound, Bx replaced by t = ``coordinate_bound`` (||v||_1 <= d t)."""
     check_neighbouring(neighbouring)
     factor = 1.0 if neighbouring == "add_remove" else 2.0
-    return factor * d * x_bound * y_bound
+    return factor * d * coordinate_bound(d, x_bound, x_norm_bound) * y_bound
 
 
 def yty_sensitivity(y_bound, *, neighbouring: str = "add_remove"):
@@ -182,6 +239,7 @@ class NoiseCalibration:
     n_epsilon: float | None = None
     neighbouring: str = "add_remove"
     xtx_rule: str = "exact"
+    x_norm_bound: float | None = None
 
     @property
     def xtx_scale(self) -> float:
@@ -210,8 +268,10 @@ class NoiseCalibration:
 
 def noise_calibration(d: int, epsilon: float, x_bound: float, y_bound: float,
                       budget_split=None, *, neighbouring: str = "add_remove",
-                      xtx_sensitivity: str = "exact") -> NoiseCalibration:
+                      xtx_sensitivity: str = "exact",
+                      x_norm_bound: float | None = None) -> NoiseCalibration:
     """Sensitivities and per-part epsilons of one release (module docstring's tables).
+    ``x_norm_bound``: the row-norm bound R the release enforces, or None (box only).
 
     ``budget_split=None`` takes the relation's default (``default_budget_split``). Raises
     ValueError on an unknown relation or rule, a split of the wrong length, or parameters whose
@@ -225,14 +285,17 @@ def noise_calibration(d: int, epsilon: float, x_bound: float, y_bound: float,
     if isinstance(d, bool) or not isinstance(d, numbers.Integral) or d < 1:
         raise ValueError(f"dimension must be an integer >= 1, got {d!r}")
     d = int(d)
+    norm = check_norm_bound(x_norm_bound)
     # The parameter ``xtx_sensitivity`` shadows the function of that name: use globals.
-    sxx = globals()["xtx_sensitivity"](d, x_bound, rule=rule)
+    sxx = float(globals()["xtx_sensitivity"](d, x_bound, rule=rule, x_norm_bound=norm,
+                                             neighbouring=neighbouring))
     n_sens = n_sensitivity(neighbouring)
     cal = NoiseCalibration(
-        sxx, xty_sensitivity(d, x_bound, y_bound, neighbouring=neighbouring),
+        sxx, float(xty_sensitivity(d, x_bound, y_bound, neighbouring=neighbouring,
+                                   x_norm_bound=norm)),
         yty_sensitivity(y_bound, neighbouring=neighbouring),
         split[0] * epsilon, split[1] * epsilon, split[2] * epsilon,
-        n_sens, None if n_sens is None else split[3] * epsilon, neighbouring, rule)
+        n_sens, None if n_sens is None else split[3] * epsilon, neighbouring, rule, norm)
     # Extreme but finite inputs can overflow (Bx = 1e200) or underflow (eps = 1e-320) here;
     # refuse them now, before any noise is drawn, rather than midway through a release.
     for name in ("xtx", "xty", "yty", "n"):
@@ -247,8 +310,8 @@ def noise_calibration(d: int, epsilon: float, x_bound: float, y_bound: float,
 
 
 def expected_noise(d: int, epsilon: float, x_bound: float, y_bound: float, budget_split=None, *,
-                   neighbouring: str = "add_remove", xtx_sensitivity: str = "exact"
-                   ) -> NoiseDescription:
+                   neighbouring: str = "add_remove", xtx_sensitivity: str = "exact",
+                   x_norm_bound: float | None = None) -> NoiseDescription:
     """The ``NoiseDescription`` one release carries (dpfed.noise): one Laplace draw of scale
     ``noise_calibration(...).xtx_scale`` etc. per coordinate of Sxx (upper triangle), Sxy and Syy,
     and under add/remove one discrete Laplace draw on the integer grid (grid 1.0) of scale
@@ -260,7 +323,8 @@ def expected_noise(d: int, epsilon: float, x_bound: float, y_bound: float, budge
     site (what it declares) and the aggregator (what it expects from the spec) compute this
     same function, so the two agree exactly."""
     cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
-                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                            x_norm_bound=x_norm_bound)
     n_terms = () if cal.n_scale is None else (NoiseTerm("discrete_laplace", cal.n_scale, 1, 1.0),)
     return NoiseDescription(xtx=(NoiseTerm("laplace", cal.xtx_scale),),
                             xty=(NoiseTerm("laplace", cal.xty_scale),),

@@ -257,3 +257,31 @@ def exact_statistics(x, y) -> Statistics:
     """Exact (noise-free) statistics of *public* data. Never use on private data."""
     x, y = validate_data(x, y)
     return Statistics(symmetric_gram(x), x.T @ y, float(y @ y), x.shape[0], EXACT)
+
+
+def clipped_exact_statistics(x, y, x_bound: float, y_bound: float,
+                             x_norm_bound: float | None = None) -> Statistics:
+    """Exact statistics of rows clipped like a release clips them (every feature to
+    [-x_bound, x_bound], then, with ``x_norm_bound`` R, each row scaled into the L2 ball of
+    radius R; the target to [-y_bound, y_bound]), with no noise (``EXACT``). For *public*
+    rows that are to be fitted together with a release of the same bounds."""
+    x, y = validate_data(x, y)
+    z = np.clip(x, -x_bound, x_bound)
+    if x_norm_bound is not None:
+        norms = np.sqrt(np.einsum("ij,ij->i", z, z))
+        over = norms > x_norm_bound
+        z[over] *= (x_norm_bound * (1.0 - 1e-12) / norms[over])[:, None]
+    return exact_statistics(z, np.clip(y, -y_bound, y_bound))
+
+
+def realisable(stats: Statistics, rel_tol: float = 1e-9) -> bool:
+    """Whether ``stats`` can be the exact statistics of some rows: the augmented Gram matrix
+    [[Sxx, Sxy], [Sxy^T, Syy]] = sum of z z^T over rows z = (x, y) is positive semidefinite
+    (up to ``rel_tol`` of its largest entry). A noisy release usually is not."""
+    d = stats.dim
+    g = np.empty((d + 1, d + 1))
+    g[:d, :d] = stats.xtx
+    g[:d, d] = g[d, :d] = stats.xty
+    g[d, d] = stats.yty
+    scale = max(1.0, float(np.max(np.abs(g))))
+    return bool(np.linalg.eigvalsh(g)[0] >= -rel_tol * scale)

@@ -67,14 +67,31 @@ class Mechanism:
     budget_split: tuple[float, ...]
     neighbouring: str = "add_remove"
     xtx_sensitivity: str = "exact"
+    x_norm_bound: float | None = None   # row-norm bound R (rows projected into the L2 ball)
 
     def scales(self, d: int, draws: int = 1) -> NoiseScales:
+        if self.x_norm_bound is not None:
+            from dpfed.sensitivity import noise_calibration
+
+            cal = noise_calibration(d, self.epsilon, self.x_bound, self.y_bound,
+                                    tuple(self.budget_split), neighbouring=self.neighbouring,
+                                    xtx_sensitivity=self.xtx_sensitivity,
+                                    x_norm_bound=self.x_norm_bound)
+            return NoiseScales(cal.xtx_scale, cal.xty_scale, cal.yty_scale, cal.n_scale, draws)
         from dpfed.bounds import unit_scales
 
         u_xx, u_xy, u_yy, u_n = unit_scales(d, self.epsilon, self.budget_split,
                                             self.neighbouring, self.xtx_sensitivity)
         bx, by = self.x_bound, self.y_bound
         return NoiseScales(u_xx * bx * bx, u_xy * bx * by, u_yy * by * by, u_n, draws)
+
+    def clip_rows(self, x: np.ndarray) -> np.ndarray:
+        """Rows clipped like the release clips them (box, then the row-norm ball)."""
+        z = np.clip(x, -self.x_bound, self.x_bound)
+        if self.x_norm_bound is not None:
+            norms = np.sqrt(np.einsum("ij,ij->i", z, z))
+            z = z * np.minimum(1.0, self.x_norm_bound / np.where(norms > 0, norms, 1.0))[:, None]
+        return z
 
 
 Fit = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, NoiseScales], np.ndarray]
@@ -140,7 +157,7 @@ def simulate_release(rng: np.random.Generator, sites: Sequence[tuple[np.ndarray,
     syy = 0.0
     n_total = 0
     for x, y in sites:
-        xc = np.clip(x, -mech.x_bound, mech.x_bound)
+        xc = mech.clip_rows(x)
         yc = np.clip(y, -mech.y_bound, mech.y_bound)
         sxx += xc.T @ xc
         sxy += xc.T @ yc
@@ -172,7 +189,10 @@ def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, 
     exact = closed_form_fit(0.0)
     pub = exact(sxx_p[None], sxy_p[None], np.array([syy_p]), np.array([len(y_public)]), None)
     sxx, sxy, syy, n, sc = simulate_release(rng, sites, mech, n_noise)
-    beta = fit(sxx + sxx_p, sxy + sxy_p, syy + syy_p, n + len(y_public), sc)
+    # With the private release, the public rows clipped like the private ones (as a round's
+    # spec carries them, coordinator.roundspec); public-only uses them as they are.
+    xc, yc = mech.clip_rows(x_public), np.clip(y_public, -mech.y_bound, mech.y_bound)
+    beta = fit(sxx + xc.T @ xc, sxy + xc.T @ yc, syy + float(yc @ yc), n + len(y_public), sc)
     xa = np.vstack([x_public] + [x for x, _ in sites])
     ya = np.concatenate([y_public] + [y for _, y in sites])
     nonp = exact((xa.T @ xa)[None], (xa.T @ ya)[None], np.array([ya @ ya]), np.array([len(ya)]), None)
@@ -205,7 +225,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
                    budget_split=None, ridge_c: float | None = None, search_sxx_share: bool = True,
                    n_test: int = 100, n_datasets: int = 20, n_noise: int = 10, seed: int = 0,
                    fit: Fit | None = None, choose_datasets: int = 10, choose_noise: int = 10,
-                   omegas=None, row_bootstrap: float | None = None) -> dict:
+                   omegas=None, row_bootstrap: float | None = None,
+                   x_norm_bound="auto", aggregation: str = "independent") -> dict:
     """Forecast what a round buys, per epsilon (module docstring). Public inputs only.
 
     ``n_per_site``: an int (one site) or the list of the K sites' n. ``bounds``: "choose"
@@ -213,8 +234,15 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     site, with a seed disjoint from the forecast's) or ``(x_bound, y_bound)``. ``fit``: a batched
     fit ``fit(sxx, sxy, syy, n, NoiseScales) -> beta`` (default: ``closed_form_fit`` with the
     chosen ridge c, or ``ridge_c``/``DEFAULT_RIDGE_C`` when bounds are given).
+    ``x_norm_bound``: the release's row-norm bound ("auto": 1 when the pre-processing
+    normalises rows, ``dpfed.sensitivity.row_norm_bound``; None: coordinate clipping only);
+    with it, "choose" uses ``dpfed.bounds.choose_bounds_table`` for the sites' total n and K.
+    ``aggregation``: "independent" (each site's release carries its own draw) or "secure"
+    (secure aggregation, method.md section 10: the sum of all sites' rows carries one draw,
+    forecast as one release of the total n).
     Returns a JSON-ready dict; see ``docs/evaluation.md`` ("dpfed plan") for the keys.
     """
+    from dpfed.secure_round import AGGREGATIONS, SECURE
     from dpfed.bounds import choose_bounds, default_split
 
     x_public = np.asarray(x_public, dtype=np.float64)
@@ -222,7 +250,11 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     pre = preprocessing or Preprocessing.from_public_data(x_public, y_public)
     source = AuxiliarySource(x_public, y_public, pre, feature_names=feature_names,
                              **({} if row_bootstrap is None else {"row_bootstrap": row_bootstrap}))
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     sizes = _split_sizes(n_per_site)
+    # The blocks whose releases carry independent noise draws.
+    draw_sizes = [sum(sizes)] if aggregation == SECURE else sizes
     d = source.d
     sigma_x, sigma_y = source.scales()
     split0 = tuple(budget_split) if budget_split is not None else default_split(neighbouring)
@@ -230,11 +262,29 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
         raise ValueError("epsilons must be finite and > 0")
     results = []
+    if x_norm_bound == "auto":
+        from dpfed.sensitivity import row_norm_bound
+
+        x_norm_bound = row_norm_bound(pre.normalize_rows)
+    table = None
+    if isinstance(bounds, str) and bounds == "choose" and x_norm_bound is not None:
+        from dpfed.bounds import choose_bounds_table
+
+        table = choose_bounds_table(source, [(sum(draw_sizes), len(draw_sizes))], eps_list,
+                                    neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                                    x_norm_bound=x_norm_bound, budget_split=split0,
+                                    n_datasets=choose_datasets, seed=seed + 1_000_003,
+                                    n_test=n_test)
     for i_eps, eps in enumerate(eps_list):
-        if isinstance(bounds, str):
+        if table is not None:
+            choice = table[(sum(draw_sizes), len(draw_sizes), eps)]
+            bx, by = choice.bounds(sigma_x, sigma_y)
+            split, c = choice.budget_split, choice.ridge_c
+            om = (choice.omega_x, choice.omega_y)
+        elif isinstance(bounds, str):
             if bounds != "choose":
                 raise ValueError("bounds must be 'choose' or (x_bound, y_bound)")
-            choice = choose_bounds(min(sizes), d, eps, auxiliary=source, neighbouring=neighbouring,
+            choice = choose_bounds(min(draw_sizes), d, eps, auxiliary=source, neighbouring=neighbouring,
                                    xtx_sensitivity=xtx_sensitivity, budget_split=split0,
                                    ridge="noise_matched", search_sxx_share=search_sxx_share,
                                    n_datasets=choose_datasets, n_noise=choose_noise,
@@ -246,13 +296,13 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
             bx, by = (float(v) for v in bounds)
             split, c = split0, DEFAULT_RIDGE_C if ridge_c is None else float(ridge_c)
             om = (bx / sigma_x, by / sigma_y)
-        mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity)
+        mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity, x_norm_bound)
         fit_fn = fit or closed_form_fit(c)
         pub, nonp, priv = [], [], []
         for child in np.random.SeedSequence(seed).spawn(n_datasets):  # same populations per eps
             rng = np.random.default_rng(child)
-            data = source.sample(rng, sum(sizes), n_test)
-            bounds_idx = np.cumsum(sizes)[:-1]
+            data = source.sample(rng, sum(draw_sizes), n_test)
+            bounds_idx = np.cumsum(draw_sizes)[:-1]
             sites = list(zip(np.split(data.x, bounds_idx), np.split(data.y, bounds_idx)))
             cell = score_cell(rng, sites, data.x_public, data.y_public, data.x_test,
                               data.y_test, mech, fit_fn, n_noise)
@@ -261,7 +311,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
             priv.append(cell["private_public"])
         pub_a, priv_a = np.array(pub), np.array(priv)                  # (D,), (D, N)
         gain = priv_a - pub_a[:, None]
-        sc = mech.scales(d, draws=len(sizes))
+        sc = mech.scales(d, draws=len(draw_sizes))
         g = summarise(gain)
         g["sd"] = float(np.std(gain))
         g["se_mean"] = float(np.std(gain.mean(axis=1), ddof=1) / math.sqrt(n_datasets)) \
@@ -286,7 +336,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         })
     return {
         "d": d, "n_public": source.m, "n_per_site": sizes, "sites": len(sizes),
+        "aggregation": aggregation,
         "neighbouring": neighbouring, "xtx_sensitivity": xtx_sensitivity,
+        "x_norm_bound": x_norm_bound,
         "fit": "closed_form_noise_matched_ridge" if fit is None else getattr(fit, "__name__", "custom"),
         "n_datasets": n_datasets, "n_noise": n_noise, "n_test": n_test, "seed": seed,
         "auxiliary": {"column_kinds": {str(k): v for k, v in source.column_kinds().items()},

@@ -14,8 +14,13 @@ Per drug with at least ``min_lines`` measured cell lines (262 of GDSC v17's 265)
   paper's 985: 56 drugs reach n = 800), so each (method, n) mean says how many drugs it covers;
 - pre-processing (feature means, target mean: ``dpfed_apps.simulation.public_preprocessing``) and
   the threshold scales (``dpfed.preprocess.public_sigmas``) come from the 10 public lines only;
-- clipping bounds: ``dpfed.bounds.choose_bounds(n_site, d, eps)`` (method.md section 4, synthetic
-  data, no privacy cost) scaled by the public sigmas, with n_site the smallest site's size
+- clipping bounds, Sxx share of the split and ridge of robust_private (``bounds="public"``, the
+  default): per repeat, ``dpfed.bounds.choose_bounds_table`` on auxiliary data shaped like
+  that repeat's 10 public lines (``dpfed.auxiliary``; no private or test line is read), one
+  search for every (n, K, eps) of the grid, with the release's row-norm bound (rows have unit
+  norm, ``dpfed.sensitivity``); the other methods (and robust_private with
+  ``bounds="gaussian"``): ``dpfed.bounds.choose_bounds(n_site, d, eps)`` (method.md section 4,
+  Gaussian synthetic data) scaled by the public sigmas, with n_site the smallest site's size
   (K sites share the n private lines in near-equal blocks, each releasing with the same eps);
   with secure aggregation (issue 10, ``aggregations``) the aggregator sees ONE noise draw on
   the sum of all n rows, the trade-off of a single site with n rows, so its bounds are chosen
@@ -39,7 +44,11 @@ from dpfed_apps.simulation import Problem, Split, gdsc_problem, public_preproces
 
 __all__ = ["ProtocolConfig", "RepeatSplit", "RepeatData", "QUICK", "eligible_drugs",
            "repeat_split", "prepare_repeat", "private_rows", "bounds_table", "site_size",
-           "AGGREGATIONS", "federations", "bounds_size"]
+           "AGGREGATIONS", "federations", "bounds_size", "table_cell", "repeat_bounds",
+           "BOUNDS_RULES"]
+
+#: How robust_private's bounds are chosen (``ProtocolConfig.bounds``, module docstring).
+BOUNDS_RULES = ("public", "gaussian")
 
 PAPER_SIZES = (0, 100, 200, 300, 400, 500, 600, 700, 800)
 #: How robust_private's K >= 2 site releases are combined (issue 10), the round modes of
@@ -72,6 +81,10 @@ class ProtocolConfig:
     # neighbouring = "replace_one".
     neighbouring: str = "add_remove"
     xtx_sensitivity: str = "exact"
+    # robust_private's bounds: "public" (per repeat, public-shaped auxiliary data, row-norm
+    # bound) or "gaussian" (the paper's search, coordinate clipping only; before issue 9's
+    # second part).
+    bounds: str = "public"
 
     def __post_init__(self):
         from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
@@ -83,6 +96,8 @@ class ProtocolConfig:
         split = validate_privacy_parameters(1.0, 1.0, 1.0, split,
                                             neighbouring=self.neighbouring)[3]
         object.__setattr__(self, "budget_split", split)
+        if self.bounds not in BOUNDS_RULES:
+            raise ValueError(f"bounds must be one of {BOUNDS_RULES}, got {self.bounds!r}")
         if any((not isinstance(n, int)) or n < 0 for n in self.sizes) or not self.sizes:
             raise ValueError(f"sizes must be non-negative integers, got {self.sizes!r}")
         if any(not (math.isfinite(e) and e > 0) for e in self.epsilons) or not self.epsilons:
@@ -202,6 +217,9 @@ class RepeatData:
     sigma_y: float
     y_range: float
     preprocessing: Preprocessing = field(repr=False)
+    # The public lines before pre-processing (what an AuxiliarySource reads).
+    x_public_raw: np.ndarray | None = field(default=None, repr=False)
+    y_public_raw: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def pool_size(self) -> int:
@@ -222,7 +240,8 @@ def prepare_repeat(problem: Problem, config: ProtocolConfig, drug: int, repeat: 
     if not (math.isfinite(y_range) and y_range > 0):
         y_range = 1.0
     return RepeatData(int(drug), int(repeat), x_test, problem.y[split.test], x_pub, y_pub,
-                      x_pool, y_pool, sigma_x, sigma_y, y_range, prep)
+                      x_pool, y_pool, sigma_x, sigma_y, y_range, prep,
+                      problem.x[split.public], problem.y[split.public])
 
 
 def load_problem(drug: int, config: ProtocolConfig) -> Problem:
@@ -257,3 +276,41 @@ def bounds_table(config: ProtocolConfig, d: int, *, cache_dir=None) -> dict[tupl
                 choice = choose_bounds(m, d, eps, cache_dir=cache_dir, **mechanism)
                 table[(m, eps)] = (float(choice.omega_x), float(choice.omega_y))
     return table
+
+
+def table_cell(n: int, k: int, aggregation: str = "independent") -> tuple[int, int]:
+    """The (n, draws) cell of ``dpfed.bounds.choose_bounds_table`` that robust_private's
+    bounds for n rows at K sites come from: K independent draws on the sum, or one with
+    secure aggregation (the sum of n rows carries one draw, like ``bounds_size``)."""
+    return (n, 1 if aggregation == "secure" else k)
+
+
+def repeat_cells(config: ProtocolConfig, pool_size: int) -> list[tuple[int, int]]:
+    """The table cells (``table_cell``) of every robust_private cell of a repeat whose pool
+    has ``pool_size`` lines."""
+    return sorted({table_cell(n, k, agg) for n in config.sizes if 0 < n <= pool_size
+                   for k, agg in federations(config, "robust_private") if site_size(n, k) >= 2})
+
+
+def repeat_bounds(data: RepeatData, config: ProtocolConfig, *, cache_dir=None) -> dict:
+    """robust_private's bounds for every (n, K, eps) of one repeat (``bounds="public"``):
+    ``dpfed.bounds.choose_bounds_table`` on auxiliary data shaped like this repeat's public
+    lines only (raw public rows, the public pre-processing, the feature names: no private or
+    test line), with the release's row-norm bound. {(n, K, eps): BoundsChoice}; bounds are
+    ``choice.bounds(*source.scales())`` (the public sigmas of ``prepare_repeat``)."""
+    from dpfed.auxiliary import AuxiliarySource
+    from dpfed.bounds import choose_bounds_table
+    from dpfed.sensitivity import row_norm_bound
+
+    cells = repeat_cells(config, data.pool_size)
+    if not cells:
+        return {}
+    source = AuxiliarySource(data.x_public_raw, data.y_public_raw, data.preprocessing,
+                             feature_names=config.features)
+    seed = int(np.random.SeedSequence([config.seed, data.drug, data.repeat, 7])
+               .generate_state(1)[0])
+    return choose_bounds_table(source, cells, config.epsilons, neighbouring=config.neighbouring,
+                               xtx_sensitivity=config.xtx_sensitivity,
+                               x_norm_bound=row_norm_bound(data.preprocessing.normalize_rows),
+                               budget_split=config.budget_split, seed=seed,
+                               cache_dir=cache_dir)

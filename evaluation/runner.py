@@ -5,15 +5,18 @@ function of the task (plus OpenDP's unseeded DP noise) that returns one row per
 (drug, repeat, method, epsilon, n_private, sites, aggregation) cell:
 
     drug, repeat, method, epsilon, n_private, sites, neighbouring, spearman, converged, error,
-    aggregation, noise_threshold
+    aggregation, noise_threshold, fit
 
 ``epsilon`` is None for ``nonprivate`` (it does not depend on eps); ``sites`` is K for
 ``robust_private`` and 1 for everything else. ``aggregation`` is "secure" for robust_private's
 secure-aggregation rows (K >= 2, issue 10; ``noise_threshold`` T = K, every site honest, so the
 sum carries one noise draw) and "independent" for every other row (K independent releases;
 K = 1 and the single-site methods are always independent; ``noise_threshold`` empty).
-``converged`` is the ADVI convergence flag of the cell's Gamma-prior fit (None for methods that do not end in one); ``error`` is the message of a
-method that raised on this cell (its spearman is NaN): one failing cell does not end an
+``fit`` says which posterior fit ran ("laplace", or "nuts (after laplace refused)": the fast
+path refused and the reference sampler took over). ``converged`` is the ADVI convergence flag
+of the cell's Gamma-prior fit (None for methods that do not end in one); ``error`` is the
+message of a method that raised on this cell (its spearman is NaN): one failing cell does not
+end an
 hour-long run, and the report counts them.
 
 Every method is called through ``method.fit``. The methods that end in the Gamma-prior
@@ -33,7 +36,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from dpfed.statistics import Statistics, exact_statistics
-from evaluation.protocol import (ProtocolConfig, RepeatData, bounds_size, federations,
+from evaluation.protocol import (ProtocolConfig, RepeatData, bounds_size, federations, table_cell,
                                  load_problem, prepare_repeat, site_size)
 from dpfed.metrics import TestRanks
 
@@ -42,7 +45,7 @@ __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_gr
 
 ROW_FIELDS = ("drug", "repeat", "method", "epsilon", "n_private", "sites", "neighbouring",
               "spearman",
-              "converged", "error", "aggregation", "noise_threshold")
+              "converged", "error", "aggregation", "noise_threshold", "fit")
 
 DEFAULT_METHODS = ("robust_private", "nonprivate", "nonprivate_robust", "private_unclipped",
                    "output_perturbation", "functional_mechanism", "adassp")
@@ -58,6 +61,9 @@ class Task:
     config: ProtocolConfig
     methods: tuple[str, ...]
     bounds: dict  # (n_site, eps) -> (omega_x, omega_y), from protocol.bounds_table
+    # Where robust_private's per-repeat public-shaped bounds are cached (config.bounds ==
+    # "public"; protocol.repeat_bounds), or None (computed, not stored).
+    cache_dir: str | None = None
 
 
 @dataclass
@@ -72,14 +78,16 @@ class TaskResult:
 
 
 def plan_tasks(drugs: Sequence[int], config: ProtocolConfig, methods: Sequence[str],
-               bounds: dict, repeats_per_task: int = 5) -> list[Task]:
+               bounds: dict, repeats_per_task: int = 5, cache_dir=None) -> list[Task]:
     """Tasks of ``repeats_per_task`` repeats of one drug (more per task: bigger ADVI batches,
-    coarser progress and load balance)."""
+    coarser progress and load balance). ``cache_dir``: where the per-repeat public-shaped
+    bounds are cached (the output folder's bounds-cache)."""
     tasks = []
     for drug in drugs:
         for start in range(0, config.repeats, repeats_per_task):
             reps = tuple(range(start, min(config.repeats, start + repeats_per_task)))
-            tasks.append(Task(int(drug), reps, config, tuple(methods), dict(bounds)))
+            tasks.append(Task(int(drug), reps, config, tuple(methods), dict(bounds),
+                              None if cache_dir is None else str(cache_dir)))
     return tasks
 
 
@@ -89,7 +97,7 @@ def _row(data: RepeatData, method: str, eps, n: int, k: int, neighbouring: str,
                epsilon=None if eps is None else float(eps), n_private=int(n), sites=int(k),
                neighbouring=neighbouring, spearman=float("nan"), converged=None,
                error=None, aggregation=aggregation,
-               noise_threshold=int(k) if aggregation == "secure" else None)
+               noise_threshold=int(k) if aggregation == "secure" else None, fit=None)
     row.update(kw)
     return row
 
@@ -98,7 +106,9 @@ def run_task(task: Task) -> TaskResult:
     """Every cell of ``task`` (module docstring)."""
     from evaluation.methods import get_method
     from evaluation.methods.base import PrivacySetting, TrainingData
-    from evaluation.methods.posterior_fit import posterior_beta
+    from evaluation.methods.posterior_fit import FIT_LOG, posterior_beta
+    from evaluation.protocol import repeat_bounds
+    from dpfed.sensitivity import row_norm_bound
 
     t0 = time.perf_counter()
     cfg = task.config
@@ -118,6 +128,11 @@ def run_task(task: Task) -> TaskResult:
     for rep in task.repeats:
         data = prepare_repeat(problem, cfg, task.drug, rep)
         scorer = TestRanks(data.y_test)  # y_test ranked once per repeat
+        # robust_private's bounds, split and ridge for every (n, K, eps) of this repeat, from
+        # its public lines only (protocol.repeat_bounds); the other methods use task.bounds.
+        public_table = {}
+        if cfg.bounds == "public" and "robust_private" in methods:
+            public_table = timed("_bounds", repeat_bounds, data, cfg, cache_dir=task.cache_dir)
         seed_seq = np.random.SeedSequence([cfg.seed, task.drug, rep, 1])
         fit_seeds = iter(seed_seq.generate_state(10_000))
         # n = 0: public only, the same Gamma-prior posterior of the public lines for every
@@ -149,19 +164,39 @@ def run_task(task: Task) -> TaskResult:
                         key = (bounds_size(n, k, agg), float(eps))
                         row = _row(data, name, None if name in _EPS_FREE else eps, n, k,
                                    cfg.neighbouring, agg)
-                        if m < 2 or key not in task.bounds:
-                            continue  # fewer than 2 rows per site: no release to make
-                        om_x, om_y = task.bounds[key]
-                        setting = PrivacySetting(eps, om_x * data.sigma_x, om_y * data.sigma_y,
-                                                 budget_split=cfg.budget_split, n_sites=k,
-                                                 y_range=data.y_range,
-                                                 neighbouring=cfg.neighbouring,
-                                                 xtx_sensitivity=cfg.xtx_sensitivity,
-                                                 aggregation=agg)
+                        if name == "robust_private" and cfg.bounds == "public":
+                            choice = public_table.get(table_cell(n, k, agg) + (float(eps),))
+                            if m < 2 or choice is None:
+                                continue
+                            setting = PrivacySetting(
+                                eps, choice.omega_x * data.sigma_x,
+                                choice.omega_y * data.sigma_y,
+                                budget_split=choice.budget_split, n_sites=k,
+                                y_range=data.y_range, neighbouring=cfg.neighbouring,
+                                xtx_sensitivity=cfg.xtx_sensitivity, aggregation=agg,
+                                x_norm_bound=row_norm_bound(data.preprocessing.normalize_rows))
+                        else:
+                            if m < 2 or (key not in task.bounds and name not in _EPS_FREE):
+                                continue  # fewer than 2 rows per site: no release to make
+                            # nonprivate ignores the bounds (it clips nothing).
+                            om_x, om_y = task.bounds.get(key, (1.0, 1.0))
+                            setting = PrivacySetting(eps, om_x * data.sigma_x,
+                                                     om_y * data.sigma_y,
+                                                     budget_split=cfg.budget_split, n_sites=k,
+                                                     y_range=data.y_range,
+                                                     neighbouring=cfg.neighbouring,
+                                                     xtx_sensitivity=cfg.xtx_sensitivity,
+                                                     aggregation=agg)
                         try:
                             t_fit = time.perf_counter()
-                            beta = timed(name, method.fit, training, setting,
-                                         seed=int(next(fit_seeds)))
+                            log = []
+                            token = FIT_LOG.set(log)
+                            try:
+                                beta = timed(name, method.fit, training, setting,
+                                             seed=int(next(fit_seeds)))
+                            finally:
+                                FIT_LOG.reset(token)
+                            row["fit"] = "; ".join(log) or None
                             if getattr(method, "posterior", None) is not None:
                                 fits += 1
                                 fit_s += time.perf_counter() - t_fit

@@ -49,6 +49,7 @@ from dpfed import __version__
 from dpfed import secure_round
 from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
+from dpfed.sensitivity import row_norm_bound
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire import limits
 from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
@@ -341,7 +342,9 @@ class SiteNode:
                                              y_bound=spec.y_bound,
                                              budget_split=tuple(spec.budget_split),
                                              neighbouring=neighbouring,
-                                             xtx_sensitivity=xtx_rule, return_info=True)
+                                             xtx_sensitivity=xtx_rule,
+                                             x_norm_bound=row_norm_bound(pre.normalize_rows),
+                                             return_info=True)
         except ValueError as exc:
             log.error("refused round %s: release failed: %s", round_id, exc)
             return self.refusal(round_id, spec_digest, "release failed at the site (see site log)")

@@ -5,6 +5,11 @@ value into the public bounds, compute X^T X, X^T y, y^T y, and add Laplace noise
 the scales of ``dpfed.sensitivity``. Under add/remove neighbours (the default) n is private
 and released with discrete Laplace noise too; under replace-one (bounded DP, the paper's) n
 is public and released exactly.
+
+With a row-norm bound R (``x_norm_bound``; a round whose pre-processing normalises rows has
+R = 1, ``dpfed.sensitivity.row_norm_bound``) every clipped row is also projected into the L2
+ball of radius R (scaled down if longer; a unit row is unchanged), which lowers the Sxx and
+Sxy sensitivities once Bx exceeds R / sqrt(d) (``dpfed.sensitivity``, "Row-norm bound").
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import numpy as np
 
 from dpfed.statistics import (Statistics, exact_statistics, non_finite_error,
                               validate_shapes)
-from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
-                               expected_noise, noise_calibration, validate_privacy_parameters)
+from dpfed.sensitivity import (check_neighbouring, check_norm_bound, check_xtx_rule,
+                               default_budget_split, expected_noise, noise_calibration,
+                               validate_privacy_parameters)
 from site_node.laplace import add_count_noise, add_laplace_noise
 
 __all__ = ["release_statistics", "release_many", "exact_statistics", "clip", "clipped_statistics",
@@ -80,7 +86,19 @@ def clip(values: np.ndarray, bound: float) -> np.ndarray:
     return np.clip(values, -bound, bound)
 
 
-def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float
+def project_rows(x: np.ndarray, x_norm_bound: float) -> np.ndarray:
+    """Every row of ``x`` scaled (in place) into the L2 ball of radius ``x_norm_bound``:
+    rows longer than R are multiplied by R / ||row|| (1 - 1e-12), so that the result is
+    below R in floating point too; shorter rows are left alone. Returns ``x``."""
+    norms = np.sqrt(np.einsum("ij,ij->i", x, x))
+    over = norms > x_norm_bound
+    if np.any(over):
+        x[over] *= (x_norm_bound * (1.0 - 1e-12) / norms[over])[:, None]
+    return x
+
+
+def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
+                       x_norm_bound: float | None = None
                        ) -> tuple[np.ndarray, np.ndarray, float]:
     """Exact (noise-free) X^T X, X^T y, y^T y of the clipped data, in one fused pass.
 
@@ -90,17 +108,19 @@ def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: fl
     inputs are split into contiguous row ranges accumulated concurrently (``_row_parallelism``)
     and the partial sums added. Also checks finiteness block by block (clipping would silently
     turn inf into a bound), raising the ValueError of ``dpfed.statistics.validate_data`` for
-    the first bad row before any noise is drawn.
+    the first bad row before any noise is drawn. With ``x_norm_bound`` R the clipped rows are
+    then projected into the L2 ball of radius R (``project_rows``).
     ``x`` (n x d) and ``y`` (n,) must be float64 with matching shapes (``validate_shapes``).
     """
     n, d = x.shape
     workers = _row_parallelism(n, d)
     if workers == 1:
-        xtx, xty, yty = _accumulate(x, y, x_bound, y_bound, 0)
+        xtx, xty, yty = _accumulate(x, y, x_bound, y_bound, 0, x_norm_bound)
     else:
         edges = np.linspace(0, n, workers + 1).astype(int)
         with _PARALLEL_PASS, _BLAS.limit(limits=1, user_api="blas"):
-            futures = [_pool().submit(_accumulate, x[a:b], y[a:b], x_bound, y_bound, int(a))
+            futures = [_pool().submit(_accumulate, x[a:b], y[a:b], x_bound, y_bound, int(a),
+                                      x_norm_bound)
                        for a, b in zip(edges[:-1], edges[1:])]
             wait(futures)  # every thread done before the BLAS limit is lifted
         # In row order, so the error reported is the one for the first bad row.
@@ -112,7 +132,8 @@ def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: fl
 
 
 def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
-                row_offset: int) -> tuple[np.ndarray, np.ndarray, float]:
+                row_offset: int, x_norm_bound: float | None = None
+                ) -> tuple[np.ndarray, np.ndarray, float]:
     """The blocked clip + accumulate loop over ``x``, ``y`` (rows numbered from
     ``row_offset`` in error messages); xtx is summed in full (not yet mirrored)."""
     n, d = x.shape
@@ -131,6 +152,8 @@ def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
         zb, ub = bx[:stop - start], by[:stop - start]
         np.clip(xs, -x_bound, x_bound, out=zb)
         np.clip(ys, -y_bound, y_bound, out=ub)
+        if x_norm_bound is not None:
+            project_rows(zb, x_norm_bound)
         xtx += zb.T @ zb  # numpy uses BLAS syrk for a.T @ a
         xty += zb.T @ ub
         yty += float(ub @ ub)
@@ -162,12 +185,15 @@ def _info(cal, epsilon, x_bound, y_bound, budget_split, n, d, eps_parts, **extra
         budget_split=[float(p) for p in budget_split], n=int(n), dim=d, **extra)
     if eps_n is not None:
         info["epsilon_n"] = eps_n
+    if cal.x_norm_bound is not None:
+        info["x_norm_bound"] = cal.x_norm_bound
     return info
 
 
 def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
                        budget_split=None, neighbouring: str = "add_remove",
-                       xtx_sensitivity: str = "exact", return_info: bool = False):
+                       xtx_sensitivity: str = "exact", x_norm_bound: float | None = None,
+                       return_info: bool = False):
     """Release eps-differentially private sufficient statistics of private data ``(x, y)``.
 
     Every value of ``x`` is clipped to [-x_bound, x_bound] and of ``y`` to [-y_bound, y_bound];
@@ -184,6 +210,8 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
     ``neighbouring="replace_one"`` (bounded DP, the paper's): 3 shares and n released exactly;
     it is not protected.
     ``xtx_sensitivity``: "exact" (d(d+1)/2 Bx^2) or "paper" (d(d+1) Bx^2, twice the noise).
+    ``x_norm_bound``: R, the rows are also projected into the L2 ball of radius R and the
+    sensitivities use it (module docstring); None: coordinate clipping only.
 
     The returned statistics carry ``noise = dpfed.sensitivity.expected_noise(...)``. The
     bounds, the split and any pre-processing parameters must be public: the caller must not
@@ -195,14 +223,17 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
     # Parameters first, then data: either failing raises before anything is computed.
     epsilon, x_bound, y_bound, budget_split = _parameters(
         epsilon, x_bound, y_bound, budget_split, neighbouring, xtx_sensitivity)
+    x_norm_bound = check_norm_bound(x_norm_bound)
     x, y = validate_shapes(x, y)
     d = x.shape[1]
     cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
-                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                            x_norm_bound=x_norm_bound)
     noise = expected_noise(d, epsilon, x_bound, y_bound, budget_split,
-                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                           x_norm_bound=x_norm_bound)
     # Raises on NaN/inf before any noise is drawn.
-    sxx, sxy, syy = clipped_statistics(x, y, x_bound, y_bound)
+    sxx, sxy, syy = clipped_statistics(x, y, x_bound, y_bound, x_norm_bound)
     iu = np.triu_indices(d)
 
     # Large upper triangles are sampled in two concurrent pieces: the same mechanism with the
@@ -233,10 +264,11 @@ def _release_counts(counts: list[int], cal) -> tuple[list[int], float | None]:
 
 def release_many(blocks, *, epsilon: float, x_bound: float, y_bound: float,
                  budget_split=None, neighbouring: str = "add_remove",
-                 xtx_sensitivity: str = "exact", return_info: bool = False):
+                 xtx_sensitivity: str = "exact", x_norm_bound: float | None = None,
+                 return_info: bool = False):
     """Release each ``(x, y)`` of ``blocks`` (K separate data sets, e.g. the K sites of the
     federated evaluation, method.md section 3) exactly as ``release_statistics`` releases it
-    (same ``neighbouring``, ``xtx_sensitivity`` and split), but with the noise of all K releases
+    (same ``neighbouring``, ``xtx_sensitivity``, ``x_norm_bound`` and split), but with the noise of all K releases
     drawn in one OpenDP call per part instead of K.
 
     Every block is clipped and its exact Sxx, Sxy, Syy computed (``clipped_statistics``; any
@@ -274,6 +306,7 @@ def release_many(blocks, *, epsilon: float, x_bound: float, y_bound: float,
     """
     epsilon, x_bound, y_bound, budget_split = _parameters(
         epsilon, x_bound, y_bound, budget_split, neighbouring, xtx_sensitivity)
+    x_norm_bound = check_norm_bound(x_norm_bound)
     blocks = list(blocks)
     if not blocks:
         raise ValueError("release_many needs at least one (x, y) block")
@@ -283,11 +316,13 @@ def release_many(blocks, *, epsilon: float, x_bound: float, y_bound: float,
         raise ValueError("every block must have the same number of columns d, got "
                          f"{sorted({x.shape[1] for x, _ in shaped})}")
     cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
-                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                            x_norm_bound=x_norm_bound)
     noise = expected_noise(d, epsilon, x_bound, y_bound, budget_split,
-                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
+                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                           x_norm_bound=x_norm_bound)
     # All data validated and reduced before the first noise is drawn.
-    exact = [clipped_statistics(x, y, x_bound, y_bound) for x, y in shaped]
+    exact = [clipped_statistics(x, y, x_bound, y_bound, x_norm_bound) for x, y in shaped]
     iu = np.triu_indices(d)
     m = iu[0].size
     k = len(exact)

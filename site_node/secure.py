@@ -42,6 +42,7 @@ from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
 from dpfed.secagg.errors import SecAggError
 from dpfed.secagg.protocol import SiteSession
+from dpfed.sensitivity import row_norm_bound
 from dpfed.statistics import validate_shapes
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import digest
@@ -234,7 +235,8 @@ class SecureSite:
                                       source=spec.public_source or "coordinator")
         try:
             x, y = validate_shapes(*preprocessing.apply(data.x, data.y))
-            sxx, sxy, syy = clipped_statistics(x, y, spec.x_bound, spec.y_bound)
+            sxx, sxy, syy = clipped_statistics(x, y, spec.x_bound, spec.y_bound,
+                                               row_norm_bound(pre.normalize_rows))
         except (NonFiniteRow, ValueError) as exc:
             log.error("refused round %s: pre-processing or statistics failed: %s", rid, exc)
             return self._refuse(spec, spec_digest, "pre-processing gave a non-finite number at "

@@ -136,6 +136,14 @@ class Federation:
         return (key or self.site_keys[site]).sign(pb.Contribution(**fields))
 
 
+def public_statistics(d=3, n=10, seed=0):
+    """Exact statistics of n random rows (what a round's public statistics must be)."""
+    from dpfed.statistics import exact_statistics
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(n, d))
+    return exact_statistics(x, x @ rng.normal(size=d) + rng.normal(size=n))
+
+
 def random_statistics(d=3, n=50, seed=0):
     """A release-like Statistics value (noisy, exactly symmetric)."""
     from dpfed.statistics import Statistics

@@ -22,7 +22,7 @@ from dpfed.statistics import Statistics, StatisticsError
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import CanonicalError, canonical_bytes, parse_canonical
 
-from tests.conftest import random_statistics
+from tests.conftest import public_statistics, random_statistics
 
 
 def test_exact_sum_is_order_independent_and_correctly_rounded():
@@ -144,11 +144,12 @@ def _spec(**kw):
 def test_validate_spec():
     sites = ["a", "b", "c"]
     assert aggregate.validate_spec(_spec(), sites) == []
-    assert aggregate.validate_spec(_spec(public_statistics=random_statistics(d=2).to_bytes()), sites) == []
+    assert aggregate.validate_spec(_spec(public_statistics=public_statistics(d=2).to_bytes()), sites) == []
     for bad in [_spec(epsilon=-1), _spec(x_bound=0), _spec(quorum=4), _spec(quorum=2, sites=["a"]),
                 _spec(feature_names=[]), _spec(budget_split=[0.2, 0.2, 0.2]),
                 _spec(public_statistics=b"junk"), _spec(fit_method="magic"),
                 _spec(public_statistics=random_statistics(d=3).to_bytes()),
+                _spec(public_statistics=random_statistics(d=2).to_bytes()),  # not realisable
                 _spec(budget_split=[0.35, 0.6, 0.05]),  # 3 shares under add/remove
                 _spec(neighbouring="replace_one"),      # 4 shares under replace-one
                 _spec(neighbouring="bounded"), _spec(xtx_sensitivity="tight")]:

@@ -18,7 +18,7 @@ from dpfed.statistics import Statistics
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.signing import SigningKey
 
-from tests.conftest import random_statistics
+from tests.conftest import public_statistics, random_statistics
 
 
 def _code(call):
@@ -38,13 +38,13 @@ def _exact_sum(parts):
 
 
 def test_round_quorum_fit_result_and_exact_sum(federation):
-    public = random_statistics(seed=9, n=10)
+    public = public_statistics(seed=9, n=10)
     federation.start_round(federation.spec(quorum=3, public=public))
     releases = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(federation.SITES)}
     for site, stats in releases.items():
         reply = federation.stub.Contribute(federation.contribution(site, "r1", stats))
         assert reply.accepted and not reply.duplicate
-    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    status = federation.coordinator.wait("r1", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE, status.message
     assert [c.site_id for c in status.contributions] == list(federation.SITES)
     expected = _exact_sum([*releases.values(), public])
@@ -123,7 +123,7 @@ def test_not_invited_and_closed_round(federation):
     assert _code(lambda: federation.stub.Contribute(
         federation.contribution("site-b", "r1", stats))) == grpc.StatusCode.PERMISSION_DENIED
     federation.stub.Contribute(federation.contribution("site-a", "r1", stats))
-    federation.coordinator.wait("r1", 10, poll_s=0.05)
+    federation.coordinator.wait("r1", 60, poll_s=0.05)
     before = federation.manager.aggregated_statistics("r1")
     federation.raw  # closed round: even an invited site cannot add to it
     assert _code(lambda: federation.stub.Contribute(
@@ -139,7 +139,9 @@ def test_start_round_checks_key_and_spec(federation):
     for bad in [federation.spec(quorum=4), federation.spec(epsilon=0.0),
                 federation.spec(x_bound=-1.0), federation.spec(budget_split=[0.5, 0.5]),
                 federation.spec(sites=["site-z"]), federation.spec(deadline_s=-5),
-                federation.spec(public=random_statistics(d=2))]:
+                federation.spec(public=random_statistics(d=2)),
+                # a release-like value is not the exact statistics of any rows
+                federation.spec(public=random_statistics(seed=9, n=10))]:
         assert _code(lambda: federation.start_round(bad)) == C.INVALID_ARGUMENT
     federation.start_round(federation.spec())
     assert _code(lambda: federation.start_round(federation.spec())) == C.ALREADY_EXISTS
@@ -150,7 +152,7 @@ def test_start_round_checks_key_and_spec(federation):
 def test_deadline_without_quorum_fails_naming_missing_sites(federation):
     federation.start_round(federation.spec(quorum=2, deadline_s=0.6))
     federation.stub.Contribute(federation.contribution("site-a", "r1", random_statistics()))
-    status = federation.coordinator.wait("r1", 5, poll_s=0.05)
+    status = federation.coordinator.wait("r1", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.FAILED
     assert "site-b" in status.message and "site-c" in status.message
     assert list(status.dropped) == ["site-b", "site-c"]
@@ -233,7 +235,7 @@ def test_restart_keeps_contributions_and_status(federation):
     # The replayed nonce is still known; the identical envelope is still a duplicate.
     assert federation.stub.Contribute(first).duplicate
     federation.stub.Contribute(federation.contribution("site-b", "r1", random_statistics(seed=2)))
-    assert federation.coordinator.wait("r1", 10, poll_s=0.05).state == pb.RoundStatus.DONE
+    assert federation.coordinator.wait("r1", 60, poll_s=0.05).state == pb.RoundStatus.DONE
     federation.stop()
     federation.start()
     assert federation.coordinator.status("r1").state == pb.RoundStatus.DONE
@@ -346,7 +348,7 @@ def test_contribution_noise_must_match_the_spec(federation, monkeypatch):
     from dpfed.sensitivity import expected_noise
     from aggregator import aggregate
 
-    public = random_statistics(seed=9, n=10)
+    public = public_statistics(seed=9, n=10)
     spec = federation.spec(quorum=3, public=public)
     federation.start_round(spec)
     expected = expected_noise(3, spec.epsilon, spec.x_bound, spec.y_bound,
@@ -389,7 +391,7 @@ def test_contribution_noise_must_match_the_spec(federation, monkeypatch):
     for i, site in enumerate(federation.SITES):
         assert federation.stub.Contribute(
             federation.contribution(site, "r1", random_statistics(seed=i))).accepted
-    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    status = federation.coordinator.wait("r1", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE, status.message
     total = federation.manager.aggregated_statistics("r1")
     assert total.noise == expected + expected + expected

@@ -265,3 +265,57 @@ def test_row_bootstrap_copies_public_rows():
     assert all(tuple(r) in public_rows for r in raw)
     with pytest.raises(ValueError):
         AuxiliarySource(x, y, Preprocessing.from_public_data(x, y), row_bootstrap=1.5)
+
+
+def test_bounds_table_one_search_for_every_cell(tmp_path):
+    """dpfed.bounds.choose_bounds_table: every (n, K, eps) at once, deterministic per seed,
+    cached; with the row-norm bound the feature bound is R (omega_x = R / sigma_x) and the
+    choice is within the grids; bad cells are refused."""
+    from dpfed.bounds import TABLE_OMEGAS_Y, TABLE_RIDGE_CS, choose_bounds_table
+
+    src = _source(row_bootstrap=0.5)
+    cells = [(100, 1), (300, 1), (300, 3)]
+    table = choose_bounds_table(src, cells, (1.0, 2.0), x_norm_bound=1.0, seed=3,
+                                cache_dir=tmp_path)
+    assert set(table) == {(n, k, e) for n, k in cells for e in (1.0, 2.0)}
+    sigma_x, sigma_y = src.scales()
+    for (n, k, e), ch in table.items():
+        assert (ch.n, ch.sites, ch.epsilon) == (n, k, e)
+        assert ch.omega_x == pytest.approx(1.0 / sigma_x) and ch.bounds(sigma_x, sigma_y)[0] == \
+            pytest.approx(1.0)
+        assert ch.omega_y in TABLE_OMEGAS_Y and ch.ridge_c in TABLE_RIDGE_CS
+        assert ch.budget_split[0] in (0.1, 0.2, 0.35) and abs(sum(ch.budget_split) - 1) < 1e-9
+        assert len(ch.budget_split) == 4 and ch.x_norm_bound == 1.0
+    again = choose_bounds_table(src, cells, (2.0, 1.0), x_norm_bound=1.0, seed=3)
+    assert again == table
+    assert choose_bounds_table(src, cells, (1.0, 2.0), x_norm_bound=1.0, seed=3,
+                               cache_dir=tmp_path) == table
+    assert len(list(tmp_path.glob("table-*.json"))) == 1
+    box = choose_bounds_table(src, [(300, 1)], (2.0,), seed=3, neighbouring="replace_one")
+    assert box[(300, 1, 2.0)].omega_x in (0.3, 1.0, 2.0, 3.2)
+    assert len(box[(300, 1, 2.0)].budget_split) == 3
+    for bad in ([(1, 1)], [(5, 10)], []):
+        with pytest.raises(ValueError):
+            choose_bounds_table(src, bad, (1.0,))
+    with pytest.raises(ValueError):
+        choose_bounds_table(src, cells, (0.0,))
+
+
+def test_forecast_secure_aggregation_is_one_draw_on_the_total():
+    """A secure round's sum carries one noise draw (method.md section 10): the forecast scores
+    one release of the total n, and says so; at a small eps that beats K independent draws."""
+    from dpfed_apps.forecast import forecast_round
+
+    src = _source(m=10, seed=3)
+    common = dict(x_public=src.x_public, y_public=src.y_public, feature_names=NAMES,
+                  n_per_site=[60] * 10, epsilons=[0.5], bounds=(0.4, 2.5), ridge_c=4.0,
+                  n_datasets=12, n_noise=4, seed=5, row_bootstrap=0.0)
+    secure = forecast_round(**common, aggregation="secure")
+    independent = forecast_round(**common)
+    assert secure["aggregation"] == "secure" and secure["sites"] == 10
+    assert secure["per_epsilon"][0]["noise_scales"]["draws"] == 1
+    assert independent["per_epsilon"][0]["noise_scales"]["draws"] == 10
+    assert (secure["per_epsilon"][0]["gain"]["mean"]
+            > independent["per_epsilon"][0]["gain"]["mean"])
+    with pytest.raises(ValueError, match="aggregation"):
+        forecast_round(**common, aggregation="pooled")

@@ -194,7 +194,7 @@ def test_csr_issued_certificates_carry_a_round_over_mutual_tls(csr_federation, t
                 "csr-round", coordinator_id="coord", quorum=1,
                 deadline_unix_ms=int(time.time() * 1000) + 60_000, fit_method="laplace",
                 fit_draws=200, fit_seed=1))
-            status = coordinator.wait("csr-round", 30, poll_s=0.05)
+            status = coordinator.wait("csr-round", 60, poll_s=0.05)
             assert status.state == pb.RoundStatus.DONE, status.message
             assert [c.site_id for c in status.contributions] == ["site-a"]
     finally:

@@ -43,7 +43,15 @@ def test_build_round_spec_from_public_data(tmp_path):
     assert spec.round_id == "r-7" and list(spec.feature_names) == ["a", "b", "c"]
     assert list(spec.preprocessing.x_mean) == list(pre.x_mean)
     assert spec.preprocessing.y_mean == pre.y_mean and spec.preprocessing.normalize_rows
-    assert Statistics.from_bytes(spec.public_statistics) == exact_statistics(*pre.apply(x, y))
+    # Public rows clipped like the private ones: box (0.3, 2.0), then the unit row-norm ball.
+    xp, yp = pre.apply(x, y)
+    z = np.clip(xp, -0.3, 0.3)
+    z = z * np.minimum(1.0, (1 - 1e-12) / np.linalg.norm(z, axis=1))[:, None]
+    expected = exact_statistics(z, np.clip(yp, -2.0, 2.0))
+    got = Statistics.from_bytes(spec.public_statistics)
+    np.testing.assert_allclose(got.xtx, expected.xtx, rtol=1e-12)
+    np.testing.assert_allclose(got.xty, expected.xty, rtol=1e-12)
+    assert got.yty == pytest.approx(expected.yty) and got.n == expected.n
     assert (spec.x_bound, spec.y_bound, spec.quorum) == (0.3, 2.0, 2)
     assert spec.deadline_unix_ms == 31_000 and spec.fit_method == "laplace"
     # The default relation is add/remove (4 shares, the last for n) with the exact Sxx rule.
@@ -84,7 +92,7 @@ def test_cli_round_start_wait_result_and_sites(federation, tmp_path, capsys):
     federation.stub.Refuse(federation.refusal("site-c", "cli-1", "not this time"))
     for i, site in enumerate(["site-a", "site-b"]):
         federation.stub.Contribute(federation.contribution(site, "cli-1", random_statistics(seed=i)))
-    federation.coordinator.wait("cli-1", 10, poll_s=0.05)
+    federation.coordinator.wait("cli-1", 120, poll_s=0.05)  # the first fit may compile
     assert main(["round", "status", "cli-1", *conf]) == 0
     assert "DONE" in capsys.readouterr().out
     assert main(["round", "result", "cli-1", *conf]) == 0
@@ -126,3 +134,42 @@ def test_round_toml_neighbouring_and_xtx_sensitivity(tmp_path):
                 dict(neighbouring="replace_one", budget_split=[0.3, 0.6, 0.05, 0.05])):
         with pytest.raises(RoundSpecError):
             build_round_spec(_round_toml(**bad), base_dir=tmp_path, now_ms=1000)
+
+
+def test_bounds_and_split_chosen_on_public_shaped_data_when_not_given(tmp_path):
+    """No x_bound/y_bound in round.toml: chosen by dpfed.bounds.choose_bounds_table on
+    auxiliary data shaped like the public rows, with the split it picks."""
+    from dpfed.auxiliary import AuxiliarySource
+    from dpfed.bounds import choose_bounds_table
+
+    x, y = _public_csv(tmp_path / "public.csv")
+    conf = _round_toml(sites=["s1", "s2"], expected_site_n=200)
+    del conf["x_bound"], conf["y_bound"]
+    spec = build_round_spec(conf, base_dir=tmp_path, now_ms=1000)
+    pre = Preprocessing.from_public_data(x, y)
+    source = AuxiliarySource(x, y, pre, feature_names=["a", "b", "c"])
+    table = choose_bounds_table(source, [(400, 2)], [2.0], x_norm_bound=1.0)
+    choice = table[(400, 2, 2.0)]
+    assert (spec.x_bound, spec.y_bound) == pytest.approx(choice.bounds(*source.scales()))
+    assert list(spec.budget_split) == pytest.approx(list(choice.budget_split))
+
+
+def test_secure_round_bounds_are_chosen_for_one_draw_on_the_total(tmp_path):
+    """A secure round's sum carries one noise draw: its bounds come from the table cell of one
+    release of all the sites' rows (n K, 1), not K independent releases (n K, K)."""
+    from dpfed.auxiliary import AuxiliarySource
+    from dpfed.bounds import choose_bounds_table
+
+    x, y = _public_csv(tmp_path / "public.csv")
+    conf = _round_toml(sites=["s1", "s2", "s3", "s4"], expected_site_n=50, epsilon=0.5,
+                       aggregation="secure", noise_threshold=4)
+    del conf["x_bound"], conf["y_bound"]
+    spec = build_round_spec(conf, base_dir=tmp_path, now_ms=1000)
+    pre = Preprocessing.from_public_data(x, y)
+    source = AuxiliarySource(x, y, pre, feature_names=["a", "b", "c"])
+    table = choose_bounds_table(source, [(200, 1), (200, 4)], [0.5], x_norm_bound=1.0)
+    one, four = table[(200, 1, 0.5)], table[(200, 4, 0.5)]
+    assert (spec.x_bound, spec.y_bound) == pytest.approx(one.bounds(*source.scales()))
+    assert list(spec.budget_split) == pytest.approx(list(one.budget_split))
+    assert (one.omega_y, tuple(one.budget_split)) != (four.omega_y, tuple(four.budget_split)) \
+        or one.ridge_c != four.ridge_c, "the cells should differ for the test to say anything"

@@ -200,7 +200,7 @@ def test_silent_site_does_not_block_a_round_at_quorum(federation):
         time.sleep(0.05)
     for i, s in enumerate(("site-a", "site-b")):
         federation.stub.Contribute(federation.contribution(s, "r3", random_statistics(seed=i)))
-    status = federation.coordinator.wait("r3", 10, poll_s=0.05)
+    status = federation.coordinator.wait("r3", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE
     assert list(status.consented) == ["site-a", "site-b"] and not status.dropped
 
@@ -209,6 +209,6 @@ def test_silent_site_below_quorum_fails_at_the_deadline_naming_it(federation):
     federation.start_round(federation.spec("r4", quorum=3, deadline_s=1.0))
     for i, s in enumerate(("site-a", "site-b")):
         federation.stub.Contribute(federation.contribution(s, "r4", random_statistics(seed=i)))
-    status = federation.coordinator.wait("r4", 10, poll_s=0.05)
+    status = federation.coordinator.wait("r4", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.FAILED
     assert "dropped: site-c" in status.message

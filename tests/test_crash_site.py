@@ -104,7 +104,7 @@ def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
 
     second = _site_process(config_path, None)
     procs.append(second)
-    status = coordinator.wait("crash-1", 20, poll_s=0.1)
+    status = coordinator.wait("crash-1", 60, poll_s=0.1)
     assert status.state == pb.RoundStatus.DONE, status.message
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:                     # the ack is recorded after the reply

@@ -123,10 +123,11 @@ def test_aggregate_is_exactly_site_releases_plus_public_statistics(run):
 
     # Each release's public noise description follows from the signed spec alone.
     from dpfed.noise import EXACT
-    from dpfed.sensitivity import expected_noise
+    from dpfed.sensitivity import expected_noise, row_norm_bound
     noise = expected_noise(len(spec.feature_names), spec.epsilon, spec.x_bound, spec.y_bound,
                            list(spec.budget_split), neighbouring=spec.neighbouring,
-                           xtx_sensitivity=spec.xtx_sensitivity)
+                           xtx_sensitivity=spec.xtx_sensitivity,
+                           x_norm_bound=row_norm_bound(spec.preprocessing.normalize_rows))
     public = public.with_noise(EXACT)
     parts = [Statistics.from_bytes(b, noise) for b in releases.values()]
     total = exact_sum(parts + [public])

@@ -17,7 +17,7 @@ from aggregator.aggregate import RunningTotal, exact_sum, exact_sum_encoded
 from aggregator.exact_sum import ExactSum, ExactSumError
 from dpfed.statistics import Statistics, StatisticsError
 
-from tests.conftest import random_statistics
+from tests.conftest import public_statistics, random_statistics
 
 finite = st.floats(allow_nan=False, allow_infinity=False)
 # Same magnitudes with cancellation, subnormals, signed zeros and the extremes of the range.
@@ -194,7 +194,7 @@ def test_running_total_survives_a_restart(federation):
     """Two releases before a restart, one after: the total the model is fitted on (rebuilt
     from the store, then updated) equals the exact sum of all three plus the public data."""
     from dpfed.v1 import dpfed_pb2 as pb
-    public = random_statistics(seed=9, n=10)
+    public = public_statistics(seed=9, n=10)
     federation.start_round(federation.spec(quorum=3, public=public))
     releases = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(federation.SITES)}
     for site in federation.SITES[:2]:
@@ -205,7 +205,7 @@ def test_running_total_survives_a_restart(federation):
         [releases[s] for s in federation.SITES[:2]] + [public])
     last = federation.SITES[2]
     assert federation.stub.Contribute(federation.contribution(last, "r1", releases[last])).accepted
-    assert federation.coordinator.wait("r1", 10, poll_s=0.05).state == pb.RoundStatus.DONE
+    assert federation.coordinator.wait("r1", 60, poll_s=0.05).state == pb.RoundStatus.DONE
     expected = [*releases.values(), public]
     assert federation.manager.aggregated_statistics("r1") == exact_sum(expected)
     for j in range(3):

@@ -118,7 +118,7 @@ def test_two_processes_of_one_kit_get_one_stream_and_release_once(tmp_path, capl
 
         coordinator.start_round(make_spec("dup-1", epsilon=1.0, quorum=1,
                                           deadline_unix_ms=int(time.time() * 1000) + 60_000))
-        status = coordinator.wait("dup-1", 30, poll_s=0.1)
+        status = coordinator.wait("dup-1", 60, poll_s=0.1)
         assert status.state == pb.RoundStatus.DONE, status.message
         time.sleep(1.0)   # a second release, if any, would have come by now
 
@@ -161,7 +161,7 @@ def test_two_processes_of_one_kit_get_one_stream_and_release_once(tmp_path, capl
                "the restarted site to subscribe")
         coordinator.start_round(make_spec("dup-2", epsilon=1.0, quorum=1,
                                           deadline_unix_ms=int(time.time() * 1000) + 60_000))
-        assert coordinator.wait("dup-2", 30, poll_s=0.1).state == pb.RoundStatus.DONE
+        assert coordinator.wait("dup-2", 60, poll_s=0.1).state == pb.RoundStatus.DONE
         assert releases("site") == ["dup-1", "dup-2"] and releases("copy") == []
     finally:
         _stop(procs.values())

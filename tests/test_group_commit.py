@@ -98,7 +98,7 @@ def test_round_waits_for_contributions_being_stored(federation, monkeypatch):
     release.set()
     worker.join(10)
     assert outcome["reply"].accepted and not outcome["reply"].duplicate
-    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    status = federation.coordinator.wait("r1", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE, status.message
     assert [c.site_id for c in status.contributions] == ["site-a", "site-b"]
     assert list(status.dropped) == ["site-c"]

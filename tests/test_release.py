@@ -516,3 +516,34 @@ def test_add_remove_default_is_half_the_replace_one_sxy_scale():
     b = expected_noise(3, 1.0, 1.0, 1.0, (0.35, 0.60, 0.05), neighbouring="replace_one")
     assert a.xty[0].scale == pytest.approx(b.xty[0].scale / 2)
     assert a.xtx[0].scale == pytest.approx(b.xtx[0].scale)
+
+
+def test_row_norm_bound_projects_rows_into_the_ball_and_declares_its_scales(monkeypatch):
+    """x_norm_bound: clipped rows are scaled into the L2 ball before the statistics, the
+    blocked pass agrees with the plain computation, and the release declares the smaller
+    scales of dpfed.sensitivity's row-norm bound."""
+    monkeypatch.setattr(release_mod, "_BLOCK_BYTES", 2048)
+    x, y = fixed_data(500, 6, seed=3)
+    x = x * 2
+    bx, by, r = 0.8, 1.2, 1.0
+    z = clip(x, bx)
+    norms = np.linalg.norm(z, axis=1)
+    assert np.any(norms > r) and np.any(norms < r)
+    z = z * np.minimum(1.0, r * (1 - 1e-12) / norms)[:, None]
+    e = exact_statistics(z, clip(y, by))
+    xtx, xty, yty = release_mod.clipped_statistics(x, y, bx, by, r)
+    np.testing.assert_allclose(xtx, e.xtx, rtol=1e-12, atol=1e-9)
+    np.testing.assert_allclose(xty, e.xty, rtol=1e-12, atol=1e-9)
+    # unit rows (what a row-normalising pre-processing gives) are left unchanged
+    u = x / np.linalg.norm(x, axis=1)[:, None]
+    xtx_u, _, _ = release_mod.clipped_statistics(u, y, 2.0, by, 1.0)
+    np.testing.assert_allclose(xtx_u, u.T @ u, rtol=1e-10)
+    for rel in ("add_remove", "replace_one"):
+        stats, info = release_statistics(x, y, epsilon=1.0, x_bound=bx, y_bound=by,
+                                         neighbouring=rel, x_norm_bound=r, return_info=True)
+        assert stats.noise == expected_noise(6, 1.0, bx, by, neighbouring=rel, x_norm_bound=r)
+        assert stats.noise != expected_noise(6, 1.0, bx, by, neighbouring=rel)
+        assert info["x_norm_bound"] == r and info["epsilon_certified"] <= 1.0 + 1e-12
+        many = release_many([(x, y), (x[:50], y[:50])], epsilon=1.0, x_bound=bx, y_bound=by,
+                            neighbouring=rel, x_norm_bound=r)
+        assert all(s.noise == stats.noise for s in many)

@@ -53,7 +53,7 @@ def test_every_participant_release_is_taken_beyond_the_quorum(federation):
     replies = [federation.stub.Contribute(federation.contribution(s, "r1", random_statistics(seed=i)))
                for i, s in enumerate(federation.SITES)]
     assert all(r.accepted and not r.duplicate for r in replies)
-    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    status = federation.coordinator.wait("r1", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE, status.message
     assert [c.site_id for c in status.contributions] == list(federation.SITES)
     assert [p.phase for p in status.phases] == ["CONSENT", "RELEASE", "FITTING"]
@@ -106,7 +106,7 @@ def test_consent_deadline_fixes_the_participants(federation):
     assert spec_env.key_id == federation.coordinator_key.key_id
     for i, s in enumerate(["site-a", "site-b"]):
         federation.stub.Contribute(federation.contribution(s, "r1", random_statistics(seed=i)))
-    assert federation.coordinator.wait("r1", 10, poll_s=0.05).state == pb.RoundStatus.DONE
+    assert federation.coordinator.wait("r1", 60, poll_s=0.05).state == pb.RoundStatus.DONE
 
 
 def test_too_few_consents_by_the_deadline_fail_without_a_release(federation):
@@ -124,7 +124,7 @@ def test_a_participant_that_never_releases_is_listed_as_dropped(federation):
     federation.start_round(federation.spec(quorum=2, deadline_s=1.0))
     for i, s in enumerate(["site-a", "site-b"]):
         federation.stub.Contribute(federation.contribution(s, "r1", random_statistics(seed=i)))
-    status = federation.coordinator.wait("r1", 10, poll_s=0.05)
+    status = federation.coordinator.wait("r1", 60, poll_s=0.05)
     assert status.state == pb.RoundStatus.DONE, status.message
     assert list(status.dropped) == ["site-c"]
     summary = json.loads(federation.coordinator.result("r1").summary_json)
@@ -158,7 +158,7 @@ def test_restart_in_consent_keeps_consents_and_the_consent_deadline(federation):
     assert status.state == pb.RoundStatus.RELEASE
     assert federation.manager.message_for_site("r1", "site-b").payload_type.endswith("PhaseNotice")
     federation.stub.Contribute(federation.contribution("site-b", "r1", random_statistics()))
-    assert federation.coordinator.wait("r1", 10, poll_s=0.05).state == pb.RoundStatus.DONE
+    assert federation.coordinator.wait("r1", 60, poll_s=0.05).state == pb.RoundStatus.DONE
 
 
 def test_list_rounds_newest_first_with_paging(federation):

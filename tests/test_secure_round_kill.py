@@ -179,7 +179,7 @@ def test_the_aggregator_killed_in_keys_release_and_unmask_loses_nothing(tmp_path
                 if unmasked():
                     break
                 assert d.step()[0] == phase
-        status = coordinator.wait("sec-1", 30, poll_s=0.1)
+        status = coordinator.wait("sec-1", 60, poll_s=0.1)
         assert status.state == pb.RoundStatus.DONE, status.message
         import json
         summary = json.loads(coordinator.result("sec-1").summary_json)

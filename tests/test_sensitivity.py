@@ -325,3 +325,102 @@ def test_site_node_sensitivity_re_exports_the_core_module():
                  "xty_sensitivity", "noise_calibration", "expected_noise", "NEIGHBOURING",
                  "XTX_SENSITIVITIES", "DEFAULT_SPLIT_ADD_REMOVE"):
         assert getattr(old, name) is getattr(core, name)
+
+
+# -------------------------------------------------------------- row-norm bound (L2 ball)
+
+def ball_rows(d, bx, r, extra=400, seed=0):
+    """Grid rows (coordinates in {-3B..3B}), rows at and beyond the ball, and random rows, each
+    clipped to the box and projected into the ball of radius r by the release's own code."""
+    from site_node.release import project_rows
+
+    rng = np.random.default_rng(seed)
+    t = min(bx, r / np.sqrt(d))
+    rows = [grid_rows(d, bx), grid_rows(d, t), np.full((1, d), t), -np.full((1, d), t),
+            rng.standard_normal((extra, d)) * 2 * bx, np.eye(d) * 5 * r]
+    v = clip(np.vstack(rows), bx)
+    return project_rows(v, r)
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+@pytest.mark.parametrize("bx,r", [(0.3, 1.0), (1.0, 1.0), (2.0, 1.0), (0.5, 0.6)])
+def test_row_norm_bound_add_remove_brute_force_is_bounded_and_tight(d, bx, r):
+    v = ball_rows(d, bx, r)
+    assert np.all(np.sqrt((v * v).sum(axis=1)) <= r) and np.all(np.abs(v) <= bx)
+    by = 1.3
+    upper, xy, _ = row_parts(v, np.full(len(v), by), bx, by)
+    cal = noise_calibration(d, 1.0, bx, by, x_norm_bound=r)
+    worst_xx = float(np.abs(upper).sum(axis=1).max())   # add/remove: one row's own products
+    worst_xy = float(np.abs(xy).sum(axis=1).max())
+    assert worst_xx <= cal.xtx_sensitivity * (1 + REL)
+    assert worst_xy <= cal.xty_sensitivity * (1 + REL)
+    # attained (by t (1, ..., 1), up to the projection's 1e-12 shrink)
+    assert worst_xx == pytest.approx(cal.xtx_sensitivity, rel=1e-9)
+    assert worst_xy == pytest.approx(cal.xty_sensitivity, rel=1e-9)
+    t = min(bx, r / np.sqrt(d))
+    assert cal.xtx_sensitivity == pytest.approx(d * (d + 1) / 2 * t * t)
+    # never above the box-only value; strictly below once Bx > R / sqrt(d)
+    box = noise_calibration(d, 1.0, bx, by)
+    assert cal.xtx_sensitivity <= box.xtx_sensitivity * (1 + REL)
+    if bx > r / np.sqrt(d) * 1.01:
+        assert cal.xtx_sensitivity < box.xtx_sensitivity
+        assert cal.xty_sensitivity < box.xty_sensitivity
+
+
+@pytest.mark.parametrize("d", [2, 3, 4])
+@pytest.mark.parametrize("bx,r", [(0.3, 1.0), (1.0, 1.0), (2.0, 1.0), (0.5, 0.6)])
+def test_row_norm_bound_replace_one_brute_force_is_bounded(d, bx, r):
+    v = ball_rows(d, bx, r, extra=300)
+    by = 0.7
+    w = np.concatenate([np.full(len(v) // 2, by), np.full(len(v) - len(v) // 2, -by)])
+    upper, xy, yy = row_parts(v, w, bx, by)
+    cal = noise_calibration(d, 1.0, bx, by, x_norm_bound=r, **RO)
+    assert pairwise_max_l1(upper) <= cal.xtx_sensitivity * (1 + REL)
+    assert pairwise_max_l1(xy) <= cal.xty_sensitivity * (1 + REL)
+    # Sxy under replace-one: attained by (t,...,t, By) against (-t,...,-t, By)
+    t = min(bx, r / np.sqrt(d))
+    assert cal.xty_sensitivity == pytest.approx(2 * d * t * by)
+    assert pairwise_max_l1(xy) == pytest.approx(cal.xty_sensitivity, rel=1e-9)
+    assert cal.xtx_sensitivity == pytest.approx(min(d * (d + 1) / 2 * bx * bx,
+                                                    d * (d + 1) * t * t))
+
+
+@settings(max_examples=60, deadline=None)
+@given(d=st.integers(1, 5), bx=st.floats(0.05, 3.0), r=st.floats(0.1, 3.0),
+       data=st.data())
+def test_property_row_norm_bound_never_exceeded_on_data_sets(d, bx, r, data):
+    """Whole data sets through the release's own clip + projection (clipped_statistics)."""
+    from site_node.release import clipped_statistics
+
+    by = 1.0
+    vals = st.floats(-5, 5, allow_nan=False)
+    n = data.draw(st.integers(1, 6))
+    x = np.array(data.draw(st.lists(st.lists(vals, min_size=d, max_size=d), min_size=n + 1,
+                                    max_size=n + 1)))
+    y = np.array(data.draw(st.lists(vals, min_size=n + 1, max_size=n + 1)))
+    x2 = x.copy()
+    x2[-1] = np.array(data.draw(st.lists(vals, min_size=d, max_size=d)))
+    for rel in ("add_remove", "replace_one"):
+        cal = noise_calibration(d, 1.0, bx, by, x_norm_bound=r, neighbouring=rel)
+        a = clipped_statistics(x, y, bx, by, r)
+        b = clipped_statistics(x[:-1], y[:-1], bx, by, r) if rel == "add_remove" else \
+            clipped_statistics(x2, y, bx, by, r)
+        iu = np.triu_indices(d)
+        slack = 1e-9 * (1 + n)
+        assert np.abs(a[0][iu] - b[0][iu]).sum() <= cal.xtx_sensitivity * (1 + REL) + slack
+        assert np.abs(a[1] - b[1]).sum() <= cal.xty_sensitivity * (1 + REL) + slack
+
+
+def test_row_norm_bound_is_one_for_normalised_rows_and_validated():
+    from dpfed.sensitivity import row_norm_bound
+
+    assert row_norm_bound(True) == 1.0 and row_norm_bound(False) is None
+    for bad in (0.0, -1.0, float("inf"), float("nan"), True, "1"):
+        with pytest.raises(ValueError):
+            noise_calibration(3, 1.0, 0.5, 1.0, x_norm_bound=bad)
+    # the paper rule keeps the paper's Sxx value; Sxy still uses the row bound
+    cal = noise_calibration(10, 1.0, 0.9, 1.0, x_norm_bound=1.0, xtx_sensitivity="paper")
+    assert cal.xtx_sensitivity == pytest.approx(10 * 11 * 0.81)
+    assert cal.xty_sensitivity == pytest.approx(10 * (1 / np.sqrt(10)) * 1.0)
+    noise = expected_noise(10, 1.0, 0.9, 1.0, x_norm_bound=1.0)
+    assert noise.xtx[0].scale == pytest.approx(55 * 0.1 / (DEFAULT_SPLIT_ADD_REMOVE[0]))

@@ -155,7 +155,7 @@ def test_round_end_to_end_over_mutual_tls(pki, aggregator, tmp_path):
                 assert time.monotonic() < deadline, "site-a never connected over TLS"
                 time.sleep(0.05)
             start_round(pki, address, "tls-round", sites=["site-a"], consent=False)
-            status = coordinator.wait("tls-round", 30, poll_s=0.05)
+            status = coordinator.wait("tls-round", 60, poll_s=0.05)
             assert status.state == pb.RoundStatus.DONE, status.message
             # n is the site's noisy n (add/remove): the one its ledger recorded.
             assert [(c.site_id, c.n) for c in status.contributions] == [

@@ -141,9 +141,16 @@ def evaluate(args) -> int:
     say(f"{len(drugs)} drugs x {config.repeats} repeats, n {list(config.sizes)}, "
         f"eps {list(config.epsilons)}, K {list(config.sites)} "
         f"({'/'.join(config.aggregations)} for K >= 2), methods {', '.join(methods)}")
-    say("choosing bounds on synthetic data (cached in the output folder)")
-    bounds = bounds_table(config, d, cache_dir=out / "bounds-cache")
-    tasks = plan_tasks(drugs, config, methods, bounds, repeats_per_task=args.repeats_per_task)
+    # The Gaussian search serves every method but nonprivate (no bounds) and robust_private
+    # under public-shaped bounds (chosen per repeat in the workers, evaluation.protocol).
+    gaussian = [m for m in methods
+                if m != "nonprivate" and not (m == "robust_private" and config.bounds == "public")]
+    bounds = {}
+    if gaussian:
+        say("choosing bounds on synthetic data (cached in the output folder)")
+        bounds = bounds_table(config, d, cache_dir=out / "bounds-cache")
+    tasks = plan_tasks(drugs, config, methods, bounds, repeats_per_task=args.repeats_per_task,
+                       cache_dir=out / "bounds-cache")
     say(f"{len(tasks)} tasks on {args.executor} executor")
     executor = make_executor(args.executor, args.workers,
                              **({"address": args.dask_address} if args.dask_address else {}))

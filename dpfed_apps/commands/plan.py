@@ -52,6 +52,10 @@ def register(subparsers) -> None:
                    help="'choose' (default without --config) or x_bound,y_bound")
     p.add_argument("--neighbouring", choices=["add_remove", "replace_one"], default="add_remove")
     p.add_argument("--xtx-sensitivity", choices=["exact", "paper"], default="exact")
+    p.add_argument("--aggregation", choices=["independent", "secure"], default=None,
+                   help="how the sites' releases are summed: independent (one noise draw per "
+                        "site) or secure (one draw on the sum; docs/secure_aggregation.md). "
+                        "Default: round.toml's, else independent")
     p.add_argument("--budget-split", default=None,
                    help="Sxx,Sxy,Syy[,n] shares (default: 0.35,0.60,0.03,0.02 add/remove, "
                         "0.35,0.60,0.05 replace-one)")
@@ -99,6 +103,19 @@ def _inputs(args):
     return problem.x, problem.y, problem.feature_names, bounds, split
 
 
+def _aggregation(args) -> str:
+    """--aggregation, else round.toml's ``aggregation`` (--config), else independent."""
+    if args.aggregation:
+        return args.aggregation
+    if args.config:
+        import tomllib
+        mode = tomllib.loads(Path(args.config).read_text()).get("aggregation", "independent")
+        if mode not in ("independent", "secure"):
+            raise ValueError("round.toml: aggregation must be independent or secure")
+        return str(mode)
+    return "independent"
+
+
 def run(args) -> int:
     from dpfed_apps.forecast import forecast_round
 
@@ -127,7 +144,7 @@ def run(args) -> int:
                                 neighbouring=args.neighbouring,
                                 xtx_sensitivity=args.xtx_sensitivity, budget_split=split,
                                 n_datasets=args.datasets, n_noise=args.noise_draws,
-                                seed=args.seed)
+                                seed=args.seed, aggregation=_aggregation(args))
     except (ValueError, KeyError, OSError) as exc:
         print(f"dpfed plan: {exc}", file=sys.stderr)
         return exitcodes.USAGE
@@ -142,7 +159,8 @@ def format_plan(result: dict) -> str:
     sizes = result["n_per_site"]
     lines = [f"Forecast from public inputs only: {result['sites']} site(s), n per site "
              f"{', '.join(map(str, sizes))}, d = {result['d']}, {result['n_public']} public rows, "
-             f"{result['neighbouring']} DP; {result['n_datasets']} auxiliary populations x "
+             f"{result['neighbouring']} DP, {result.get('aggregation', 'independent')} "
+             f"aggregation; {result['n_datasets']} auxiliary populations x "
              f"{result['n_noise']} noise draws.",
              "",
              "  eps/site   bounds (x, y)      public-only   private+public   non-private   "

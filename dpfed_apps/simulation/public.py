@@ -34,3 +34,30 @@ def round_bounds(n_per_site: int, d: int, epsilon: float, sigma_x: float,
                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity)
     x_bound, y_bound = choice.bounds(sigma_x, sigma_y)
     return float(x_bound), float(y_bound)
+
+
+def round_choice(n_per_site, d: int, epsilon: float, x_public: np.ndarray, y_public: np.ndarray,
+                 preprocessing: Preprocessing, *, feature_names=None,
+                 neighbouring: str = "add_remove", xtx_sensitivity: str = "exact",
+                 seed: int = 0, draws: int | None = None) -> dict:
+    """Bounds and budget split of a round, tuned on auxiliary data shaped like the public
+    lines (``dpfed.bounds.choose_bounds_table``; the release's row-norm bound when the
+    pre-processing normalises rows). ``n_per_site``: the sites' sizes (public under bounded
+    DP; planned sizes otherwise); ``draws``: independent noise draws in their sum, one per
+    site by default, 1 for a secure round (dpfed.secure_round). Returns {"x_bound", "y_bound", "budget_split", "ridge_c",
+    "x_norm_bound"}. Uses only public numbers and the public lines."""
+    from dpfed.auxiliary import AuxiliarySource
+    from dpfed.bounds import choose_bounds_table
+    from dpfed.sensitivity import row_norm_bound
+
+    sizes = [int(v) for v in n_per_site]
+    norm = row_norm_bound(preprocessing.normalize_rows)
+    source = AuxiliarySource(x_public, y_public, preprocessing, feature_names=feature_names)
+    cell = (sum(sizes), len(sizes) if draws is None else int(draws))
+    table = choose_bounds_table(source, [cell], [float(epsilon)], neighbouring=neighbouring,
+                                xtx_sensitivity=xtx_sensitivity, x_norm_bound=norm, seed=seed)
+    choice = table[cell + (float(epsilon),)]
+    x_bound, y_bound = choice.bounds(*source.scales())
+    return {"x_bound": float(x_bound), "y_bound": float(y_bound),
+            "budget_split": tuple(choice.budget_split), "ridge_c": float(choice.ridge_c),
+            "x_norm_bound": norm}

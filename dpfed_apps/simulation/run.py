@@ -12,9 +12,9 @@ from pathlib import Path
 from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
                                          LocalFederation, Progress, _stderr_progress,
                                          free_port, round_config, to_toml, write_federation)
-from dpfed_apps.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
 from dpfed.preprocess import public_sigmas
-from dpfed_apps.simulation.public import public_preprocessing, round_bounds
+from dpfed_apps.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
+from dpfed_apps.simulation.public import public_preprocessing, round_choice
 from dpfed_apps.simulation.scoring import (baseline_models, feature_table, model_from_result,
                                       test_spearman)
 
@@ -104,13 +104,18 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                        n_test=options.n_test, seed=options.seed)
     prep = public_preprocessing(problem, split)
     sigma_x, sigma_y = public_sigmas(problem.x[split.public], problem.y[split.public], prep)
-    # One pair of bounds for every site: chosen for the smallest site (n is public under
-    # bounded DP), since smaller data sets want tighter clipping.
-    n_bounds = min(split.site_sizes)
+    # One pair of bounds for every site, chosen for the total planned rows and the noise
+    # draws their sum holds (one per site; one for a secure round).
+    draws = 1 if aggregation == "secure" else len(split.site_sizes)
     progress(f"{problem.label}: {problem.n} lines, d={problem.dim}; sites {split.site_sizes}, "
              f"{split.public.size} public, {split.test.size} test")
-    progress(f"choosing bounds for n={n_bounds}, d={problem.dim}, eps={options.epsilon}")
-    x_bound, y_bound = round_bounds(n_bounds, problem.dim, options.epsilon, sigma_x, sigma_y)
+    progress(f"choosing bounds and split for sites {list(split.site_sizes)}, d={problem.dim}, "
+             f"eps={options.epsilon} on auxiliary data shaped like the public lines")
+    choice = round_choice(split.site_sizes, problem.dim, options.epsilon,
+                          problem.x[split.public], problem.y[split.public], prep,
+                          feature_names=problem.feature_names, seed=options.seed,
+                          draws=draws)
+    x_bound, y_bound = choice["x_bound"], choice["y_bound"]
 
     # What the round is expected to buy, from public inputs only (dpfed_apps.forecast), computed
     # before any budget is spent and shown beside the realised result.
@@ -119,7 +124,9 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     forecast = forecast_round(x_public=problem.x[split.public], y_public=problem.y[split.public],
                               feature_names=problem.feature_names, preprocessing=prep,
                               n_per_site=list(split.site_sizes), epsilons=[options.epsilon],
-                              bounds=(x_bound, y_bound), seed=options.seed)
+                              aggregation=aggregation,
+                              bounds=(x_bound, y_bound), budget_split=choice["budget_split"],
+                              ridge_c=choice["ridge_c"], seed=options.seed)
     expected = forecast["per_epsilon"][0]["gain"]
     progress(f"forecast gain over the public lines alone: {expected['mean']:+.3f} "
              f"(10-90 %: {expected['q10']:+.3f} to {expected['q90']:+.3f})")
@@ -139,7 +146,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                           fit_method=options.fit_method, fit_draws=options.fit_draws,
                           fit_seed=options.seed, deadline_s=deadline_s,
                           aggregation=aggregation, noise_threshold=noise_threshold,
-                          max_site_rows=int(max(split.site_sizes)))
+                          max_site_rows=int(max(split.site_sizes)),
+                          budget_split=choice["budget_split"])
     layout.round_config.write_text(to_toml(config))
 
     Coordinator, build_round_spec = _import_coordinator()
@@ -209,7 +217,9 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
         "n_test": int(split.test.size),
         "epsilon": float(options.epsilon),
         "bounds": {"x_bound": x_bound, "y_bound": y_bound, "sigma_x": sigma_x,
-                   "sigma_y": sigma_y, "chosen_for_n": int(n_bounds)},
+                   "sigma_y": sigma_y, "chosen_for_n": int(sum(split.site_sizes)),
+                   "chosen_for_draws": int(draws),
+                   "budget_split": [float(v) for v in choice["budget_split"]]},
         "fit_method": options.fit_method,
         "metrics": {
             "spearman_private": test_spearman(private, problem, split, prep),

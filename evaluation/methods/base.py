@@ -30,8 +30,8 @@ import numpy as np
 
 from aggregator.aggregate import FIT_METHODS
 from evaluation.protocol import AGGREGATIONS
-from dpfed.sensitivity import (check_neighbouring, check_xtx_rule, default_budget_split,
-                               validate_privacy_parameters)
+from dpfed.sensitivity import (check_neighbouring, check_norm_bound, check_xtx_rule,
+                               default_budget_split, validate_privacy_parameters)
 
 __all__ = ["TrainingData", "PrivacySetting", "Method", "DEFAULT_DELTA", "POSTERIORS",
            "split_rows", "validate_posterior"]
@@ -133,7 +133,10 @@ class PrivacySetting:
     sufficient-statistics methods, (Sxx, Sxy, Syy, n) under add/remove, (Sxx, Sxy, Syy) under
     replace-one; None takes the relation's default (``dpfed.sensitivity``).
     ``neighbouring``: "add_remove" (default) or "replace_one"; ``xtx_sensitivity``: "exact"
-    (default) or "paper" (method.md sections 2 and 9). ``delta``: only ADASSP uses it; None means
+    (default) or "paper" (method.md sections 2 and 9). ``x_norm_bound``: the row-norm bound R
+    of the sufficient-statistics release (rows projected into the L2 ball of radius R; R = 1
+    for rows normalised to unit norm, ``dpfed.sensitivity.row_norm_bound``), None for
+    coordinate clipping only. ``delta``: only ADASSP uses it; None means
     ``DEFAULT_DELTA`` (1e-5). ``n_sites``: the private rows are split into K contiguous,
     near-equal parts (``split_rows``), each released by its own site with the same epsilon, and
     the releases are summed (method.md section 3); methods that cannot be federated raise
@@ -163,6 +166,7 @@ class PrivacySetting:
     neighbouring: str = "add_remove"
     xtx_sensitivity: str = "exact"
     aggregation: str = "independent"
+    x_norm_bound: float | None = None
 
     def __post_init__(self):
         if self.aggregation not in AGGREGATIONS:
@@ -170,6 +174,7 @@ class PrivacySetting:
                              f"{self.aggregation!r}")
         check_neighbouring(self.neighbouring)
         check_xtx_rule(self.xtx_sensitivity)
+        object.__setattr__(self, "x_norm_bound", check_norm_bound(self.x_norm_bound))
         split = self.budget_split
         if split is None:
             split = default_budget_split(self.neighbouring)

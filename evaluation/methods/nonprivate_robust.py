@@ -1,8 +1,9 @@
 """Non-private robust linear regression (paper section 4.5, "non-private robust LR").
 
 ``robust_private`` without the noise: the private rows are projected into [-Bx, Bx] x
-[-By, By] (paper eq. (9)) and the public rows are used exactly, unclipped, as the production
-aggregator uses them; the Gamma-prior model is fitted to the exact sum. The gap to
+[-By, By] (paper eq. (9); with ``setting.x_norm_bound`` also into the L2 ball) and the public
+rows are clipped the same way, as robust_private uses them; the Gamma-prior model is fitted to
+the exact sum. The gap to
 ``nonprivate`` is the cost of the projection, the gap to ``robust_private`` the cost of the noise.
 """
 
@@ -17,7 +18,7 @@ from dpfed.noise import EXACT
 from dpfed.statistics import Statistics
 from evaluation.methods.base import PrivacySetting, TrainingData, validate_posterior
 from evaluation.methods.posterior_fit import posterior_beta
-from evaluation.methods.robust_private import public_statistics
+from evaluation.methods.robust_private import clipped_public_statistics
 from site_node.release import clipped_statistics
 
 
@@ -32,10 +33,11 @@ class NonPrivateRobust:
         validate_posterior(self.posterior, self.draws)
 
     def statistics(self, data: TrainingData, setting: PrivacySetting) -> Statistics:
-        total = public_statistics(data)
+        total = clipped_public_statistics(data, setting)
         if data.n_private:
             sxx, sxy, syy = clipped_statistics(data.x_private, data.y_private,
-                                               setting.x_bound, setting.y_bound)
+                                               setting.x_bound, setting.y_bound,
+                                               setting.x_norm_bound)
             # Exact statistics of the clipped rows: no noise, and said so.
             total = total + Statistics(sxx, sxy, syy, data.n_private, EXACT)
         return total

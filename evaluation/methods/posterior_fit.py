@@ -9,6 +9,8 @@ the statistics.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
+
 import numpy as np
 
 from aggregator.closed_form import closed_form_mean
@@ -16,16 +18,33 @@ from aggregator.posterior import fit_posterior
 from dpfed.statistics import Statistics
 
 
+#: The fit actually used by the last ``posterior_beta`` calls of this process, when a caller
+#: (evaluation.runner) sets a list here: one entry per fit ("laplace", or "nuts" after the
+#: Laplace fit refused and the reference sampler took over).
+FIT_LOG: ContextVar[list | None] = ContextVar("FIT_LOG", default=None)
+
+
 def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
-                   public: Statistics | None = None, x_bound: float | None = None) -> np.ndarray:
+                   public: Statistics | None = None, x_bound: float | None = None,
+                   fallback: str | None = None, check_first_attempt: bool = True
+                   ) -> np.ndarray:
     """The paper's predictor (eq. (8)): the posterior mean of ``beta``, so ``x @ beta`` is the
     average of x^T beta over the posterior. ``posterior`` is one of
     ``evaluation.methods.base.POSTERIORS``; ``public`` the exact public statistics included
     in ``stats`` and ``x_bound`` the private rows' clipping bound (the noise-aware model's
-    design prior)."""
+    design prior). ``fallback="nuts"``: if the Laplace fit refuses, the reference NUTS fit
+    (what a round's default method "auto" does; robust_private uses it); None: the refusal
+    is raised (the comparison methods: a refused cell is counted, not rescued).
+    ``check_first_attempt``: see ``aggregator.fit_posterior``."""
     plug_in = posterior.startswith("plug-in-")
     post = fit_posterior(stats, method=posterior.removeprefix("plug-in-"), draws=draws,
-                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in)
+                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in,
+                         fallback=fallback if posterior == "laplace" else None,
+                         check_first_attempt=check_first_attempt)
+    log = FIT_LOG.get()
+    if log is not None:
+        log.append(post.method if "fallback_from" not in post.diagnostics
+                   else f"{post.method} (after {post.diagnostics['fallback_from']} refused)")
     return np.array(post.beta_draws.mean(axis=0))
 
 

@@ -6,10 +6,13 @@ with Laplace noise (``site_node.release.release_statistics``, the production mec
 OpenDP noise, under the setting's neighbouring relation and Sxx rule: by default add/remove with
 noisy n, exact Sxx sensitivity; with ``neighbouring="replace_one"`` the paper's bounded DP, n
 exact; here via ``release_many``, which draws the K sites' noise in one OpenDP call per part with
-the same per-site mechanism). The aggregator sums the releases and adds the exact,
-unclipped statistics of the public rows (as ``coordinator.roundspec`` does), then fits the
-Gamma-prior model: by default the noise-aware posterior (method.md section 8), which knows
-the sum holds K independent release noises (``Statistics.noise``).
+the same per-site mechanism; with ``setting.x_norm_bound`` the rows are also projected into
+the L2 ball, ``dpfed.sensitivity``). The aggregator sums the releases and adds the exact
+statistics of the public rows, clipped with the round's public bounds like the private rows
+(``clipped_public_statistics``, as ``coordinator.roundspec`` does), then fits the Gamma-prior
+model: by default the noise-aware posterior (method.md section 8), which knows the sum holds
+K independent release noises (``Statistics.noise``) and fits the public part with its own
+exact likelihood.
 
 With ``PrivacySetting.aggregation == "secure"`` (issue 10, method.md section 10) the sum is
 what a secure round hands the aggregator instead (``secure_sum``): each site's clipped
@@ -30,7 +33,7 @@ import numpy as np
 from dpfed.secagg import fixedpoint
 from dpfed.secagg.calibration import GridCalibration, calibrate
 from dpfed.sensitivity import noise_calibration
-from dpfed.statistics import Statistics, exact_statistics, validate_shapes
+from dpfed.statistics import Statistics, clipped_exact_statistics, exact_statistics, validate_shapes
 from evaluation.methods.base import PrivacySetting, TrainingData, split_rows, validate_posterior
 from evaluation.methods.posterior_fit import posterior_beta
 from site_node.release import clipped_statistics, release_many
@@ -54,14 +57,16 @@ def secure_inputs(blocks, setting: PrivacySetting, noise_threshold: int | None =
     t = k if noise_threshold is None else int(noise_threshold)
     cal = noise_calibration(d, setting.epsilon, setting.x_bound, setting.y_bound,
                             setting.budget_split, neighbouring=setting.neighbouring,
-                            xtx_sensitivity=setting.xtx_sensitivity)
+                            xtx_sensitivity=setting.xtx_sensitivity,
+                            x_norm_bound=setting.x_norm_bound)
     grid = calibrate(d=d, n_max=max(x.shape[0] for x, _ in shaped), n_sites=k,
                      x_bound=setting.x_bound, y_bound=setting.y_bound, calibration=cal,
                      noise_threshold=t)
     iu = np.triu_indices(d)
     inputs = []
     for x, y in shaped:
-        sxx, sxy, syy = clipped_statistics(x, y, setting.x_bound, setting.y_bound)
+        sxx, sxy, syy = clipped_statistics(x, y, setting.x_bound, setting.y_bound,
+                                           setting.x_norm_bound)
         inputs.append(grid.release(np.concatenate([sxx[iu], sxy, [syy]]), x.shape[0]))
     return grid, inputs
 
@@ -97,6 +102,16 @@ def public_statistics(data: TrainingData) -> Statistics:
     return exact_statistics(data.x_public, data.y_public)
 
 
+def clipped_public_statistics(data: TrainingData, setting: PrivacySetting) -> Statistics:
+    """Exact statistics of the public rows clipped like the private rows (box, then the
+    row-norm ball): both parts then describe the same clipped-data regression, which the
+    model fits with one beta and one lambda (``dpfed.statistics.clipped_exact_statistics``)."""
+    if data.n_public == 0:
+        return Statistics.zeros(data.dim)
+    return clipped_exact_statistics(data.x_public, data.y_public, setting.x_bound,
+                                    setting.y_bound, setting.x_norm_bound)
+
+
 @dataclass(frozen=True)
 class RobustPrivate:
     """``posterior``: one of ``evaluation.methods.base.POSTERIORS`` ("laplace": the
@@ -113,7 +128,7 @@ class RobustPrivate:
     def statistics(self, data: TrainingData, setting: PrivacySetting) -> Statistics:
         """Sum of the K site releases plus the exact public statistics: exactly what the
         production federation aggregates. Fresh OpenDP noise on every call."""
-        total = public_statistics(data)
+        total = clipped_public_statistics(data, setting)
         blocks = [(data.x_private[rows], data.y_private[rows])
                   for rows in split_rows(data.n_private, setting.n_sites)]
         if not blocks:
@@ -125,11 +140,13 @@ class RobustPrivate:
         for site in release_many(blocks, epsilon=setting.epsilon, x_bound=setting.x_bound,
                                  y_bound=setting.y_bound, budget_split=setting.budget_split,
                                  neighbouring=setting.neighbouring,
-                                 xtx_sensitivity=setting.xtx_sensitivity):
+                                 xtx_sensitivity=setting.xtx_sensitivity,
+                                 x_norm_bound=setting.x_norm_bound):
             total = total + site
         return total
 
     def fit(self, data: TrainingData, setting: PrivacySetting, *, seed: int) -> np.ndarray:
         return posterior_beta(self.statistics(data, setting), posterior=self.posterior,
-                              draws=self.draws, seed=seed, public=public_statistics(data),
-                              x_bound=setting.x_bound)
+                              draws=self.draws, seed=seed,
+                              public=clipped_public_statistics(data, setting),
+                              x_bound=setting.x_bound, fallback="nuts")

@@ -15,9 +15,9 @@ def test_release_uses_the_bounds_on_linearly_rescaled_data(problem, monkeypatch)
     seen = []
     real = site_node.release.clipped_statistics
 
-    def spy(x, y, bx, by):
+    def spy(x, y, bx, by, *rest):
         seen.append((np.max(np.abs(x)), np.max(np.abs(y)), bx, by))
-        return real(x, y, bx, by)
+        return real(x, y, bx, by, *rest)
 
     monkeypatch.setattr(site_node.release, "add_laplace_noise", rec.laplace)
     monkeypatch.setattr(site_node.release, "clipped_statistics", spy)

@@ -81,3 +81,35 @@ def test_bounds_table_covers_every_site_size(tmp_path):
     assert set(table) == {(100, 1.0), (33, 1.0)}
     for om_x, om_y in table.values():
         assert 0 < om_x <= 2.0 and 0 < om_y <= 2.0
+
+
+def test_repeat_bounds_read_only_the_public_lines(tmp_path):
+    """robust_private's per-repeat table (protocol.repeat_bounds) is a function of the public
+    lines, the pre-processing and public numbers only: replacing every private and test line
+    of the repeat leaves it unchanged; changing one public line changes it."""
+    import dataclasses
+
+    from evaluation.protocol import repeat_bounds
+
+    cfg = ProtocolConfig(sizes=(0, 100, 300), epsilons=(1.0, 2.0), sites=(1, 3), repeats=1)
+    problem = gdsc_problem(1047, cfg.features)
+    data = prepare_repeat(problem, cfg, 1047, 0)
+    table = repeat_bounds(data, cfg)
+    assert set(table) == {(n, k, e) for n in (100, 300) for k in (1, 3) for e in (1.0, 2.0)}
+    rng = np.random.default_rng(0)
+    scrambled = dataclasses.replace(
+        data, x_pool=rng.permutation(data.x_pool) * 0 + rng.random(data.x_pool.shape),
+        y_pool=rng.normal(size=data.y_pool.shape) * 100,
+        x_test=rng.random(data.x_test.shape), y_test=rng.normal(size=data.y_test.shape))
+    assert repeat_bounds(scrambled, cfg) == table
+    for key, choice in table.items():
+        assert choice.sites == key[1] and choice.x_norm_bound == 1.0
+        assert choice.omega_y in (0.7, 1.0, 1.4, 2.0)
+    moved = data.x_public_raw.copy()
+    moved[0] = 1 - moved[0]
+    other = dataclasses.replace(data, x_public_raw=moved)
+    assert repeat_bounds(other, cfg) != table
+    # cached in the folder it is given: the same table comes back from the file
+    first = repeat_bounds(data, cfg, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("table-*.json"))) == 1
+    assert repeat_bounds(data, cfg, cache_dir=tmp_path) == first == table

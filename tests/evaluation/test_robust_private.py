@@ -62,9 +62,10 @@ def test_statistics_are_site_releases_plus_exact_public(problem, monkeypatch, n_
     else:
         assert counts == [] and stats.noise.n == ()
     assert stats.noise.draws("xty") == n_sites  # K site releases; the public part adds none
-    # With the noise removed: clipped private + exact, unclipped public statistics.
+    # With the noise removed: clipped private + exact public statistics, the public rows
+    # clipped with the same bounds (both parts then describe the same clipped regression).
     sxx, sxy, syy = clipped_statistics(data.x_private, data.y_private, bx, by)
-    pub = exact_statistics(data.x_public, data.y_public)
+    pub = exact_statistics(np.clip(data.x_public, -bx, bx), np.clip(data.y_public, -by, by))
     assert stats.n == 311
     np.testing.assert_allclose(stats.xtx, sxx + pub.xtx, rtol=1e-12)
     np.testing.assert_allclose(stats.xty, sxy + pub.xty, rtol=1e-12)
@@ -86,3 +87,23 @@ def test_advi_fit_recovers_beta(problem):
     assert problem.spearman(beta) > 0.9
     fixed = FIXED.fit(problem.data, problem.setting(epsilon=50.0), seed=3)
     assert np.corrcoef(beta, fixed)[0, 1] > 0.99
+
+
+def test_row_norm_bound_lowers_the_release_sensitivities(problem, monkeypatch):
+    """With x_norm_bound (rows of unit norm) the release projects rows into the ball and uses
+    the smaller sensitivities of dpfed.sensitivity; public rows are clipped the same way."""
+    rec = Recorder()
+    monkeypatch.setattr(site_node.release, "add_laplace_noise", rec.laplace)
+    monkeypatch.setattr(site_node.release, "add_count_noise", lambda c, eps: (list(c), eps))
+    data = problem.small(300)
+    d = data.dim
+    setting = problem.setting(epsilon=2.0, x_bound=1.0, y_bound=0.7, x_norm_bound=1.0,
+                              budget_split=(0.3, 0.6, 0.05, 0.05))
+    stats = FIXED.statistics(data, setting)
+    t = 1.0 / np.sqrt(d)
+    assert [c["sensitivity"] for c in rec.calls] == pytest.approx(
+        [d * (d + 1) / 2 * t * t, d * t * 0.7, 0.7 ** 2])
+    z = data.x_private / np.maximum(1.0, np.linalg.norm(data.x_private, axis=1))[:, None]
+    zp = data.x_public / np.maximum(1.0, np.linalg.norm(data.x_public, axis=1))[:, None]
+    expected = z.T @ z + zp.T @ zp
+    np.testing.assert_allclose(stats.xtx, expected, rtol=1e-9)

@@ -94,3 +94,36 @@ def test_run_grid_reports_progress(cfg_and_bounds):
     seen = []
     rows = run_grid(tasks, SerialExecutor(), lambda d, t, r: seen.append((d, t)))
     assert seen == [(1, 2), (2, 2)] and len(rows) == 4
+
+
+def test_robust_private_uses_the_public_shaped_table(cfg_and_bounds, monkeypatch, tmp_path):
+    """With bounds="public" (the default) robust_private's setting for every (n, K, eps) is
+    the repeat's table entry (bounds x public sigmas, split, row-norm bound); the other
+    methods keep the Gaussian table."""
+    from evaluation.methods.robust_private import RobustPrivate
+    from evaluation.protocol import load_problem, prepare_repeat, repeat_bounds
+
+    cfg, bounds = cfg_and_bounds
+    seen = []
+    real = RobustPrivate.fit
+
+    def spy(self, data, setting, *, seed):
+        seen.append(setting)
+        return real(self, data, setting, seed=seed)
+
+    monkeypatch.setattr(RobustPrivate, "fit", spy)
+    task = plan_tasks([1047], cfg, ("robust_private",), bounds, repeats_per_task=1,
+                      cache_dir=tmp_path)[0]   # repeat 0
+    run_task(task)
+    data = prepare_repeat(load_problem(1047, cfg), cfg, 1047, 0)
+    table = repeat_bounds(data, cfg)
+    # n = 100: K = 1, and K = 3 independent and secure (one draw: the (n, 1) cell)
+    assert sorted((s.n_sites, s.aggregation) for s in seen) == \
+        [(1, "independent"), (3, "independent"), (3, "secure")]
+    for setting in seen:
+        draws = 1 if setting.aggregation == "secure" else setting.n_sites
+        choice = table[(100, draws, 2.0)]
+        assert setting.x_bound == pytest.approx(choice.omega_x * data.sigma_x)
+        assert setting.y_bound == pytest.approx(choice.omega_y * data.sigma_y)
+        assert setting.budget_split == choice.budget_split and setting.x_norm_bound == 1.0
+    assert list(tmp_path.glob("table-*.json"))

@@ -218,7 +218,7 @@ def test_summary_csv_and_labels_distinguish_aggregations(tmp_path):
     write_csv(rows, tmp_path / "r.csv")
     with open(tmp_path / "r.csv") as fh:
         header = next(csv.reader(fh))
-    assert header[-2:] == ["aggregation", "noise_threshold"]
+    assert header[-3:-1] == ["aggregation", "noise_threshold"]
     back = read_csv(tmp_path / "r.csv")
     assert [(r["aggregation"], r["noise_threshold"]) for r in back] == \
         [(r["aggregation"], r["noise_threshold"]) for r in rows]
