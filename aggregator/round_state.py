@@ -101,6 +101,8 @@ class LiveRound:
     invited: frozenset[str]
     # Consent phase: site -> when its consent arrived.
     consents: dict[str, int] = field(default_factory=dict)
+    # Consents checked and being committed (group commit, outside the manager lock).
+    consents_storing: set[str] = field(default_factory=set)
     # The sites selected to release, fixed when the consent phase ends (None before).
     participants: frozenset[str] | None = None
     contributions: dict[str, AcceptedContribution] = field(default_factory=dict)

@@ -436,7 +436,14 @@ class RoundManager(SecureSteps):
                    peer: identity.PeerIdentity | None = None) -> pb.Ack:
         """A site's signed PhaseMessage. Phase "consent": the site will release if selected;
         recorded durably (with its nonce), and the consent phase ends early once every invited
-        site answered."""
+        site answered.
+
+        A consent is checked and its site's slot reserved under the manager lock, then
+        committed by the store's group commit outside the lock (many sites consent at once:
+        one transaction for all that arrive together, docs/benchmarks.md), then counted. The
+        consent deadline does not end the phase while consents are being stored (it is
+        carried out when the last one is durable), so a site answered "consent recorded" is
+        always a participant."""
         m = self.auth.verify_site(envelope, "dpfed.v1.PhaseMessage", peer)
         live = self._round(m.round_id)
         if m.phase != "consent":   # the key and unmasking steps of a secure round
@@ -444,6 +451,9 @@ class RoundManager(SecureSteps):
         with self._lock:
             if m.site_id in live.consents:
                 return pb.Ack(message="consent already recorded")
+            if m.site_id in live.consents_storing:
+                raise Rejected("ABORTED", f"the consent of site {m.site_id!r} is being "
+                                          f"recorded; retry")
             if m.site_id not in live.invited:
                 raise Rejected("PERMISSION_DENIED", f"site {m.site_id!r} is not invited to round "
                                                     f"{m.round_id!r}")
@@ -458,20 +468,41 @@ class RoundManager(SecureSteps):
             self.auth.check_fresh(m.timestamp_unix_ms, "PhaseMessage")
             self.auth.take_nonce(envelope.key_id, m.nonce, m.timestamp_unix_ms, "PhaseMessage",
                              persist=False)
-            now = self.now_ms()
-            self.store.insert_consent(m.round_id, m.site_id, envelope.SerializeToString(), now,
-                                      envelope.key_id, m.nonce, m.timestamp_unix_ms)
             self.auth.nonces.add((envelope.key_id, m.nonce))
+            now = self.now_ms()
+            live.consents_storing.add(m.site_id)
+        try:
+            self.store.insert_consent_later(m.round_id, m.site_id, envelope.SerializeToString(),
+                                            now, envelope.key_id, m.nonce,
+                                            m.timestamp_unix_ms).result()
+        except BaseException:
+            with self._lock:
+                live.consents_storing.discard(m.site_id)
+                self.auth.nonces.discard((envelope.key_id, m.nonce))
+                self._end_consent_if_due(live)
+            raise
+        with self._lock:
+            live.consents_storing.discard(m.site_id)
             live.consents[m.site_id] = now
             log.info("round %s: site %s consented (%d of %d invited)", m.round_id, m.site_id,
                      len(live.consents), len(live.invited))
-            if not live.missing():
-                self._end_consent(live, "every invited site answered")
+            self._end_consent_if_due(live)
         return pb.Ack(message="consent recorded")
+
+    def _end_consent_if_due(self, live: LiveRound) -> None:
+        """Under the lock, once no consent is being stored: end the consent phase when every
+        invited site answered, or when its deadline passed meanwhile."""
+        if live.state != CONSENT or live.consents_storing or self._closed:
+            return
+        if not live.missing():
+            self._end_consent(live, "every invited site answered")
+        elif live.deadline_due:
+            self._end_consent(live, "consent deadline passed")
 
     def _end_consent(self, live: LiveRound, why: str) -> None:
         """Under the lock: fix the participants (the consenting sites) and go on to RELEASE,
         or fail if fewer than the quorum consented (nobody has released: nobody paid)."""
+        live.deadline_due = False   # the consent deadline's; the next phase arms its own
         consented = sorted(live.consents)
         if secure_round.is_secure(live.spec) and len(consented) >= live.stored.quorum:
             if live.timer:
@@ -748,8 +779,8 @@ class RoundManager(SecureSteps):
                 self._fail(live, f"quorum {floor} is unreachable: refused by "
                                  f"{', '.join(sorted(live.refusals))}"
                                  + ("; no site released" if live.state == CONSENT else ""))
-            elif live.state == CONSENT and not live.missing():
-                self._end_consent(live, "every invited site answered")
+            elif live.state == CONSENT:
+                self._end_consent_if_due(live)
             else:
                 self._close_if_due(live)
         return pb.Ack(message="refusal recorded")
@@ -802,6 +833,9 @@ class RoundManager(SecureSteps):
             if state is not None and (live.state, live.step) != (state, step):
                 return   # the timer of a phase that already ended
             if live.state == CONSENT:
+                if live.consents_storing:
+                    live.deadline_due = True   # carried out once they are durable
+                    return
                 self._end_consent(live, "consent deadline passed")
                 return
             if live.secure is not None:

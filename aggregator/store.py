@@ -353,6 +353,16 @@ class RoundStore:
             ("INSERT INTO consents VALUES (?,?,?,?)", (round_id, site_id, envelope, received_ms)),
         ])
 
+    def insert_consent_later(self, round_id: str, site_id: str, envelope: bytes,
+                             received_ms: int, key_id: str, nonce: str, timestamp_ms: int
+                             ) -> Future:
+        """``insert_consent`` in the next group commit (``submit_group``): the consent and its
+        nonce, both or neither; the future is done once committed."""
+        return self.submit_group([
+            ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
+            ("INSERT INTO consents VALUES (?,?,?,?)", (round_id, site_id, envelope, received_ms)),
+        ])
+
     def consents(self, round_id: str) -> dict[str, int]:
         return dict(self._query("SELECT site_id, received_ms FROM consents WHERE round_id = ?",
                                 (round_id,)))

@@ -136,3 +136,79 @@ def test_a_failed_commit_frees_the_slot_and_the_deadline_then_applies(federation
     status = manager.status("r1")
     assert status.state == pb.RoundStatus.FAILED and "deadline passed with 0" in status.message
     assert list(status.contributions) == []
+
+
+def test_concurrent_consents_share_commits(federation):
+    """Consents arriving together are committed together (one SQLite transaction for many,
+    not one each), and every one of them is durable and counted."""
+    manager = federation.manager
+    federation.start_round(federation.spec(quorum=2), consent=False)
+    batches: list[int] = []
+    real_commit = manager.store._commit_batch
+
+    def commit(batch):
+        if not batches:   # hold the first commit until the others have queued behind it
+            for _ in range(500):
+                if len(manager.store._queue) >= 2:
+                    break
+                time.sleep(0.01)
+        batches.append(len(batch))
+        real_commit(batch)
+
+    manager.store._commit_batch = commit
+    envelopes = [federation.consent(site, "r1") for site in federation.SITES]
+    start = threading.Barrier(len(envelopes))
+    replies = {}
+
+    def send(env):
+        start.wait()
+        replies[env.key_id] = manager.send_phase(env)
+
+    threads = [threading.Thread(target=send, args=(e,)) for e in envelopes]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert [r.message for r in replies.values()] == ["consent recorded"] * len(envelopes)
+    assert sum(batches) == len(envelopes) and len(batches) < len(envelopes)
+    assert sorted(manager.store.consents("r1")) == sorted(federation.SITES)
+    status = manager.status("r1")
+    assert status.state == pb.RoundStatus.RELEASE
+    assert sorted(status.consented) == sorted(federation.SITES)
+
+
+def test_consent_deadline_waits_for_consents_being_stored(federation, monkeypatch):
+    """The consent deadline passing while a consent is being committed is carried out once
+    it is durable: the site answered "consent recorded" is a participant; a retry meanwhile
+    is told to retry; the release phase then gets its own deadline (not the consent's)."""
+    manager = federation.manager
+    federation.start_round(federation.spec(quorum=2), consent=False)
+    federation.stub.SendPhase(federation.consent("site-a", "r1"))
+    entered, release = threading.Event(), threading.Event()
+    real = manager.store.insert_consent_later
+
+    def slow_insert(*args, **kwargs):
+        entered.set()
+        assert release.wait(10)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(manager.store, "insert_consent_later", slow_insert)
+    envelope = federation.consent("site-b", "r1")
+    outcome = {}
+    worker = threading.Thread(target=lambda: outcome.setdefault(
+        "reply", manager.send_phase(envelope)))
+    worker.start()
+    assert entered.wait(10)
+    from aggregator.rounds import Rejected
+    with pytest.raises(Rejected) as info:
+        manager.send_phase(federation.consent("site-b", "r1"))
+    assert info.value.code == "ABORTED"
+    manager._on_deadline("r1", "CONSENT", "")           # consent deadline passes mid-commit
+    assert manager.status("r1").state == pb.RoundStatus.CONSENT
+    release.set()
+    worker.join(10)
+    assert outcome["reply"].message == "consent recorded"
+    status = manager.status("r1")
+    assert status.state == pb.RoundStatus.RELEASE, status.message
+    assert list(status.consented) == ["site-a", "site-b"]
+    assert not manager._rounds["r1"].deadline_due
