@@ -215,8 +215,7 @@ def status_cmd(args) -> int:
 
 
 def list_cmd(args) -> int:
-    reply, code = query(args, "round list",
-                        lambda c: c.list_rounds(limit=args.limit, before=args.before or ""))
+    reply, code = query(args, lambda c: c.list_rounds(limit=args.limit, before=args.before or ""))
     if code is not None:
         return code
     if args.json:
