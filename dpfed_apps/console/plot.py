@@ -31,7 +31,7 @@ def nice_ticks(lo: float, hi: float, count: int = 5) -> list[float]:
         return [lo] if _finite(lo) else []
     raw = (hi - lo) / max(count - 1, 1)
     power = 10 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
+    step = min((m * power for m in (1, 2, 5, 10)), key=lambda s: abs(s - raw))
     first = math.ceil(lo / step - 1e-9) * step
     ticks, t = [], first
     while t <= hi + 1e-9 * step:
