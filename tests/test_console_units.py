@@ -82,7 +82,10 @@ def test_round_detail_says_who_released_refused_dropped_and_why():
     assert (by["d"].outcome, by["d"].detail) == ("refused", "policy: target not allowed")
     assert by["e"].outcome == "left out" and "consent" in by["e"].detail
     assert d.counts == {"released": 2, "refused": 1, "dropped": 1, "left out": 1, "waiting": 0,
-                        "invited": 5, "consented": 3}
+                        "no answer": 0, "invited": 5, "consented": 3}
+    failed = views.round_detail(_status(state=pb.RoundStatus.FAILED, contributions=[],
+                                        dropped=[], consented=[]))
+    assert [s.outcome for s in failed.sites] == ["no answer"] * 3 + ["refused", "no answer"]
     assert [(p.phase, p.duration) for p in d.phases] == [("CONSENT", "1.2 s"),
                                                           ("RELEASE", "800 ms"),
                                                           ("FITTING", "50 ms")]

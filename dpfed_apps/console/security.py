@@ -13,7 +13,8 @@
   cookie (double submit; SameSite=Strict). Starting a round is signed with the coordinator's
   key: no other site may make a browser do it.
 * **Headers** on every answer: a Content-Security-Policy allowing only the console's own
-  scripts, styles and images (no inline script, no CDN), no framing, no referrer, no sniffing.
+  scripts, styles and images (no inline script, no CDN), no framing, no referrer to other
+  sites, no sniffing.
 """
 
 from __future__ import annotations
@@ -39,7 +40,9 @@ SECURITY_HEADERS = [
      b"connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"),
     (b"x-frame-options", b"DENY"),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # same-origin, not no-referrer: under no-referrer Chromium sends "Origin: null" with the
+    # console's own form posts, which the CSRF check must then refuse.
+    (b"referrer-policy", b"same-origin"),
     (b"cache-control", b"no-store"),
 ]
 

@@ -250,13 +250,16 @@ def round_detail(status: pb.RoundStatus) -> RoundDetail:
         elif site in consented:
             sites.append(RoundSite(site, "consented",
                                    "" if not final else "consented; not selected"))
+        elif state == "FAILED":
+            sites.append(RoundSite(site, "no answer", "the round failed before this site "
+                                                      "answered"))
         elif consent_over:
             sites.append(RoundSite(site, "left out", "did not answer the consent request "
                                                      "before the consent deadline"))
         else:
             sites.append(RoundSite(site, "waiting", "consent"))
     counts = {k: sum(s.outcome == k for s in sites)
-              for k in ("released", "refused", "dropped", "left out", "waiting")}
+              for k in ("released", "refused", "dropped", "left out", "no answer", "waiting")}
     counts["invited"] = len(invited)
     counts["consented"] = len(consented)
     spec = status.spec
