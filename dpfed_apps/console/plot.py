@@ -69,7 +69,7 @@ def interval_plot(names: Sequence[str], means: Sequence, intervals: Sequence, *,
         return LABEL_W + PAD + (v - lo) / (hi - lo) * PLOT_W
 
     width = LABEL_W + PLOT_W + 2 * PAD
-    legend_h = 22
+    legend_h = 22 if reference is None else 40
     height = n * ROW + AXIS_H + legend_h + PAD
     top = legend_h
     title = f"Posterior mean and {level:.0%} credible interval of each coefficient"
@@ -83,9 +83,9 @@ def interval_plot(names: Sequence[str], means: Sequence, intervals: Sequence, *,
                f'r="4" class="mean"/><text x="{LABEL_W + PAD + 30}" y="14">this round, '
                f'{level:.0%} interval</text>')
     if reference is not None:
-        x0 = LABEL_W + PAD + 210
-        out.append(f'<line x1="{x0}" y1="10" x2="{x0 + 24}" y2="10" class="ref" '
-                   f'stroke-dasharray="4 3" stroke-width="2"/><text x="{x0 + 30}" y="14">'
+        x0 = LABEL_W + PAD
+        out.append(f'<line x1="{x0}" y1="28" x2="{x0 + 24}" y2="28" class="ref" '
+                   f'stroke-dasharray="4 3" stroke-width="2"/><text x="{x0 + 30}" y="32">'
                    f'{escape(reference_label)}</text>')
     out.append("</g>")
     # grid and zero line

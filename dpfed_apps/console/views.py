@@ -332,7 +332,7 @@ def result_view(summary: dict) -> ResultView:
         reference = None
     svg = interval_plot([r.name for r in rows], [r.mean for r in rows],
                         [(r.lower, r.upper) for r in rows], reference=reference,
-                        reference_label=f"public-only posterior ({info.get('reference', '')})"
+                        reference_label=f"posterior of {info.get('reference') or 'the public rows alone'}"
                         if reference else "")
     verdict = str(info.get("verdict") or "unknown")
     return ResultView(
