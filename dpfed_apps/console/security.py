@@ -109,9 +109,15 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
+        static = scope.get("path", "").startswith("/static/")
+
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
                 present = {k.lower() for k, _ in message.get("headers", [])}
+                if static:   # the console's own script and style: no data, may be cached
+                    present.add(b"cache-control")
+                    message["headers"] = list(message.get("headers", [])) + [
+                        (b"cache-control", b"private, max-age=3600")]
                 message["headers"] = list(message.get("headers", [])) + [
                     (k, v) for k, v in SECURITY_HEADERS if k not in present]
             await send(message)
