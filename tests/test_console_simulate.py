@@ -87,3 +87,36 @@ def test_simulate_console_serves_until_ctrl_c_then_exits_zero(tmp_path):
     assert "stopping the console and the federation" in err
     assert _free(port) and _free(agg_port)
     assert "Traceback" not in err
+
+
+def test_console_command_refuses_an_unsafe_bind_and_serves_until_ctrl_c(tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p), PYTHONUNBUFFERED="1")
+    base = [sys.executable, "-m", "dpfed_apps.cli", "console", "--aggregator", "127.0.0.1:9",
+            "--insecure"]
+    unsafe = subprocess.run([*base, "--host", "0.0.0.0", "--port", "0"], capture_output=True,
+                            text=True, env=env, timeout=60)
+    assert unsafe.returncode == 2
+    assert "not a loopback address" in unsafe.stderr and "Traceback" not in unsafe.stderr
+    config = tmp_path / "coordinator.toml"
+    config.write_text('aggregator = "127.0.0.1:9"\ninsecure = true\n[console]\nprot = 1\n')
+    typo = subprocess.run([sys.executable, "-m", "dpfed_apps.cli", "console", "--config",
+                           str(config)], capture_output=True, text=True, env=env, timeout=60)
+    assert typo.returncode == 2 and "unknown key 'console.prot'" in typo.stderr
+    proc = subprocess.Popen([*base, "--port", "0", "--rpc-timeout", "2"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        match = _lines_until(proc, r"dpfed console: (http://127\.0\.0\.1:(\d+)/)", 60)
+        import urllib.error
+        with pytest.raises(urllib.error.HTTPError) as down:
+            urllib.request.urlopen(match.group(1) + "sites", timeout=30)
+        assert down.value.code == 503 and b"cannot be reached" in down.value.read()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopped" in err and "Traceback" not in err
+    assert _free(int(match.group(2)))

@@ -412,3 +412,61 @@ def test_start_round_refuses_forged_and_bad_requests(tmp_path):
     for r in (forged, other_site, malformed, unknown_key, bad_site, bad_data, upload, expired):
         _no_traceback(r.text)
     assert c.coordinator.started == []
+
+
+def _self_signed(tmp_path):
+    import datetime as dt
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    import ipaddress
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
+    now = dt.datetime.now(dt.timezone.utc)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(minutes=1))
+            .not_valid_after(now + dt.timedelta(hours=1))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .sign(key, hashes.SHA256()))
+    (tmp_path / "cert.pem").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (tmp_path / "key.pem").write_bytes(key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+        serialization.NoEncryption()))
+    return tmp_path / "cert.pem", tmp_path / "key.pem"
+
+
+def test_https_with_a_token_end_to_end(tmp_path):
+    """uvicorn serves HTTPS with the configured certificate, and the token guards it."""
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    from dpfed_apps.console.server import ConsoleServer, build_console
+
+    cert, key = _self_signed(tmp_path)
+    token = "https-t0ken-https-t0ken"
+    settings = ConsoleSettings(port=0, tls_cert=cert, tls_key=key, token=token,
+                               state_dir=tmp_path / "state", spec_dir=tmp_path)
+    server = ConsoleServer(build_console(FakeCoordinator(), "agg:1", settings,
+                                         coordinator_id="coord")).start()
+    try:
+        assert server.url.startswith("https://127.0.0.1:")
+        context = ssl.create_default_context(cafile=str(cert))
+        with pytest.raises(urllib.error.HTTPError) as denied:
+            urllib.request.urlopen(server.url + "rounds", context=context, timeout=10)
+        assert denied.value.code == 401
+        request = urllib.request.Request(server.url + "rounds",
+                                         headers={"Authorization": f"Bearer {token}"})
+        page = urllib.request.urlopen(request, context=context, timeout=10).read().decode()
+        assert 'data-round="r1"' in page
+        import http.client
+        with pytest.raises((urllib.error.URLError, http.client.HTTPException,
+                            ConnectionError)):          # no plaintext on the HTTPS port
+            urllib.request.urlopen(server.url.replace("https", "http") + "rounds", timeout=5)
+    finally:
+        server.stop()
