@@ -77,6 +77,36 @@ smoke_all() {
     dpfed bench round --help >/dev/null
     dpfed bench round --sites 3 --dim 4 --json >/dev/null
     dpfed simulate --sites 2 --draws 200 --fit-method plug-in-fixed --json >/dev/null
+    smoke_console
+}
+
+# The console (in [all]) from the wheel: its templates and static files are installed; with no
+# aggregator running its pages say so (503) instead of failing.
+smoke_console() {
+    make_federation "$(free_port)"
+    local port
+    port=$(free_port)
+    dpfed console --config fed/coordinators/coordinator/coordinator.toml --port "$port" \
+        --log-level ERROR >/dev/null &
+    local pid=$!
+    local ok=1
+    for _ in $(seq 30); do
+        if python - "$port" <<'PY' 2>/dev/null
+import sys, urllib.error, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+assert "Start a round" in urllib.request.urlopen(base + "/rounds/new", timeout=5).read().decode()
+assert b"--accent" in urllib.request.urlopen(base + "/static/console.css", timeout=5).read()
+try:
+    urllib.request.urlopen(base + "/sites", timeout=30)
+    raise SystemExit("the sites page answered without an aggregator")
+except urllib.error.HTTPError as exc:
+    assert exc.code == 503 and b"cannot be reached" in exc.read()
+PY
+        then ok=0; break; fi
+        sleep 1
+    done
+    kill -INT "$pid"; wait "$pid" || true
+    [ "$ok" = 0 ] || { echo "dpfed console did not serve its pages" >&2; exit 1; }
 }
 
 for extra in ${EXTRAS:-site aggregator all}; do

@@ -301,7 +301,13 @@ def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
         lam0 = rng.gamma(2.0, 0.5, size=4000)
         base = rng.standard_normal((4000, dim)) / np.sqrt(lam0)[:, None]
         reference = "the prior alone"
-    return information_statement(beta_draws, base, m, reference=reference)
+    statement = information_statement(beta_draws, base, m, reference=reference)
+    if public is not None and public.n >= 1:
+        # The public-only posterior itself, for plots beside the round's (dpfed console).
+        statement["reference_beta_mean"] = [float(v) for v in base.mean(axis=0)]
+        statement["reference_beta_ci90"] = [[float(lo), float(hi)]
+                                            for lo, hi in credible_interval(base, 0.9)]
+    return statement
 
 
 def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, float]],

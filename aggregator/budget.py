@@ -96,6 +96,15 @@ class SiteBudgets:
                                   declared_total_epsilon=b.declared_total,
                                   last_unix_ms=b.last_ms)
 
+    def spending(self, site_id: str) -> pb.SiteSpending:
+        """``site_id``'s spending round by round, from the store (GetSiteSpending; the caller
+        checks who may read it with ``hidden``)."""
+        b = self.view(site_id)
+        return pb.SiteSpending(
+            site_id=site_id, spent_epsilon=b.spent, declared_total_epsilon=b.declared_total,
+            rounds=[pb.SiteRoundSpend(round_id=r, epsilon=e, received_unix_ms=ms, refused=refused)
+                    for r, e, ms, refused in self.store.site_rounds(site_id)])
+
     def view(self, site_id: str) -> SiteBudget:
         with self._lock:
             b = self._sites.get(site_id) or SiteBudget()

@@ -167,7 +167,7 @@ def coordinator_mismatch(peer: PeerIdentity | None, coordinator_id: str) -> str 
 # learns rounds from its Subscribe stream and the outcome from its coordinator), so sites get
 # none; the aggregator's own certificate is not a client. Coordinators read everything.
 READERS = {"GetRound": {COORDINATOR}, "GetResult": {COORDINATOR}, "ListSites": {COORDINATOR},
-           "ListRounds": {COORDINATOR}}
+           "ListRounds": {COORDINATOR}, "GetSiteSpending": {COORDINATOR}}
 
 
 def read_denied(peer: PeerIdentity | None, rpc: str) -> str | None:

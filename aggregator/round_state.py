@@ -132,6 +132,9 @@ class LiveRound:
     # What the current step's notice carries for each site (bytes), and the notices built.
     outputs: dict[str, bytes] = field(default_factory=dict)
     notices: dict[str, pb.SignedEnvelope] = field(default_factory=dict)
+    # A finished round loaded from the store: its contributions stay there (``contributions``
+    # is empty) and this is how many there are; None while they are in memory.
+    archived: int | None = None
 
     @property
     def state(self) -> str:
@@ -162,11 +165,13 @@ class LiveRound:
                           - set(self.refusals))
         return []
 
-    def dropped(self) -> list[str]:
-        """Participants that never answered the release phase (known once it ended)."""
+    def dropped(self, contributed=None) -> list[str]:
+        """Participants that never answered the release phase (known once it ended).
+        ``contributed``: the sites that released, when not ``contributions`` (archived)."""
         if self.participants is None or self.state in (CONSENT, KEYS, RELEASE):
             return []
-        return sorted(self.participants - set(self.contributions) - set(self.refusals))
+        contributed = set(self.contributions if contributed is None else contributed)
+        return sorted(self.participants - contributed - set(self.refusals))
 
     def enter_phase(self, phase: str, now_ms: int) -> None:
         """Stop the running phase's clock and, unless the round ended, start ``phase``'s

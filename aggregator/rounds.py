@@ -111,6 +111,7 @@ class RoundManager(SecureSteps):
         rounds whose fit was interrupted."""
         self.auth.load()
         refit, reopen = [], []
+        counts = self.store.contribution_counts()
         with self._lock:
             for stored in self.store.rounds():
                 env = parse_envelope(stored.spec_envelope)
@@ -130,6 +131,8 @@ class RoundManager(SecureSteps):
                         live.running.add_rows(
                             np.stack([encoded_values(c.statistics) for c in stored_contributions]),
                             sum(c.n for c in stored_contributions))
+                else:   # DONE or FAILED: read from the store when asked (status)
+                    live.archived = counts.get(stored.round_id, 0)
                 live.refusals = dict(self.store.refusals(stored.round_id))
                 live.refusal_epsilons = self.store.refusal_epsilons(stored.round_id)
                 if secure:
@@ -262,15 +265,23 @@ class RoundManager(SecureSteps):
                 raise Rejected("NOT_FOUND", f"unknown round {round_id!r}")
             s = live.stored
             contributions = sorted(live.contributions.items())
+            if live.archived is not None:   # a finished round loaded from the store
+                contributions = [(site, AcceptedContribution(b"", b"", b"", n, eps, ms))
+                                 for site, n, eps, ms in self.store.contribution_rows(round_id)]
             refusals = sorted(live.refusals.items())
+            spec = pb.RoundSpec()
+            spec.CopyFrom(live.spec)
+            spec.ClearField("public_statistics")
             status = pb.RoundStatus(
                 round_id=round_id, state=STATE_TO_PB[s.state], quorum=s.quorum,
                 deadline_unix_ms=s.deadline_ms, message=s.message, spec_digest=s.spec_digest,
                 round_seconds=s.round_s, fit_seconds=s.fit_s, missing_sites=live.missing(),
-                consented=sorted(live.consents), dropped=live.dropped(),
+                consented=sorted(live.consents),
+                dropped=live.dropped([site for site, _ in contributions]),
                 started_unix_ms=s.started_ms,
                 phases=[pb.PhaseTime(phase=p, started_unix_ms=t, seconds=sec)
-                        for p, t, sec in s.phases])
+                        for p, t, sec in s.phases],
+                spec=spec, invited=sorted(live.invited))
             refusal_eps = dict(live.refusal_epsilons)
         starter = live.spec.coordinator_id
         for k, c in contributions:
@@ -334,8 +345,21 @@ class RoundManager(SecureSteps):
             reply.sites.append(pb.SiteInfo(
                 site_id=r.site_id, key_id=r.key_id, connected=r.connected_streams > 0,
                 last_seen_unix_ms=r.last_seen_unix_ms, spent_epsilon=b.spent,
-                declared_total_epsilon=b.declared_total))
+                declared_total_epsilon=b.declared_total, rounds=b.rounds))
         return reply
+
+    def site_spending(self, site_id: str,
+                      peer: identity.PeerIdentity | None = None) -> pb.SiteSpending:
+        """``site_id``'s spending round by round as recorded here (GetSiteSpending); only
+        to a coordinator the site trusts (the rules of ``list_sites``)."""
+        check_fields(limits.check_site_query, site_id)
+        if site_id not in self.registry.sites:
+            raise Rejected("NOT_FOUND", f"unknown site {site_id!r}")
+        reader, reader_kid = self._reader(peer)
+        hidden = self.budgets.hidden(site_id, reader, reader_kid)
+        if hidden:
+            return pb.SiteSpending(site_id=site_id, hidden=hidden)
+        return self.budgets.spending(site_id)
 
     def list_rounds(self, limit: int = 0, before: str = "") -> pb.ListRoundsReply:
         """One summary line per round, newest first (counts only, no per-site rows: which
@@ -360,7 +384,9 @@ class RoundManager(SecureSteps):
                     round_id=s.round_id, state=STATE_TO_PB[s.state],
                     coordinator_id=spec.coordinator_id, target=spec.target,
                     epsilon=spec.epsilon, invited=len(live.invited),
-                    consented=len(live.consents), contributed=len(live.contributions),
+                    consented=len(live.consents),
+                    contributed=(len(live.contributions) if live.archived is None
+                                 else live.archived),
                     refused=len(live.refusals), quorum=s.quorum, started_unix_ms=s.started_ms,
                     deadline_unix_ms=s.deadline_ms, message=s.message))
         return reply

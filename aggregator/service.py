@@ -126,6 +126,11 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         return await self._call("ListRounds", context, self.manager.list_rounds, request.limit,
                                 request.before)
 
+    async def GetSiteSpending(self, request, context):
+        peer = await self._reader("GetSiteSpending", context)
+        return await self._call("GetSiteSpending", context, self.manager.site_spending,
+                                request.site_id, peer)
+
     async def GetSiteHistory(self, request, context):
         peer = await self._identity("GetSiteHistory", context)
         return await self._call("GetSiteHistory", context, self.manager.site_history, request,

@@ -92,6 +92,8 @@ CREATE TABLE IF NOT EXISTS site_declarations (
     hello           BLOB NOT NULL,     -- the signed SiteHello envelope, as received
     received_ms     INTEGER NOT NULL
 );
+-- A site's spending round by round (GetSiteSpending) without a pass over every contribution.
+CREATE INDEX IF NOT EXISTS contributions_by_site ON contributions (site_id);
 CREATE TABLE IF NOT EXISTS results (
     round_id        TEXT PRIMARY KEY,
     summary_json    TEXT NOT NULL,
@@ -410,6 +412,17 @@ class RoundStore:
         return [StoredContribution(*row) for row in self._query(
             "SELECT * FROM contributions WHERE round_id = ? ORDER BY site_id", (round_id,))]
 
+    def contribution_rows(self, round_id: str) -> list[tuple[str, int, float, int]]:
+        """(site id, n, epsilon, received ms) of a round's contributions, without their bytes
+        (the status of a finished round loaded from the store)."""
+        return [tuple(r) for r in self._query(
+            "SELECT site_id, n, epsilon, received_ms FROM contributions WHERE round_id = ? "
+            "ORDER BY site_id", (round_id,))]
+
+    def contribution_counts(self) -> dict[str, int]:
+        """round id -> number of its stored contributions."""
+        return dict(self._query("SELECT round_id, COUNT(*) FROM contributions GROUP BY round_id"))
+
     def insert_refusal(self, round_id: str, site_id: str, reason: str, envelope: bytes,
                        received_ms: int, key_id: str, nonce: str, timestamp_ms: int,
                        epsilon: float = 0.0) -> None:
@@ -438,6 +451,16 @@ class RoundStore:
             " SELECT site_id, epsilon, received_ms FROM refusals WHERE epsilon > 0)"
             " GROUP BY site_id")
         return {r[0]: (float(r[1]), int(r[2]), int(r[3])) for r in rows}
+
+    def site_rounds(self, site_id: str) -> list[tuple[str, float, int, bool]]:
+        """(round id, epsilon, received ms, refused) of every accepted contribution of
+        ``site_id`` and every refusal of it that debited, oldest first (what site_spending
+        sums for that site)."""
+        rows = self._query(
+            "SELECT round_id, epsilon, received_ms, 0 FROM contributions WHERE site_id = ? "
+            "UNION ALL SELECT round_id, epsilon, received_ms, 1 FROM refusals "
+            "WHERE site_id = ? AND epsilon > 0 ORDER BY 3, 1", (site_id, site_id))
+        return [(r[0], float(r[1]), int(r[2]), bool(r[3])) for r in rows]
 
     def insert_declaration(self, site_id: str, total_epsilon: float, trusted_key_ids: list[str],
                            hello: bytes, received_ms: int) -> None:

@@ -96,6 +96,10 @@ class Coordinator:
     def list_sites(self) -> list[pb.SiteInfo]:
         return list(self.stub.ListSites(pb.ListSitesRequest(), timeout=self.timeout_s).sites)
 
+    def site_spending(self, site_id: str) -> pb.SiteSpending:
+        """What ``site_id`` spent, round by round, as the aggregator recorded it."""
+        return self.stub.GetSiteSpending(pb.SiteQuery(site_id=site_id), timeout=self.timeout_s)
+
 
 def beta_draws(result: pb.RoundResult):
     """The posterior draws of a RoundResult as a (draws x dim) float64 array."""

@@ -20,7 +20,7 @@ from dpfed import __version__, exitcodes
 
 # Order is the order shown by --help.
 COMMANDS = ("simulate", "data", "keygen", "csr", "provision", "site", "aggregator", "round", "sites",
-            "health", "choose-bounds", "plan", "evaluate", "bench")
+            "console", "health", "choose-bounds", "plan", "evaluate", "bench")
 
 DESCRIPTION = """\
 Federated, differentially private Bayesian linear regression.

@@ -4,7 +4,8 @@ pyproject.toml hold, and they do fail when the code breaks them.
 Contracts: applications (dpfed_apps, evaluation) over the roles (site_node | aggregator |
 coordinator, independent of each other) over the core (dpfed); the core and the coordinator
 import nothing beyond the core dependencies; the site never imports the fitting stack; the
-aggregator never imports the certificate authority (dpfed_apps.ca).
+aggregator never imports the certificate authority (dpfed_apps.ca); the console is a gRPC
+client of the aggregator only (no aggregator or site code, no sqlite3, no fitting stack).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ CONTRACT_NAMES = {
     "core-deps": "The core and the coordinator need only the core dependencies",
     "site-no-fitting": "A site install never imports the fitting stack",
     "aggregator-no-ca": "The running aggregator never imports the certificate-authority tooling",
+    "console-is-a-client": "The console talks to the aggregator only over gRPC as the coordinator",
 }
 
 
@@ -46,7 +48,7 @@ def test_import_contracts_hold():
     assert run.returncode == 0, run.stdout + run.stderr
     for name in CONTRACT_NAMES.values():
         assert name in out
-    assert "4 kept, 0 broken" in out
+    assert "5 kept, 0 broken" in out
 
 
 def test_import_contracts_fail_on_a_violation(tmp_path):
@@ -61,6 +63,7 @@ def test_import_contracts_fail_on_a_violation(tmp_path):
         "site_node/release.py": "import scipy.stats  # site -> fitting stack",
         "aggregator/identity.py": "import dpfed_apps.ca  # running aggregator -> CA tooling",
         "coordinator/client.py": "import aggregator.store  # role -> role",
+        "dpfed_apps/console/data.py": "import sqlite3  # console -> the aggregator's database",
     }
     for path, line in violations.items():
         with open(tmp_path / path, "a", encoding="utf-8") as fh:
@@ -70,8 +73,9 @@ def test_import_contracts_fail_on_a_violation(tmp_path):
     assert run.returncode != 0, out
     for name in CONTRACT_NAMES.values():
         assert f"{name}" in out
-    assert "0 kept, 4 broken" in out, out
+    assert "0 kept, 5 broken" in out, out
     assert "dpfed.statistics -> site_node.release" in out
     assert "site_node.release -> scipy" in out
     assert "aggregator.identity -> dpfed_apps.ca" in out
     assert "coordinator.client -> aggregator.store" in out
+    assert "dpfed_apps.console.data -> sqlite3" in out

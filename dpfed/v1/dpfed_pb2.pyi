@@ -261,7 +261,7 @@ class SiteRefusalInfo(_message.Message):
     def __init__(self, site_id: _Optional[str] = ..., reason: _Optional[str] = ..., hidden: _Optional[str] = ..., epsilon_spent: _Optional[float] = ...) -> None: ...
 
 class RoundStatus(_message.Message):
-    __slots__ = ("round_id", "state", "contributions", "refusals", "missing_sites", "message", "quorum", "deadline_unix_ms", "round_seconds", "fit_seconds", "spec_digest", "consented", "dropped", "phases", "started_unix_ms")
+    __slots__ = ("round_id", "state", "contributions", "refusals", "missing_sites", "message", "quorum", "deadline_unix_ms", "round_seconds", "fit_seconds", "spec_digest", "consented", "dropped", "phases", "started_unix_ms", "spec", "invited")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         STATE_UNSPECIFIED: _ClassVar[RoundStatus.State]
@@ -297,6 +297,8 @@ class RoundStatus(_message.Message):
     DROPPED_FIELD_NUMBER: _ClassVar[int]
     PHASES_FIELD_NUMBER: _ClassVar[int]
     STARTED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    INVITED_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     state: RoundStatus.State
     contributions: _containers.RepeatedCompositeFieldContainer[SiteContribution]
@@ -312,7 +314,9 @@ class RoundStatus(_message.Message):
     dropped: _containers.RepeatedScalarFieldContainer[str]
     phases: _containers.RepeatedCompositeFieldContainer[PhaseTime]
     started_unix_ms: int
-    def __init__(self, round_id: _Optional[str] = ..., state: _Optional[_Union[RoundStatus.State, str]] = ..., contributions: _Optional[_Iterable[_Union[SiteContribution, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[SiteRefusalInfo, _Mapping]]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., round_seconds: _Optional[float] = ..., fit_seconds: _Optional[float] = ..., spec_digest: _Optional[str] = ..., consented: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., phases: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ..., started_unix_ms: _Optional[int] = ...) -> None: ...
+    spec: RoundSpec
+    invited: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, round_id: _Optional[str] = ..., state: _Optional[_Union[RoundStatus.State, str]] = ..., contributions: _Optional[_Iterable[_Union[SiteContribution, _Mapping]]] = ..., refusals: _Optional[_Iterable[_Union[SiteRefusalInfo, _Mapping]]] = ..., missing_sites: _Optional[_Iterable[str]] = ..., message: _Optional[str] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., round_seconds: _Optional[float] = ..., fit_seconds: _Optional[float] = ..., spec_digest: _Optional[str] = ..., consented: _Optional[_Iterable[str]] = ..., dropped: _Optional[_Iterable[str]] = ..., phases: _Optional[_Iterable[_Union[PhaseTime, _Mapping]]] = ..., started_unix_ms: _Optional[int] = ..., spec: _Optional[_Union[RoundSpec, _Mapping]] = ..., invited: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class PhaseTime(_message.Message):
     __slots__ = ("phase", "started_unix_ms", "seconds")
@@ -387,7 +391,7 @@ class ListSitesRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class SiteInfo(_message.Message):
-    __slots__ = ("site_id", "key_id", "connected", "last_seen_unix_ms", "hidden", "spent_epsilon", "declared_total_epsilon")
+    __slots__ = ("site_id", "key_id", "connected", "last_seen_unix_ms", "hidden", "spent_epsilon", "declared_total_epsilon", "rounds")
     SITE_ID_FIELD_NUMBER: _ClassVar[int]
     KEY_ID_FIELD_NUMBER: _ClassVar[int]
     CONNECTED_FIELD_NUMBER: _ClassVar[int]
@@ -395,6 +399,7 @@ class SiteInfo(_message.Message):
     HIDDEN_FIELD_NUMBER: _ClassVar[int]
     SPENT_EPSILON_FIELD_NUMBER: _ClassVar[int]
     DECLARED_TOTAL_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
     site_id: str
     key_id: str
     connected: bool
@@ -402,7 +407,8 @@ class SiteInfo(_message.Message):
     hidden: str
     spent_epsilon: float
     declared_total_epsilon: float
-    def __init__(self, site_id: _Optional[str] = ..., key_id: _Optional[str] = ..., connected: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., hidden: _Optional[str] = ..., spent_epsilon: _Optional[float] = ..., declared_total_epsilon: _Optional[float] = ...) -> None: ...
+    rounds: int
+    def __init__(self, site_id: _Optional[str] = ..., key_id: _Optional[str] = ..., connected: _Optional[bool] = ..., last_seen_unix_ms: _Optional[int] = ..., hidden: _Optional[str] = ..., spent_epsilon: _Optional[float] = ..., declared_total_epsilon: _Optional[float] = ..., rounds: _Optional[int] = ...) -> None: ...
 
 class SiteHistory(_message.Message):
     __slots__ = ("site_id", "spent_epsilon", "rounds", "declared_total_epsilon", "last_unix_ms")
@@ -423,3 +429,35 @@ class ListSitesReply(_message.Message):
     SITES_FIELD_NUMBER: _ClassVar[int]
     sites: _containers.RepeatedCompositeFieldContainer[SiteInfo]
     def __init__(self, sites: _Optional[_Iterable[_Union[SiteInfo, _Mapping]]] = ...) -> None: ...
+
+class SiteQuery(_message.Message):
+    __slots__ = ("site_id",)
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    def __init__(self, site_id: _Optional[str] = ...) -> None: ...
+
+class SiteRoundSpend(_message.Message):
+    __slots__ = ("round_id", "epsilon", "received_unix_ms", "refused")
+    ROUND_ID_FIELD_NUMBER: _ClassVar[int]
+    EPSILON_FIELD_NUMBER: _ClassVar[int]
+    RECEIVED_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    round_id: str
+    epsilon: float
+    received_unix_ms: int
+    refused: bool
+    def __init__(self, round_id: _Optional[str] = ..., epsilon: _Optional[float] = ..., received_unix_ms: _Optional[int] = ..., refused: _Optional[bool] = ...) -> None: ...
+
+class SiteSpending(_message.Message):
+    __slots__ = ("site_id", "hidden", "spent_epsilon", "declared_total_epsilon", "rounds")
+    SITE_ID_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_FIELD_NUMBER: _ClassVar[int]
+    SPENT_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    DECLARED_TOTAL_EPSILON_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    site_id: str
+    hidden: str
+    spent_epsilon: float
+    declared_total_epsilon: float
+    rounds: _containers.RepeatedCompositeFieldContainer[SiteRoundSpend]
+    def __init__(self, site_id: _Optional[str] = ..., hidden: _Optional[str] = ..., spent_epsilon: _Optional[float] = ..., declared_total_epsilon: _Optional[float] = ..., rounds: _Optional[_Iterable[_Union[SiteRoundSpend, _Mapping]]] = ...) -> None: ...

@@ -84,6 +84,11 @@ class AggregatorStub:
                 request_serializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsRequest.SerializeToString,
                 response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsReply.FromString,
                 _registered_method=True)
+        self.GetSiteSpending = channel.unary_unary(
+                '/dpfed.v1.Aggregator/GetSiteSpending',
+                request_serializer=dpfed_dot_v1_dot_dpfed__pb2.SiteQuery.SerializeToString,
+                response_deserializer=dpfed_dot_v1_dot_dpfed__pb2.SiteSpending.FromString,
+                _registered_method=True)
 
 
 class AggregatorServicer:
@@ -159,6 +164,12 @@ class AggregatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetSiteSpending(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AggregatorServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -211,6 +222,11 @@ def add_AggregatorServicer_to_server(servicer, server):
                     servicer.ListRounds,
                     request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsRequest.FromString,
                     response_serializer=dpfed_dot_v1_dot_dpfed__pb2.ListRoundsReply.SerializeToString,
+            ),
+            'GetSiteSpending': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetSiteSpending,
+                    request_deserializer=dpfed_dot_v1_dot_dpfed__pb2.SiteQuery.FromString,
+                    response_serializer=dpfed_dot_v1_dot_dpfed__pb2.SiteSpending.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -483,6 +499,33 @@ class Aggregator:
             '/dpfed.v1.Aggregator/ListRounds',
             dpfed_dot_v1_dot_dpfed__pb2.ListRoundsRequest.SerializeToString,
             dpfed_dot_v1_dot_dpfed__pb2.ListRoundsReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetSiteSpending(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/dpfed.v1.Aggregator/GetSiteSpending',
+            dpfed_dot_v1_dot_dpfed__pb2.SiteQuery.SerializeToString,
+            dpfed_dot_v1_dot_dpfed__pb2.SiteSpending.FromString,
             options,
             channel_credentials,
             insecure,

@@ -245,6 +245,10 @@ def check_round_query(round_id: str) -> None:
     _raise([_id(round_id, "round_id")], "query")
 
 
+def check_site_query(site_id: str) -> None:
+    _raise([_id(site_id, "site_id")], "query")
+
+
 def clip_text(text: str, limit: int = MAX_REASON_CHARS) -> str:
     """``text`` made safe to send in a limited field: control characters become spaces and it
     is cut to ``limit`` characters (with an ellipsis)."""

@@ -52,7 +52,7 @@ class UsageError(Exception):
 
 # Every key coordinator.toml may have; anything else is an error naming the nearest one.
 COORDINATOR_KEYS = frozenset({"aggregator", "coordinator_id", "signing_key", "server_name",
-                              "insecure", "tls"})
+                              "insecure", "tls", "console"})   # [console]: dpfed console
 TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
 
 
@@ -62,6 +62,9 @@ def check_coordinator_keys(conf: dict, where: str) -> None:
     check_keys(conf, COORDINATOR_KEYS, UsageError, where)
     if isinstance(conf.get("tls"), dict):
         check_keys(conf["tls"], TLS_KEYS, UsageError, where, prefix="tls.")
+    if isinstance(conf.get("console"), dict):
+        from dpfed_apps.console.config import CONSOLE_KEYS
+        check_keys(conf["console"], CONSOLE_KEYS, UsageError, where, prefix="console.")
 
 
 def connect(args, *, signing: bool):
@@ -215,8 +218,7 @@ def status_cmd(args) -> int:
 
 
 def list_cmd(args) -> int:
-    reply, code = query(args, "round list",
-                        lambda c: c.list_rounds(limit=args.limit, before=args.before or ""))
+    reply, code = query(args, lambda c: c.list_rounds(limit=args.limit, before=args.before or ""))
     if code is not None:
         return code
     if args.json:

@@ -29,6 +29,11 @@ examples:
   dpfed simulate --aggregation independent     every site's release carries its own noise
   dpfed simulate --json > result.json          one JSON object (round_id, sites, metrics, timings)
   dpfed simulate --data my.csv --target response --workdir run1   your own CSV; keep the folder
+  dpfed simulate --console                     then keep the federation running with the web
+                                               console on http://127.0.0.1:8765/ until Ctrl-C
+  dpfed simulate --console 0                   the console on any free port (the URL is printed)
+
+With --console the report is printed after Ctrl-C, once everything has stopped (exit 0).
 
 exit codes: 0 done, 3 the round failed (the process logs are printed and the folder kept),
             2 bad options or data, 130 interrupted (every child process is stopped)
@@ -67,7 +72,49 @@ def register(subparsers) -> None:
                    help="secure: this many sites stop right after key agreement, before "
                         "releasing (the round waits for them until its release step ends)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
+    p.add_argument("--console", type=int, nargs="?", const=8765, default=None, metavar="PORT",
+                   help="after the round, keep the federation running and serve the "
+                        "coordinator's web console on 127.0.0.1:PORT (default 8765; 0: a free "
+                        "port) until Ctrl-C")
     p.set_defaults(func=run)
+
+
+def console_hold(port: int, out):
+    """The ``hold`` of run_simulation for --console: serve the console (as the simulation's
+    coordinator, over mutual TLS), keep the simulation's forecast for its round, print the
+    URL on ``out`` and wait for Ctrl-C or SIGTERM; then stop the console (the simulation
+    stops the federation)."""
+    import threading
+
+    def hold(federation, coordinator, round_id, forecast):
+        from dpfed_apps.console.config import ConsoleSettings
+        from dpfed_apps.console.server import serve_in_thread
+        from dpfed_apps.simulation.federation import COORDINATOR_ID
+
+        root = federation.layout.root
+        settings = ConsoleSettings(port=port, state_dir=root / "console", spec_dir=root)
+        server = serve_in_thread(coordinator, federation.address, settings,
+                                 coordinator_id=COORDINATOR_ID)
+        stop = threading.Event()
+        previous = {sig: signal.signal(sig, lambda signum, frame: stop.set())
+                    for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            server.console.data.forecasts.save(
+                round_id, forecast, note="made by dpfed simulate before the round")
+            print(f"dpfed simulate: console at {server.url} - the aggregator and "
+                  f"{len(federation.site_names)} sites keep running; round.toml to start "
+                  f"another round is {root / 'round.toml'}; Ctrl-C stops everything",
+                  file=out, flush=True)
+            while not stop.wait(0.5):
+                pass
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            server.stop()
+            print("dpfed simulate: stopping the console and the federation", file=sys.stderr,
+                  flush=True)
+
+    return hold
 
 
 class _Interrupts:
@@ -90,6 +137,12 @@ def run(args) -> int:
     # The simulation runs every role: it needs the site and the aggregator extras.
     for module, extra in (("opendp", "all"), ("scipy", "all"), ("pymc", "all")):
         require(module, extra)
+    if args.console is not None:
+        for module in ("starlette", "uvicorn", "jinja2", "multipart"):
+            require(module, "console")
+        if not 0 <= args.console <= 65535:
+            print("dpfed simulate: --console PORT must be 0..65535", file=sys.stderr)
+            return exitcodes.USAGE
 
     if (args.sites < 1 or args.epsilon <= 0 or args.public < 1 or args.test < 2
             or args.dropouts < 0):
@@ -107,7 +160,9 @@ def run(args) -> int:
     interrupts = _Interrupts()
     previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        result = simulation.run_simulation(options)
+        hold = None if args.console is None else console_hold(
+            args.console, sys.stderr if args.json else sys.stdout)
+        result = simulation.run_simulation(options, hold=hold)
     except KeyboardInterrupt:
         print("dpfed simulate: interrupted; all processes stopped", file=sys.stderr)
         return exitcodes.INTERRUPTED

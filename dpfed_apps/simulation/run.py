@@ -85,8 +85,12 @@ def _import_coordinator():
     return Coordinator, build_round_spec
 
 
-def run_simulation(options: SimulationOptions, progress: Progress = _stderr_progress) -> dict:
+def run_simulation(options: SimulationOptions, progress: Progress = _stderr_progress, *,
+                   hold=None) -> dict:
     """Run the whole federation once; returns the result dict (see ``format_report``).
+    ``hold(federation, coordinator, round_id, forecast)``, if given, is called once the round
+    is done, with every process still running (``dpfed simulate --console`` serves until
+    Ctrl-C there).
 
     Raises FederationFailed (with ``.workdir`` and ``.logs`` attributes) if a process or the
     round fails. The child processes are stopped on every exit path, Ctrl-C included.
@@ -177,6 +181,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
             result = coordinator.result(round_id)
             progress(f"round {round_id} done in {status.round_seconds:.2f} s "
                      f"(+ fit {status.fit_seconds:.1f} s)")
+            if hold is not None:
+                hold(federation, coordinator, round_id, forecast)
         failed = False
     except FederationFailed as exc:
         exc.workdir = layout.root
