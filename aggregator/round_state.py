@@ -15,6 +15,7 @@ and share_keys: nothing drawn, nothing debited) -> RELEASE (step release: masked
 from __future__ import annotations
 
 import threading
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from dpfed import noise as dpnoise
@@ -102,7 +103,8 @@ class LiveRound:
     # Consent phase: site -> when its consent arrived.
     consents: dict[str, int] = field(default_factory=dict)
     # Consents checked and being committed (group commit, outside the manager lock).
-    consents_storing: set[str] = field(default_factory=set)
+    # site -> done once its commit ended (a resend meanwhile waits for it).
+    consents_storing: dict[str, Future] = field(default_factory=dict)
     # The sites selected to release, fixed when the consent phase ends (None before).
     participants: frozenset[str] | None = None
     contributions: dict[str, AcceptedContribution] = field(default_factory=dict)

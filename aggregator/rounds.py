@@ -477,9 +477,21 @@ class RoundManager(SecureSteps):
         with self._lock:
             if m.site_id in live.consents:
                 return pb.Ack(message="consent already recorded")
+            storing = live.consents_storing.get(m.site_id)
+        if storing is not None:
+            # The same site's consent is being committed (a resend): its outcome answers.
+            try:
+                storing.result(timeout=30)
+            except Exception:  # noqa: BLE001 - that commit failed or is stuck: retry
+                raise Rejected("UNAVAILABLE", f"the consent of site {m.site_id!r} could not be "
+                                              f"recorded yet; retry") from None
+            return pb.Ack(message="consent already recorded")
+        with self._lock:
+            if m.site_id in live.consents:
+                return pb.Ack(message="consent already recorded")
             if m.site_id in live.consents_storing:
-                raise Rejected("ABORTED", f"the consent of site {m.site_id!r} is being "
-                                          f"recorded; retry")
+                raise Rejected("UNAVAILABLE", f"the consent of site {m.site_id!r} is being "
+                                              f"recorded; retry")
             if m.site_id not in live.invited:
                 raise Rejected("PERMISSION_DENIED", f"site {m.site_id!r} is not invited to round "
                                                     f"{m.round_id!r}")
@@ -496,20 +508,23 @@ class RoundManager(SecureSteps):
                              persist=False)
             self.auth.nonces.add((envelope.key_id, m.nonce))
             now = self.now_ms()
-            live.consents_storing.add(m.site_id)
+            done: Future = Future()
+            live.consents_storing[m.site_id] = done
         try:
             self.store.insert_consent_later(m.round_id, m.site_id, envelope.SerializeToString(),
                                             now, envelope.key_id, m.nonce,
                                             m.timestamp_unix_ms).result()
-        except BaseException:
+        except BaseException as exc:
+            done.set_exception(exc)
             with self._lock:
-                live.consents_storing.discard(m.site_id)
+                del live.consents_storing[m.site_id]
                 self.auth.nonces.discard((envelope.key_id, m.nonce))
                 self._end_consent_if_due(live)
             raise
         with self._lock:
-            live.consents_storing.discard(m.site_id)
+            del live.consents_storing[m.site_id]
             live.consents[m.site_id] = now
+            done.set_result(None)
             log.info("round %s: site %s consented (%d of %d invited)", m.round_id, m.site_id,
                      len(live.consents), len(live.invited))
             self._end_consent_if_due(live)
