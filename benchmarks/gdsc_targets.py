@@ -2,7 +2,7 @@
 
     python benchmarks/gdsc_targets.py results/full/results.csv [--json]
 
-For every robust_private cell (eps, K, n): its mean Spearman, the public-only mean (n = 0)
+For every robust_private cell (eps, K, aggregation, n): its mean Spearman, the public-only mean (n = 0)
 over the *same* (drug, repeat) cells (the n = 0 row of summary.md averages over every drug,
 the n > 300 rows over fewer), the paired difference with its standard error, the non-private
 mean on the same cells and the private / non-private ratio. Targets: difference >= -0.005 at
@@ -41,9 +41,10 @@ def main(argv=None) -> int:
             elif r["method"] == "nonprivate" and n > 0:
                 nonpriv[(key, n)] = v
             elif r["method"] == "robust_private" and n > 0:
-                priv[(float(r["epsilon"]), int(r["sites"]), n)][key] = v
+                agg = r.get("aggregation") or "independent"   # older files: independent only
+                priv[(float(r["epsilon"]), int(r["sites"]), agg, n)][key] = v
     rows = []
-    for (eps, k, n), cells in sorted(priv.items()):
+    for (eps, k, agg, n), cells in sorted(priv.items()):
         keys = [c for c in cells if c in public and (c, n) in nonpriv]
         if len(keys) < 2:
             continue
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
         se = math.sqrt(sum((x - d) ** 2 for x in diffs) / (len(diffs) - 1) / len(diffs))
         p, q, npv = mean([cells[c] for c in keys]), mean([public[c] for c in keys]), \
             mean([nonpriv[(c, n)] for c in keys])
-        rows.append({"epsilon": eps, "sites": k, "n": n, "cells": len(keys), "private": p,
+        rows.append({"epsilon": eps, "sites": k, "aggregation": agg, "n": n, "cells": len(keys), "private": p,
                      "public_only": q, "difference": d, "se": se, "nonprivate": npv,
                      "ratio": p / npv if npv else float("nan"),
                      "meets_public_target": d >= -0.005})
@@ -61,12 +62,12 @@ def main(argv=None) -> int:
         print(json.dumps({"neighbouring": sorted(relation), "rows": rows}, indent=1))
         return 0
     print(f"neighbouring: {', '.join(sorted(relation))}")
-    print("| eps | K | n | cells | private | public-only (same cells) | difference ± se | "
+    print("| eps | K | aggregation | n | cells | private | public-only (same cells) | difference ± se | "
           "non-private | ratio |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         flag = "" if r["meets_public_target"] else " **below**"
-        print(f"| {r['epsilon']:g} | {r['sites']} | {r['n']} | {r['cells']} | "
+        print(f"| {r['epsilon']:g} | {r['sites']} | {r['aggregation']} | {r['n']} | {r['cells']} | "
               f"{r['private']:.3f} | {r['public_only']:.3f} | {r['difference']:+.3f} ± "
               f"{r['se']:.3f}{flag} | {r['nonprivate']:.3f} | {r['ratio']:.2f} |")
     return 0
