@@ -41,9 +41,12 @@ _LOG_2PI = math.log(2.0 * math.pi)
 _SHAPE = float(na.PRIOR_SHAPE)
 _RATE = float(na.PRIOR_RATE)
 
-# Reassociation (vectorised sums) and fused multiply-add; no nnan/ninf, so the tests for
-# non-finite values and for non-positive pivots keep their meaning.
-_jit = numba.njit(cache=True, nogil=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
+# Strict IEEE arithmetic (no fastmath): a fit must be a function of its inputs and seed, bit
+# for bit, in every process. With reassociation ("reassoc") LLVM vectorised sums differently
+# when a function was compiled in the process than when its machine code came from the cache,
+# so a refit disagreed with the aggregator's fit in the 12th digit (tests/test_e2e.py, cold
+# cache). At d + 1 = 11 the vectorisation saved nothing measurable (2.4 ms per fit either way).
+_jit = numba.njit(cache=True, nogil=True)
 
 
 @_jit

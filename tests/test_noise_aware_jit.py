@@ -167,3 +167,31 @@ def test_fit_posterior_compiled_matches_numpy_backend(d, monkeypatch):
         # Same random numbers, modes equal to optimiser tolerance: (nearly) the same draws.
         assert np.all(np.abs(fast.beta_mean - ref.beta_mean) <= 0.05 * sd)
         assert np.all(np.abs(fast.beta_draws.std(axis=0) / sd - 1) <= 0.05)
+
+
+_REFIT = """
+import numpy as np
+from aggregator.posterior import fit_posterior
+from tests.test_noise_aware import _problem
+_, release, public = _problem(np.random.default_rng(5), 10, 300, 1.0, 1)
+post = fit_posterior(release + public, public=public, method="laplace", draws=400, seed=3)
+print(" ".join(float(v).hex() for v in post.beta_mean))
+"""
+
+
+@pytest.mark.slow
+def test_fit_is_bit_identical_whether_compiled_here_or_loaded_from_cache(tmp_path):
+    # A refit must reproduce the aggregator's fit bit for bit. The first process compiles the
+    # densities (empty NUMBA_CACHE_DIR), the second loads its machine code from the cache:
+    # with fastmath reassociation the two disagreed in the 12th digit.
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    outputs = [subprocess.run([sys.executable, "-c", _REFIT], env=env, cwd=root, check=True,
+                              capture_output=True, text=True).stdout.split()
+               for _ in range(2)]
+    assert os.listdir(tmp_path / "numba")          # the second process had a cache to load
+    assert len(outputs[0]) == 10 and outputs[0] == outputs[1]

@@ -149,10 +149,18 @@ def test_posterior_proper_and_finite_on_many_noisy_releases(advi_engine):
 
 def test_unrepaired_naive_model_is_unbounded(noisy_release):
     # Why the repair exists: the naive quadratic form has no lower bound.
+    # Along the eigenvector of the negative eigenvalue the form falls like t^2 |w_min|,
+    # whatever that eigenvalue's size (the release's noise is a CSPRNG's: not seeded).
     w, v = np.linalg.eigh(noisy_release.xtx)
-    b = 1e3 * v[:, 0]
-    q = b @ noisy_release.xtx @ b - 2 * b @ noisy_release.xty + noisy_release.yty
-    assert q < -1e6
+    assert w[0] < 0
+
+    def q(t):
+        b = t * v[:, 0]
+        return b @ noisy_release.xtx @ b - 2 * b @ noisy_release.xty + noisy_release.yty
+
+    # t^2 |w_min| >= 1e8 and at least 4x the linear term's 2 t |v . Sxy|.
+    t = max(1e4 / np.sqrt(-w[0]), 8 * abs(v[:, 0] @ noisy_release.xty) / -w[0])
+    assert q(10 * t) < q(t) < -1e6
 
 
 # ---------------------------------------------------------------------------- convergence
