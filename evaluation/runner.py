@@ -225,11 +225,28 @@ def _public_only_rows(row: dict, methods: Sequence[str], cfg: ProtocolConfig) ->
 Progress = Callable[[int, int, TaskResult], None]
 
 
-def run_grid(tasks: Sequence[Task], executor, progress: Progress | None = None) -> list[dict]:
-    """Run every task on ``executor`` (``evaluation.executor``); rows in completion order."""
+def run_grid(tasks: Sequence[Task], executor, progress: Progress | None = None,
+             journal=None) -> list[dict]:
+    """Run every task on ``executor`` (``evaluation.executor``); rows in completion order.
+
+    ``journal`` (``evaluation.checkpoint.TaskJournal``, opened): tasks it already holds are
+    not run again (their rows come first), and every finished task is recorded in it before
+    the next result is taken, so a stopped run loses at most the tasks in flight."""
     rows: list[dict] = []
     total = len(tasks)
-    for done, result in enumerate(executor.map_unordered(run_task, tasks), start=1):
+    todo = list(tasks)
+    if journal is not None:
+        from evaluation.checkpoint import task_key
+
+        todo = [t for t in tasks if task_key(t.drug, t.repeats) not in journal.done]
+        wanted = {task_key(t.drug, t.repeats) for t in tasks}
+        for key, saved in journal.done.items():
+            if key in wanted:
+                rows.extend(saved)
+    skipped = total - len(todo)
+    for done, result in enumerate(executor.map_unordered(run_task, todo), start=skipped + 1):
+        if journal is not None:
+            journal.record(result.drug, result.repeats, result.rows)
         rows.extend(result.rows)
         if progress is not None:
             progress(done, total, result)

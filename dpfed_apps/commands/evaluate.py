@@ -19,6 +19,9 @@ examples:
       the full protocol: 262 drugs x 50 repeats x n in {0,...,800} x eps {1,2}, all methods
   dpfed evaluate --drug 1047 --drug 1373 --repeats 10 --methods robust_private,nonprivate --json
   dpfed evaluate --executor dask --workers 8      (dask.distributed LocalCluster; dpfed[evaluate])
+  dpfed evaluate --out results/full --resume
+      after a stop (Ctrl-C, reboot): every finished task is in results/full/tasks.jsonl;
+      only the rest runs (the settings must be the same)
 
 Progress (tasks done/total, rate, ETA) goes to stderr. --json prints one object:
   {"results": [{"method", "epsilon", "n_private", "sites", "aggregation", "spearman_mean",
@@ -66,11 +69,12 @@ def _aggregations(text: str) -> tuple[str, ...]:
 class _Progress:
     """done/total, rate and ETA on stderr, at most every ``every_s`` seconds."""
 
-    def __init__(self, enabled: bool = True, every_s: float = 2.0):
+    def __init__(self, enabled: bool = True, every_s: float = 2.0, already_done: int = 0):
         self.t0 = time.monotonic()
         self.last = 0.0
         self.enabled = enabled
         self.every_s = every_s
+        self.already_done = already_done  # tasks read back from the journal (--resume)
 
     def __call__(self, done, total, result) -> None:
         now = time.monotonic()
@@ -78,7 +82,7 @@ class _Progress:
             return
         self.last = now
         elapsed = now - self.t0
-        rate = done / elapsed if elapsed > 0 else 0.0
+        rate = (done - self.already_done) / elapsed if elapsed > 0 else 0.0
         eta = (total - done) / rate if rate > 0 else float("inf")
         print(f"[evaluate] {done}/{total} tasks ({100 * done / total:.0f} %), "
               f"{rate * 60:.1f} tasks/min, elapsed {elapsed:.0f} s, ETA {eta:.0f} s",
@@ -151,11 +155,23 @@ def evaluate(args) -> int:
         bounds = bounds_table(config, d, cache_dir=out / "bounds-cache")
     tasks = plan_tasks(drugs, config, methods, bounds, repeats_per_task=args.repeats_per_task,
                        cache_dir=out / "bounds-cache")
-    say(f"{len(tasks)} tasks on {args.executor} executor")
+    from evaluation.checkpoint import JournalMismatch, TaskJournal, fingerprint, task_key
+
+    journal = TaskJournal(out, fingerprint(config, methods, tasks))
+    try:
+        journal.open(resume=args.resume)
+    except JournalMismatch as exc:
+        print(f"dpfed evaluate: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    already = sum(1 for t in tasks if task_key(t.drug, t.repeats) in journal.done)
+    say(f"{len(tasks)} tasks on {args.executor} executor"
+        + (f" ({already} already done, read from {journal.path})" if args.resume else ""))
     executor = make_executor(args.executor, args.workers,
                              **({"address": args.dask_address} if args.dask_address else {}))
-    with executor:
-        rows = run_grid(tasks, executor, _Progress(enabled=not args.no_progress))
+    with journal, executor:
+        rows = run_grid(tasks, executor,
+                        _Progress(enabled=not args.no_progress, already_done=already),
+                        journal=journal)
     wall_s = time.monotonic() - t0
     require("matplotlib", "all")
     from evaluation.report import write_report
@@ -216,6 +232,9 @@ def register(subparsers) -> None:
     p.add_argument("--dask-address", help="an existing Dask scheduler (with --executor dask)")
     p.add_argument("--repeats-per-task", type=int, default=5,
                    help="repeats of one drug per task (default 5)")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the tasks already finished in OUT/tasks.jsonl (a stopped run "
+                        "with the same settings) and run only the rest")
     p.add_argument("--no-progress", action="store_true", help="no progress lines on stderr")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_entry)
