@@ -47,11 +47,22 @@ def test_secure_sum_of_T_sites_carries_the_noise_of_one_release():
         g.noise_description(9)
 
 
-def test_empirical_noise_of_the_sum_matches_the_description():
+def _one_by_one(g, upper, n, sites):
+    return [g.release(upper, n) for _ in range(sites)]
+
+
+def _batched(g, upper, n, sites):
+    return g.release_many([(upper, n)] * sites)
+
+
+@pytest.mark.parametrize("releases", [_one_by_one, _batched])
+def test_empirical_noise_of_the_sum_matches_the_description(releases):
+    """Per site (``release``) or with the K shares drawn in one call (``release_many``, the
+    evaluation's simulated rounds): the same law."""
     d, T, R = 12, 5, 120
     _, g = _grid(d=d, K=T, T=T, eps=3.0)
     zeros_upper = np.zeros(g.layout.length - 1)
-    sums = np.stack([fp.decode(fp.wrap_sum(g.release(zeros_upper, 0) for _ in range(T)),
+    sums = np.stack([fp.decode(fp.wrap_sum(releases(g, zeros_upper, 0, T)),
                                g.scale_vector) for _ in range(R)])
     desc = g.noise_description(T)
     for p, sl in g.layout.slices().items():
@@ -60,6 +71,27 @@ def test_empirical_noise_of_the_sum_matches_the_description():
         se = np.std(x ** 2) / math.sqrt(x.size)
         assert abs(v - desc.variance(p)) < Z * se, (p, v, desc.variance(p))
     assert np.all(sums[:, -1] == np.round(sums[:, -1]))     # n: integer noise
+
+
+def test_release_many_gives_each_site_its_own_share():
+    """Each batched release is the site's encoded statistics plus a share of its own: no two
+    sites get the same share, and a single share has the variance of a 1/T share."""
+    d, T, R = 6, 4, 400
+    _, g = _grid(d=d, K=T, T=T, eps=2.0)
+    upper = np.linspace(-0.5, 0.5, g.layout.length - 1)
+    encoded = g.encode(upper, 50)
+    shares = np.stack([np.stack([(r.astype(np.uint64) - encoded.astype(np.uint64)).view(np.int64)
+                                 for r in g.release_many([(upper, 50)] * T)])
+                       for _ in range(R)])                     # R x T x length, grid units
+    assert not np.any(np.all(shares[:, 0] == shares[:, 1], axis=1))
+    b = g.noise_vector
+    xty = g.layout.slices()["xty"]
+    one_share_var = 2 * np.exp(-1 / b[xty]) / (1 - np.exp(-1 / b[xty])) ** 2 / T
+    v = np.mean(shares[:, :, xty].astype(float) ** 2, axis=(0, 1))
+    assert np.allclose(v, one_share_var, rtol=0.35)
+    # the sum of the T shares carries one full draw
+    total = shares[:, :, xty].astype(float).sum(axis=1)
+    assert np.allclose(np.mean(total ** 2, axis=0), T * one_share_var, rtol=0.35)
 
 
 def test_replace_one_releases_n_exactly():

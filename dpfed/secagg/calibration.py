@@ -64,12 +64,22 @@ class GridCalibration:
 
     def release(self, upper_values, n) -> np.ndarray:
         """The site's input x_u: its encoded statistics plus its 1/T noise share (CSPRNG)."""
-        x = self.encode(upper_values, n)
+        return self.release_many([(upper_values, n)])[0]
+
+    def release_many(self, sites) -> list[np.ndarray]:
+        """``[release(upper_values, n) for upper_values, n in sites]`` with every site's noise
+        share drawn in one CSPRNG call: the same law (the shares are independent entries of
+        one vector), for code that holds several sites' statistics at once (the evaluation's
+        simulated rounds; ``evaluation.methods.robust_private.secure_inputs``). A real site
+        holds only its own and calls ``release``."""
+        xs = [self.encode(upper, n) for upper, n in sites]
         b = self.noise_vector
         noisy = b > 0
-        share = np.zeros(b.size, dtype=np.int64)
-        share[noisy] = dlaplace.noise_share(b[noisy], self.noise_threshold)
-        return fp.add_signed(x, share)
+        shares = np.zeros((len(xs), b.size), dtype=np.int64)
+        if xs and noisy.any():
+            drawn = dlaplace.noise_share(np.tile(b[noisy], len(xs)), self.noise_threshold)
+            shares[:, noisy] = drawn.reshape(len(xs), -1)
+        return [fp.add_signed(x, share) for x, share in zip(xs, shares)]
 
     def decode(self, vector) -> tuple[np.ndarray, float]:
         """(upper values, n) in real units from an unmasked sum."""

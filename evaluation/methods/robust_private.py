@@ -63,12 +63,13 @@ def secure_inputs(blocks, setting: PrivacySetting, noise_threshold: int | None =
                      x_bound=setting.x_bound, y_bound=setting.y_bound, calibration=cal,
                      noise_threshold=t)
     iu = np.triu_indices(d)
-    inputs = []
+    sites = []
     for x, y in shaped:
         sxx, sxy, syy = clipped_statistics(x, y, setting.x_bound, setting.y_bound,
                                            setting.x_norm_bound)
-        inputs.append(grid.release(np.concatenate([sxx[iu], sxy, [syy]]), x.shape[0]))
-    return grid, inputs
+        sites.append((np.concatenate([sxx[iu], sxy, [syy]]), x.shape[0]))
+    # Each site's release with its own share, the K shares drawn in one CSPRNG call.
+    return grid, grid.release_many(sites)
 
 
 def decode_secure_sum(grid: GridCalibration, vector, contributors: int) -> Statistics:
