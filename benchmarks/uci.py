@@ -42,7 +42,7 @@ def one_repeat(names, x, y, eps, rng, neighbouring):
     from dpfed.bounds import choose_bounds
     from dpfed.metrics import spearman
     from dpfed.preprocess import Preprocessing
-    from dpfed.statistics import exact_statistics
+    from dpfed.statistics import clipped_exact_statistics, exact_statistics
     from site_node.release import release_statistics
 
     perm = rng.permutation(len(y))
@@ -60,10 +60,13 @@ def one_repeat(names, x, y, eps, rng, neighbouring):
                            xtx_sensitivity="exact", ridge="noise_matched",
                            search_sxx_share=True, n_datasets=8, n_noise=8)
     bx, by = choice.bounds(sigma_x, sigma_y)
-    public = exact_statistics(zp, yp)
+    # As a round does (coordinator.roundspec, aggregator.aggregate.fit): the public rows
+    # clipped with the round's bounds, and the clipping bound given to the noise-aware fit's
+    # design prior.
+    public = clipped_exact_statistics(zp, yp, bx, by)
     release = release_statistics(zq, yq, epsilon=eps, x_bound=bx, y_bound=by,
                                  budget_split=choice.budget_split, neighbouring=neighbouring)
-    private = fit_posterior(release + public, public=public, draws=1000, seed=0)
+    private = fit_posterior(release + public, public=public, x_bound=bx, draws=1000, seed=0)
     nonprivate = fit_posterior(exact_statistics(np.vstack([zq, zp]), np.concatenate([yq, yp])),
                                draws=1000, seed=0)
     public_only = fit_posterior(public, draws=1000, seed=0)
