@@ -253,29 +253,34 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
 
 
 def fit(stats: Statistics, method: str, draws: int, seed: int | None,
-        public: Statistics | None = None, x_bound: float | None = None):
+        public: Statistics | None = None, x_bound: float | None = None,
+        y_bound: float | None = None):
     """(beta_mean, beta_draws (draws x d), diagnostics) of the posterior given ``stats``.
 
     ``method`` is a round spec's fit_method (FIT_METHODS; empty means "auto"). With
     ``public`` (the exact public statistics included in ``stats``) the diagnostics carry the
     comparison with the public-only posterior (``aggregator.quality``) under
-    ``"information"``."""
+    ``"information"``. ``x_bound``, ``y_bound``: the round's public clipping bounds (the
+    design prior's, and the response unit of the priors: ``fit_posterior`` y_unit)."""
     from aggregator.posterior import fit_posterior
 
     method = method or "auto"
     draws = int(draws or 5000)
     plug_in = method.startswith("plug-in-")
+    # The priors are stated in units of the round's public y bound (fit_posterior y_unit).
     post = fit_posterior(stats, method=method.removeprefix("plug-in-"), draws=draws,
-                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in)
+                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in,
+                         y_unit=y_bound)
     diagnostics = dict(post.diagnostics)
     diagnostics["model"] = post.model
-    diagnostics["information"] = information(post.beta_draws, public, stats.dim, seed)
+    diagnostics["information"] = information(post.beta_draws, public, stats.dim, seed,
+                                             y_unit=y_bound)
     return (np.asarray(post.beta_mean, dtype=np.float64),
             np.asarray(post.beta_draws, dtype=np.float64), diagnostics)
 
 
 def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
-                seed: int | None) -> dict:
+                seed: int | None, y_unit: float | None = None) -> dict:
     """``aggregator.quality.information_statement`` of a round's draws against the
     posterior of the public rows alone (exact model), or against the prior without them."""
     from aggregator.noise_aware import draw_lam0
@@ -290,7 +295,8 @@ def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
     if public is not None and public.n >= 1:
         reference = f"the {public.n} public rows alone"
         try:
-            base = fit_posterior(public, draws=max(len(beta_draws), 1000), seed=seed).beta_draws
+            base = fit_posterior(public, draws=max(len(beta_draws), 1000), seed=seed,
+                                 y_unit=y_unit).beta_draws
         except (PosteriorError, ValueError) as exc:
             # The comparison is a courtesy; a public-only fit that fails must not fail the
             # round. Say so instead of guessing.

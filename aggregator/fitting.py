@@ -31,7 +31,8 @@ def fit_round(spec: pb.RoundSpec, running: aggregate.RunningTotal,
     else:
         beta_mean, draws, diag = aggregate.fit(total, spec.fit_method, spec.fit_draws,
                                                spec.fit_seed or None, public=public,
-                                               x_bound=spec.x_bound or None)
+                                               x_bound=spec.x_bound or None,
+                                               y_bound=spec.y_bound or None)
     fit_s = time.perf_counter() - t0
     summary = aggregate.summarize(
         spec=spec, contributions=[(s, c.n, c.epsilon) for s, c in parts], total=total,

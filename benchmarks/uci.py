@@ -61,15 +61,17 @@ def one_repeat(names, x, y, eps, rng, neighbouring):
                            search_sxx_share=True, n_datasets=8, n_noise=8)
     bx, by = choice.bounds(sigma_x, sigma_y)
     # As a round does (coordinator.roundspec, aggregator.aggregate.fit): the public rows
-    # clipped with the round's bounds, and the clipping bound given to the noise-aware fit's
-    # design prior.
+    # clipped with the round's bounds, the x bound given to the noise-aware fit's design
+    # prior and the y bound as the priors' response unit (the public-only fit too, as the
+    # round's information statement).
     public = clipped_exact_statistics(zp, yp, bx, by)
     release = release_statistics(zq, yq, epsilon=eps, x_bound=bx, y_bound=by,
                                  budget_split=choice.budget_split, neighbouring=neighbouring)
-    private = fit_posterior(release + public, public=public, x_bound=bx, draws=1000, seed=0)
+    private = fit_posterior(release + public, public=public, x_bound=bx, y_unit=by,
+                            draws=1000, seed=0)
     nonprivate = fit_posterior(exact_statistics(np.vstack([zq, zp]), np.concatenate([yq, yp])),
                                draws=1000, seed=0)
-    public_only = fit_posterior(public, draws=1000, seed=0)
+    public_only = fit_posterior(public, y_unit=by, draws=1000, seed=0)
     return {k: spearman(m.predict(zt), y[test]) for k, m in
             (("private", private), ("nonprivate", nonprivate), ("public_only", public_only))}
 

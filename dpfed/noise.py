@@ -188,6 +188,22 @@ class NoiseDescription:
         secure sum of C shares of threshold T."""
         return float(sum(t.full_draws for t in getattr(self, part)))
 
+    def scaled(self, **factors: float) -> "NoiseDescription":
+        """The description of the values multiplied part by part (``xty=1/c``, ``yty=1/c**2``):
+        every term's scale and grid times the part's factor (> 0), so its variance times the
+        factor squared; the law, draws and shares stay. Unnamed parts are unchanged."""
+        unknown = set(factors) - set(PARTS)
+        if unknown:
+            raise NoiseError(f"unknown part(s) {sorted(unknown)}")
+        out = {}
+        for part in PARTS:
+            f = float(factors.get(part, 1.0))
+            if not (math.isfinite(f) and f > 0):
+                raise NoiseError(f"{part}: the factor must be finite and > 0, got {f!r}")
+            out[part] = tuple(NoiseTerm(t.law, t.scale * f, t.draws, t.grid * f, t.share)
+                              for t in getattr(self, part))
+        return NoiseDescription(**out)
+
     def __add__(self, other: "NoiseDescription") -> "NoiseDescription":
         if not isinstance(other, NoiseDescription):
             return NotImplemented

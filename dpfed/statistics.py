@@ -97,6 +97,16 @@ class Statistics:
         """The same values with another noise description."""
         return Statistics(self.xtx, self.xty, self.yty, self.n, noise)
 
+    def in_y_units(self, unit: float) -> "Statistics":
+        """The statistics of the same rows with the response measured in ``unit`` (y / unit):
+        Sxy / unit, Syy / unit^2, Sxx and n unchanged, the noise description scaled alike."""
+        unit = float(unit)
+        if not (math.isfinite(unit) and unit > 0):
+            raise StatisticsError(f"the response unit must be finite and > 0, got {unit!r}")
+        noise = None if self.noise is None else self.noise.scaled(xty=1 / unit,
+                                                                 yty=1 / unit ** 2)
+        return Statistics(self.xtx, self.xty / unit, self.yty / unit ** 2, self.n, noise)
+
     @property
     def is_exact(self) -> bool:
         """True only when the statistics are *known* to be exact (``noise`` is ``EXACT``)."""

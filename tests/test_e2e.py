@@ -138,7 +138,8 @@ def test_aggregate_is_exactly_site_releases_plus_public_statistics(run):
     # The noise-aware posterior is a deterministic function of the total, its noise
     # description and the seed: the aggregator fitted on exactly this sum.
     assert total.noise.draws("xty") == N_SITES
-    beta_mean, _, _ = fit(total, "laplace", 400, SEED, public=public, x_bound=spec.x_bound)
+    beta_mean, _, _ = fit(total, "laplace", 400, SEED, public=public, x_bound=spec.x_bound,
+                          y_bound=spec.y_bound)
     assert np.array_equal(np.asarray(result["beta_mean"]), beta_mean)
     # And the private statistics are noisy: no site released its exact statistics.
     for name, rows in zip(sim.site_ids(N_SITES), split.sites):

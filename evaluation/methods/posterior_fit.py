@@ -26,8 +26,8 @@ FIT_LOG: ContextVar[list | None] = ContextVar("FIT_LOG", default=None)
 
 def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
                    public: Statistics | None = None, x_bound: float | None = None,
-                   fallback: str | None = None, check_first_attempt: bool = True
-                   ) -> np.ndarray:
+                   fallback: str | None = None, check_first_attempt: bool = True,
+                   y_unit: float | None = None) -> np.ndarray:
     """The paper's predictor (eq. (8)): the posterior mean of ``beta``, so ``x @ beta`` is the
     average of x^T beta over the posterior. ``posterior`` is one of
     ``evaluation.methods.base.POSTERIORS``; ``public`` the exact public statistics included
@@ -35,12 +35,13 @@ def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
     design prior). ``fallback="nuts"``: if the Laplace fit refuses, the reference NUTS fit
     (what a round's default method "auto" does; robust_private uses it); None: the refusal
     is raised (the comparison methods: a refused cell is counted, not rescued).
-    ``check_first_attempt``: see ``aggregator.fit_posterior``."""
+    ``check_first_attempt``, ``y_unit``: see ``aggregator.fit_posterior`` (a round's fit
+    passes its y bound as ``y_unit``)."""
     plug_in = posterior.startswith("plug-in-")
     post = fit_posterior(stats, method=posterior.removeprefix("plug-in-"), draws=draws,
                          seed=seed, public=public, x_bound=x_bound, plug_in=plug_in,
                          fallback=fallback if posterior == "laplace" else None,
-                         check_first_attempt=check_first_attempt)
+                         check_first_attempt=check_first_attempt, y_unit=y_unit)
     log = FIT_LOG.get()
     if log is not None:
         log.append(post.method if "fallback_from" not in post.diagnostics

@@ -150,4 +150,5 @@ class RobustPrivate:
         return posterior_beta(self.statistics(data, setting), posterior=self.posterior,
                               draws=self.draws, seed=seed,
                               public=clipped_public_statistics(data, setting),
-                              x_bound=setting.x_bound, fallback="nuts")
+                              x_bound=setting.x_bound, y_unit=setting.y_bound,
+                              fallback="nuts")
