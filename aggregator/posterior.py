@@ -295,7 +295,7 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
     trusts its first importance sample down to 50 effective draws, as before the second and
     third attempts existed (faster; for baselines whose fit quality does not matter).
 
-    ``y_unit``: the unit of the response in which the priors are stated (``_in_units``):
+    ``y_unit``: the unit of the response in which the priors are stated (``_in_caller_units``):
     the fit sees y / y_unit, and the result is returned in the caller's units. Rounds give
     the public clipping bound of y, so that the clipped responses lie in [-1, 1] whatever
     the data's own units (None: the statistics' units, as the paper's model).
@@ -314,7 +314,8 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
     draws = int(draws)
     if draws < 1:
         raise ValueError(f"draws must be >= 1, got {draws}")
-    unit = _response_unit(y_unit)
+    # Statistics.in_y_units refuses a unit that is not finite and > 0 (a ValueError).
+    unit = 1.0 if y_unit is None else float(y_unit)
     if unit != 1.0:
         stats = stats.in_y_units(unit)
         public = public.in_y_units(unit) if public is not None else None
@@ -392,15 +393,6 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
     return post
 
 
-def _response_unit(y_unit) -> float:
-    if y_unit is None:
-        return 1.0
-    unit = float(y_unit)
-    if not (math.isfinite(unit) and unit > 0):
-        raise ValueError(f"y_unit must be finite and > 0, got {y_unit!r}")
-    return unit
-
-
 # Why a response unit: the priors of method.md section 1 (lambda ~ Gamma(2, 2): residual
 # sd near 1; beta | lambda0 with lambda0 ~ Gamma(2, 2)) are stated for a response of unit
 # scale, so without one the posterior depends on the units y is measured in. That matters
@@ -413,7 +405,7 @@ def _in_caller_units(post: Posterior, unit: float) -> Posterior:
     and prior precisions lambda, lambda0 divided by unit^2 (every summary statistic of a
     positive multiple is that multiple of the statistic), the statistics back in y."""
     def precision(summary: dict) -> dict:
-        return {k: (v / unit ** 2 if isinstance(v, float) and k != "fixed" else v)
+        return {k: (v / unit ** 2 if isinstance(v, float) else v)   # not the bool "fixed"
                 for k, v in summary.items()}
 
     diagnostics = dict(post.diagnostics, y_unit=unit)

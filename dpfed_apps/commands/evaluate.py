@@ -155,7 +155,7 @@ def evaluate(args) -> int:
         bounds = bounds_table(config, d, cache_dir=out / "bounds-cache")
     tasks = plan_tasks(drugs, config, methods, bounds, repeats_per_task=args.repeats_per_task,
                        cache_dir=out / "bounds-cache")
-    from evaluation.checkpoint import JournalMismatch, TaskJournal, fingerprint, task_key
+    from evaluation.checkpoint import JournalMismatch, TaskJournal, fingerprint
 
     journal = TaskJournal(out, fingerprint(config, methods, tasks))
     try:
@@ -163,7 +163,7 @@ def evaluate(args) -> int:
     except JournalMismatch as exc:
         print(f"dpfed evaluate: {exc}", file=sys.stderr)
         return exitcodes.USAGE
-    already = sum(1 for t in tasks if task_key(t.drug, t.repeats) in journal.done)
+    already = len(journal.done)  # the fingerprint holds the task list: all of them are ours
     say(f"{len(tasks)} tasks on {args.executor} executor"
         + (f" ({already} already done, read from {journal.path})" if args.resume else ""))
     executor = make_executor(args.executor, args.workers,
