@@ -159,6 +159,22 @@ def page(browser):
     assert errors == [], f"JavaScript errors: {errors}"
 
 
+def _round_report(world, round_id: str, page=None) -> str:
+    """What the page shows, what the aggregator says of a round and the federation's log
+    tails, for a failure."""
+    shown = ""
+    if page is not None:
+        try:
+            shown = "the page shows:\n" + page.locator("body").inner_text()[:3000] + "\n"
+        except Exception as exc:  # noqa: BLE001 - a report, not a check
+            shown = f"(page unavailable: {exc!r})\n"
+    try:
+        status = str(world.coordinator.status(round_id))
+    except Exception as exc:  # noqa: BLE001 - a report, not a check
+        status = f"(status unavailable: {exc!r})"
+    return f"{shown}aggregator's status:\n{status}\n{world.federation.log_tails(40)}"
+
+
 def _cells(row) -> list[str]:
     return [c.strip() for c in row.locator("td").all_inner_texts()]
 
@@ -267,7 +283,14 @@ def test_start_a_round_preview_confirm_and_watch_it_finish_without_reload(world,
     round_id = page.url.rsplit("/", 1)[1]
     assert round_id not in (world.done_id, world.failed_id)
     page.evaluate("window.__no_reload = 1")
-    page.locator("#round-state", has_text="DONE").wait_for(timeout=90_000)
+    # Wait for the round to end either way (the live part stops refreshing when it is final),
+    # so a round that failed or hung says why instead of timing out on a missing "DONE".
+    try:
+        page.locator('.live-part[data-final="true"]').wait_for(timeout=90_000)
+    except playwright_api.TimeoutError:
+        pytest.fail(f"round {round_id} did not end within 90 s\n"
+                    f"{_round_report(world, round_id, page)}")
+    assert page.locator("#round-state").inner_text() == "DONE", _round_report(world, round_id, page)
     assert page.evaluate("window.__no_reload") == 1           # the page itself changed
     assert page.locator("#plot svg g.coef line.ci").count() == len(world.config["features"])
     assert "gain" in page.locator("#forecast-gain").inner_text()   # its forecast was kept
