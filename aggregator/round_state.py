@@ -79,11 +79,16 @@ def round_expected_noise(spec: pb.RoundSpec) -> dpnoise.NoiseDescription:
 def sum_noise(noises) -> dpnoise.NoiseDescription | None:
     """Sum of independent releases' descriptions (K draws for K sites), starting from EXACT
     (public statistics add no noise); None (unknown) if any is unknown."""
-    total = dpnoise.EXACT
+    counts: dict[dpnoise.NoiseDescription, int] = {}
     for n in noises:
         if n is None:
             return None
-        total = total + n
+        counts[n] = counts.get(n, 0) + 1
+    # Equal descriptions (every site of a round declares the same) summed in one step each:
+    # 1000 additions one by one cost 17 ms at the close of a 1000-site round.
+    total = dpnoise.EXACT
+    for n, k in counts.items():
+        total = total + n.repeated(k)
     return total
 
 

@@ -158,8 +158,31 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
                                           f"({type(exc).__name__}: {exc}); retry"))
 
     async def SendPhase(self, request, context):
+        # A consent is checked on the event loop and committed by the store's writer thread,
+        # as Contribute is (RoundManager.consent_later); a secure step's message, which may
+        # block, goes to the executor.
         peer = await self._identity("SendPhase", context)
-        return await self._call("SendPhase", context, self.manager.send_phase, request, peer)
+        try:
+            message, live = self.manager.phase_message(request, peer)
+            if message.phase != "consent":
+                reply = None
+            else:
+                reply = self.manager.consent_later(message, request, live)
+        except Rejected as exc:
+            return await self._reject("SendPhase", context, exc)
+        if reply is None:
+            return await self._call("SendPhase", context, self.manager.secure_phase, message,
+                                    request, live)
+        try:
+            return await asyncio.shield(asyncio.wrap_future(reply))
+        except Rejected as exc:
+            return await self._reject("SendPhase", context, exc)
+        except Exception as exc:  # noqa: BLE001 - the store failed: say so, keep serving
+            log.error("SendPhase from %s: consent not stored: %s: %s", _peer(context),
+                      type(exc).__name__, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                clip_text(f"the aggregator could not store the consent "
+                                          f"({type(exc).__name__}: {exc}); retry"))
 
     async def Refuse(self, request, context):
         peer = await self._identity("Refuse", context)

@@ -204,6 +204,14 @@ class NoiseDescription:
                               for t in getattr(self, part))
         return NoiseDescription(**out)
 
+    def repeated(self, k: int) -> "NoiseDescription":
+        """The description of the sum of ``k`` independent copies of this noise: every
+        term's draws times k (what adding it to itself k - 1 times gives, in one step)."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise NoiseError(f"k must be an integer >= 1, got {k!r}")
+        return NoiseDescription(*(tuple(NoiseTerm(t.law, t.scale, t.draws * k, t.grid, t.share)
+                                        for t in getattr(self, p)) for p in PARTS))
+
     def __add__(self, other: "NoiseDescription") -> "NoiseDescription":
         if not isinstance(other, NoiseDescription):
             return NotImplemented

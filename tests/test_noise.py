@@ -21,6 +21,25 @@ def test_sum_of_k_releases_holds_k_draws_and_k_times_the_variance():
     assert total.variance("xtx") == pytest.approx(10 * 2 * 2.0 ** 2)
 
 
+def test_repeated_is_the_sum_of_k_copies_and_sum_noise_groups_equal_releases():
+    from aggregator.round_state import sum_noise
+    one, other = _release(), _release(2.0)
+    shared = NoiseDescription(xty=(NoiseTerm("discrete_laplace", 1.5, 3, grid=0.25, share=4),))
+    for d in (one, other, shared, one + other):
+        assert d.repeated(1) == d
+        assert d.repeated(7) == sum([d] * 6, d)
+    # Interleaved descriptions, in any order: the same as adding them one by one.
+    mix = [one, other, one, shared, one, other, EXACT]
+    one_by_one = EXACT
+    for d in mix:
+        one_by_one = one_by_one + d
+    assert sum_noise(mix) == one_by_one == sum_noise(mix[::-1])
+    assert sum_noise([one, None, other]) is None and sum_noise([]) == EXACT
+    for bad in (0, -1, 2.0, True):
+        with pytest.raises(NoiseError):
+            one.repeated(bad)
+
+
 def test_exact_adds_nothing_and_different_scales_stay_separate():
     one = _release()
     assert one + EXACT == one
