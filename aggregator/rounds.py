@@ -768,7 +768,7 @@ class RoundManager(SecureSteps):
         expected = live.expected_noise
         if expected is None:
             expected = live.expected_noise = round_expected_noise(live.spec)
-        declared = self._declared_noise(c, expected.summary())
+        declared = self._declared_noise(c, expected)
         if declared != expected:
             raise Rejected("INVALID_ARGUMENT",
                            f"noise description ({declared.summary()}) differs from what round "
@@ -777,11 +777,13 @@ class RoundManager(SecureSteps):
         return declared
 
     @staticmethod
-    def _declared_noise(c: pb.Contribution, expected: str) -> dpnoise.NoiseDescription:
+    def _declared_noise(c: pb.Contribution, expected: dpnoise.NoiseDescription
+                        ) -> dpnoise.NoiseDescription:
         """The noise description ``c`` declares; Rejected if it has none or it is malformed."""
         if not c.HasField("noise"):
             raise Rejected("INVALID_ARGUMENT", "contribution declares no noise description; "
-                                               f"round {c.round_id!r} expects {expected}")
+                                               f"round {c.round_id!r} expects "
+                                               f"{expected.summary()}")
         try:
             return _noise_of(c.noise.SerializeToString(deterministic=True))
         except dpnoise.NoiseError as exc:

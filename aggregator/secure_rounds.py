@@ -298,7 +298,7 @@ class SecureSteps:
             raise Rejected("INVALID_ARGUMENT", f"epsilon_spent {c.epsilon_spent} differs from the "
                                                f"round's epsilon {live.spec.epsilon}")
         expected = live.secure.share_noise()
-        declared = self._declared_noise(c, expected.summary())
+        declared = self._declared_noise(c, expected)
         if declared != expected:
             raise Rejected("INVALID_ARGUMENT",
                            f"noise description ({declared.summary()}) differs from the share "

@@ -13,6 +13,9 @@ whose Contribute handler does only part of the aggregator's work:
   the event loop;
 * ``aio-verify-pool``: ``aio-verify`` with the handler handed to a thread pool
   (``run_in_executor``), as a handler that blocks (on a disk commit, say) must be;
+* ``aio-verify-2phase``: ``aio-verify`` for the round's two signed messages per site, as
+  the round sends them since issue 10: N consents (SendPhase, a PhaseMessage each) and once
+  all are answered the N contributions; the floor of a round with a consent phase;
 
 and, interleaved with them, the real round (bench_round.run_bench: every check, the fsynced
 store and the exact sum). Wall time runs from the first send to the last reply; CPU is user +
@@ -35,10 +38,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from dpfed_apps.bench.simulated_sites import (CONTRIBUTE, process_cpu_s,  # noqa: E402
-                                        sign_contributions)
+from dpfed_apps.bench.simulated_sites import (CONTRIBUTE, SEND_PHASE,  # noqa: E402
+                                              process_cpu_s, sign_consents,
+                                              sign_contributions)
 
-MODES = ("empty", "verify", "aio-empty", "aio-verify", "aio-verify-pool")
+MODES = ("empty", "verify", "aio-empty", "aio-verify", "aio-verify-pool", "aio-verify-2phase")
 
 
 def _handler(mode: str, public_keys: dict[str, bytes]):
@@ -59,7 +63,24 @@ def _handler(mode: str, public_keys: dict[str, bytes]):
         verify_signature(envelope, keys[envelope.key_id], "dpfed.v1.Contribution")
         return reply
 
-    return verify if mode.endswith(("verify", "verify-pool")) else empty
+    return verify if "verify" in mode else empty
+
+
+def _phase_handler(public_keys: dict[str, bytes]):
+    """SendPhase for ``aio-verify-2phase``: parse, check the Ed25519 signature, reply Ack."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    from dpfed.v1 import dpfed_pb2 as pb
+    from dpfed.wire.signing import verify_signature
+
+    reply = pb.Ack(message="ok").SerializeToString()
+    keys = {kid: Ed25519PublicKey.from_public_bytes(raw) for kid, raw in public_keys.items()}
+
+    def verify(request: bytes, context) -> bytes:
+        envelope = pb.SignedEnvelope.FromString(request)
+        verify_signature(envelope, keys[envelope.key_id], "dpfed.v1.PhaseMessage")
+        return reply
+    return verify
 
 
 def server_process(mode: str, public_keys: dict[str, bytes], workers: int, port_queue,
@@ -86,11 +107,18 @@ def server_process(mode: str, public_keys: dict[str, bytes], workers: int, port_
                                                                         context)
             return fn(request, context)
 
+        phase = _phase_handler(public_keys)
+
+        async def handle_phase(request, context):
+            return phase(request, context)
+
         async def serve():
             server = grpc.aio.server(options=options,
                                      maximum_concurrent_rpcs=cfg.max_concurrent_rpcs)
             server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(
-                "dpfed.v1.Aggregator", {"Contribute": grpc.unary_unary_rpc_method_handler(handle)})])
+                "dpfed.v1.Aggregator",
+                {"Contribute": grpc.unary_unary_rpc_method_handler(handle),
+                 "SendPhase": grpc.unary_unary_rpc_method_handler(handle_phase)})])
             port_queue.put(server.add_insecure_port("127.0.0.1:0"))
             await server.start()
             while not stop_event.is_set():
@@ -120,6 +148,8 @@ def run_floor(mode: str, sites: int, dim: int, *, channels: int = 4, workers: in
     site_keys = {f"site-{i:04d}": SigningKey.generate() for i in range(sites)}
     contributions = sign_contributions(site_keys, "floor-1", "0" * 64, dim,
                                        np.random.default_rng(seed))
+    consents = (sign_consents(site_keys, "floor-1", "0" * 64) if mode.endswith("-2phase")
+                else [])
     public = {k.key_id: k.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
               for k in site_keys.values()}
     ctx = mp.get_context("spawn")
@@ -136,10 +166,15 @@ def run_floor(mode: str, sites: int, dim: int, *, channels: int = 4, workers: in
         for c in chans:
             grpc.channel_ready_future(c).result(timeout=60)
         calls = [c.unary_unary(CONTRIBUTE) for c in chans]
+        phases = [c.unary_unary(SEND_PHASE) for c in chans]
         time.sleep(0.2)   # let the server settle after the connections
         load = os.getloadavg()[0]
         server_cpu0, client_cpu0 = process_cpu_s(proc.pid), time.process_time()
         t0 = time.perf_counter()
+        answered = [phases[i % channels].future(env, timeout=120)
+                    for i, env in enumerate(consents)]
+        for f in answered:
+            f.result()
         futures = [calls[i % channels].future(env, timeout=120)
                    for i, env in enumerate(contributions)]
         for f in futures:

@@ -42,3 +42,22 @@ def test_bench_round_secure_with_dropouts(capsys):
     assert result["critical_path_s"] >= result["round_s"] > 0
     assert main(["bench", "round", "--dropouts", "1"]) == 2
     assert main(["bench", "round", "--aggregation", "secure", "--sites", "1"]) == 2
+
+
+def test_transport_floor_times_one_and_two_signed_messages_per_site():
+    """benchmarks/bench_round_floor.py, tiny: the one-message floor (Contribute, Ed25519
+    check only) and the two-message floor of a round with a consent phase (SendPhase, then
+    Contribute) both run against their own server process and report a time each."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_round_floor.py"),
+                          "--sites", "4", "--dim", "2", "--repeat", "1",
+                          "--modes", "aio-verify,aio-verify-2phase", "--json"],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = {r["mode"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["results"]}
+    assert set(results) == {"aio-verify", "aio-verify-2phase"}
+    assert all(r["sites"] == 4 and r["wall_s"] > 0 for r in results.values())
