@@ -9,6 +9,11 @@ is clipped, so the generating beta is exactly what the statistics estimate; with
 ``clip=True`` By is a third of max|y| (heavy clipping of the target) and the statistics
 estimate the coefficients of the clipped data instead (``beta_clipped``).
 
+``coverage(..., y_unit="bound")`` fits as the product does (aggregator.aggregate.fit): with
+the priors stated in units of the round's y bound (``fit_posterior(y_unit=By)``,
+docs/method.md "The response unit of the priors"), while the data still come from the priors
+in y's own units; the default (None) fits in y's units, the model's own setting.
+
 The noise here is numpy's: this is a simulation of the mechanism's *law* to test the fit;
 the mechanism itself (OpenDP, CSPRNG) is tested in tests/test_release*.py.
 """
@@ -33,6 +38,7 @@ SPLIT = (0.35, 0.60, 0.03, 0.02)
 class PriorProblem:
     beta: np.ndarray            # generating coefficients
     beta_clipped: np.ndarray    # least squares of the clipped data (what clipped stats estimate)
+    y_bound: float              # By of the release
     release: Statistics         # sum of the K noisy site releases (noise described)
     public: Statistics          # exact public statistics
 
@@ -66,13 +72,30 @@ def prior_problem(rng: np.random.Generator, d: int, n: int, eps: float, k: int =
         values[-1] += rng.laplace() * scale["yty"]
     n_rel = max(n + int(np.sum(np.round(rng.laplace(size=k) * scale["n"]))), 1)
     release = Statistics.from_upper(d, n_rel, values, noise)
-    return PriorProblem(beta, beta_clipped, release, exact_statistics(x[n:], y[n:]))
+    return PriorProblem(beta, beta_clipped, by, release, exact_statistics(x[n:], y[n:]))
+
+
+def _unit(y_unit: str | None, p: PriorProblem) -> float | None:
+    """The priors' unit of y for ``coverage``'s ``y_unit``: None, the bound By, or the root
+    mean square of the clipped y that the released statistics imply (sqrt(Syy / n) of release
+    plus public rows; post-processing, so free of privacy cost), kept within [By / 20, By]."""
+    if y_unit is None:
+        return None
+    if y_unit == "bound":
+        return p.y_bound
+    total = p.release + p.public
+    rms = float(np.sqrt(max(total.yty, 0.0) / max(total.n, 1)))
+    return float(np.clip(rms, p.y_bound / 20, p.y_bound))
 
 
 def coverage(d: int, n: int, eps: float, k: int, reps: int, *, plug_in: bool = False,
-             level: float = CREDIBLE_LEVEL, clip: bool = False, seed: int = 0, draws: int = 1000) -> dict:
+             level: float = CREDIBLE_LEVEL, clip: bool = False, seed: int = 0, draws: int = 1000,
+             y_unit: str | None = None) -> dict:
     """Share of the ``level`` intervals covering the generating (and the clipped-data)
-    coefficients over ``reps`` problems; also the mean interval width."""
+    coefficients over ``reps`` problems; also the mean interval width. ``y_unit``: None
+    (priors in y's units) or "bound" (in units of By, as a round fits)."""
+    if y_unit not in (None, "bound", "rms"):
+        raise ValueError(f"y_unit must be None, 'bound' or 'rms', got {y_unit!r}")
     from aggregator.posterior import PosteriorError, fit_posterior
 
     rng = np.random.default_rng(seed)
@@ -81,7 +104,8 @@ def coverage(d: int, n: int, eps: float, k: int, reps: int, *, plug_in: bool = F
         p = prior_problem(rng, d, n, eps, k, clip=clip)
         try:
             post = fit_posterior(p.release + p.public, public=p.public, x_bound=1.0,
-                                 plug_in=plug_in, draws=draws, seed=r)
+                                 plug_in=plug_in, draws=draws, seed=r,
+                                 y_unit=_unit(y_unit, p))
         except PosteriorError:
             failed += 1   # refused fits are counted, not hidden
             continue
