@@ -82,13 +82,13 @@ def consent_deadline_ms(spec: pb.RoundSpec, started_ms: int) -> int:
     return min(spec.deadline_unix_ms, started_ms + max(MIN_CONSENT_MS, min(MAX_CONSENT_MS, span)))
 
 
-
 @functools.lru_cache(maxsize=64)
 def _noise_of(wire: bytes) -> dpnoise.NoiseDescription:
     """The NoiseDescription of a declared noise message's wire bytes; cached (every site of a
     round declares the same few terms, and building one costs ~20 us a contribution). A
     malformed one raises NoiseError, which is not cached."""
     return dpnoise.from_proto(pb.NoiseDescription.FromString(wire))
+
 
 class RoundManager(SecureSteps):
     def __init__(self, store: RoundStore, registry: Registry, *, max_clock_skew_s: float = 300.0,

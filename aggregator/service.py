@@ -76,6 +76,22 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         except Rejected as exc:
             await self._reject(what, context, exc)
 
+    async def _durable(self, what: str, context, reply, thing: str):
+        """The reply of a message the store's writer commits (``reply``, a concurrent
+        Future): a Rejected it holds becomes the call's status, a store failure UNAVAILABLE.
+        shield: a client that gives up must not cancel the commit's future; the message is
+        stored and counted either way, and a resend is answered as a duplicate."""
+        try:
+            return await asyncio.shield(asyncio.wrap_future(reply))
+        except Rejected as exc:
+            return await self._reject(what, context, exc)
+        except Exception as exc:  # noqa: BLE001 - the store failed: say so, keep serving
+            log.error("%s from %s: %s not stored: %s: %s", what, _peer(context), thing,
+                      type(exc).__name__, exc)
+            await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                clip_text(f"the aggregator could not store the {thing} "
+                                          f"({type(exc).__name__}: {exc}); retry"))
+
     async def _reject(self, what: str, context, exc: Rejected) -> None:
         # Messages may quote the request; gRPC drops a status whose message exceeds its
         # metadata limit (8 kB soft), so the caller would get a bare transport error.
@@ -146,16 +162,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
             reply = self.manager.contribute_later(request, peer)
         except Rejected as exc:
             return await self._reject("Contribute", context, exc)
-        try:
-            # shield: a client that gives up must not cancel the commit's future; the
-            # contribution is stored and counted either way, and a resend is a duplicate.
-            return await asyncio.shield(asyncio.wrap_future(reply))
-        except Exception as exc:  # noqa: BLE001 - the store failed: say so, keep serving
-            log.error("Contribute from %s: not stored: %s: %s", _peer(context),
-                      type(exc).__name__, exc)
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                clip_text(f"the aggregator could not store the contribution "
-                                          f"({type(exc).__name__}: {exc}); retry"))
+        return await self._durable("Contribute", context, reply, "contribution")
 
     async def SendPhase(self, request, context):
         # A consent is checked on the event loop and committed by the store's writer thread,
@@ -173,16 +180,7 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         if reply is None:
             return await self._call("SendPhase", context, self.manager.secure_phase, message,
                                     request, live)
-        try:
-            return await asyncio.shield(asyncio.wrap_future(reply))
-        except Rejected as exc:
-            return await self._reject("SendPhase", context, exc)
-        except Exception as exc:  # noqa: BLE001 - the store failed: say so, keep serving
-            log.error("SendPhase from %s: consent not stored: %s: %s", _peer(context),
-                      type(exc).__name__, exc)
-            await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                clip_text(f"the aggregator could not store the consent "
-                                          f"({type(exc).__name__}: {exc}); retry"))
+        return await self._durable("SendPhase", context, reply, "consent")
 
     async def Refuse(self, request, context):
         peer = await self._identity("Refuse", context)

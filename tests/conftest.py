@@ -159,3 +159,20 @@ def federation(tmp_path):
     yield fed
     if fed.server.server is not None:
         fed.stop()
+
+
+@pytest.fixture
+def y_units_seen(monkeypatch) -> list:
+    """The ``y_unit`` of every ``aggregator.posterior.fit_posterior`` call made while the test
+    runs (callers that import it at call time see the spy), in call order."""
+    from aggregator import posterior
+
+    seen: list = []
+    real = posterior.fit_posterior
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("y_unit"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(posterior, "fit_posterior", spy)
+    return seen

@@ -116,17 +116,10 @@ def test_fit_is_equivariant_in_the_units_of_y_when_the_unit_follows_them(seed):
         np.abs(plain.beta_mean))
 
 
-def test_aggregator_fit_uses_the_round_y_bound(monkeypatch):
-    from aggregator import aggregate, posterior
+def test_aggregator_fit_uses_the_round_y_bound(y_units_seen):
+    from aggregator import aggregate
 
-    seen = []
-    real = posterior.fit_posterior
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("y_unit"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(posterior, "fit_posterior", spy)
+    seen = y_units_seen
     release, public = _release(4)
     beta, _, diag = aggregate.fit(release + public, "laplace", 200, 1, public=public,
                                   x_bound=X_BOUND, y_bound=Y_BOUND)

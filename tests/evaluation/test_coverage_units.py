@@ -16,17 +16,9 @@ def test_units_are_none_the_bound_or_the_released_rms_within_the_bound():
     assert p.y_bound / 20 <= _unit("rms", p) <= p.y_bound
 
 
-def test_the_bound_unit_reaches_the_fit(monkeypatch):
-    import aggregator.posterior as posterior
-    seen = []
-    real = posterior.fit_posterior
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("y_unit"))
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(posterior, "fit_posterior", spy)
+def test_the_bound_unit_reaches_the_fit(y_units_seen):
     out = coverage(3, 200, 2.0, 1, 2, y_unit="bound", draws=200)
-    assert out["reps"] == 2 and len(seen) == 2 and all(u is not None and u > 0 for u in seen)
+    assert out["reps"] == 2 and len(y_units_seen) == 2
+    assert all(u is not None and u > 0 for u in y_units_seen)
     with pytest.raises(ValueError):
         coverage(3, 200, 2.0, 1, 1, y_unit="sd")
