@@ -484,11 +484,6 @@ class RoundManager(SecureSteps):
         m = self.auth.verify_site(envelope, "dpfed.v1.PhaseMessage", peer)
         return m, self._round(m.round_id)
 
-    def secure_phase(self, m: pb.PhaseMessage, envelope: pb.SignedEnvelope,
-                     live: LiveRound) -> pb.Ack:
-        """The key or unmasking step's message of a secure round (blocks on its commit)."""
-        return self._secure_phase(m, envelope, live)
-
     def consent_later(self, m: pb.PhaseMessage, envelope: pb.SignedEnvelope,
                       live: LiveRound) -> Future:
         """Phase "consent": the site will release if selected. Checked and its site's slot
@@ -511,7 +506,7 @@ class RoundManager(SecureSteps):
                 return reply
             storing = live.consents_storing.get(m.site_id)
             if storing is None:
-                done = self._reserve_consent(m, envelope, live)
+                done, received_ms = self._reserve_consent(m, envelope, live)
         if storing is not None:
             # The same site's consent is being committed (a resend): its outcome answers.
             def echo(first: Future) -> None:
@@ -525,7 +520,7 @@ class RoundManager(SecureSteps):
             return reply
         try:
             stored = self.store.insert_consent_later(
-                m.round_id, m.site_id, envelope.SerializeToString(), done.received_ms,
+                m.round_id, m.site_id, envelope.SerializeToString(), received_ms,
                 envelope.key_id, m.nonce, m.timestamp_unix_ms)
         except BaseException as exc:
             self._abandon_consent(m, envelope, live, done, exc)
@@ -539,7 +534,7 @@ class RoundManager(SecureSteps):
                 return
             with self._lock:
                 del live.consents_storing[m.site_id]
-                live.consents[m.site_id] = done.received_ms
+                live.consents[m.site_id] = received_ms
                 done.set_result(None)
                 log.info("round %s: site %s consented (%d of %d invited)", m.round_id,
                          m.site_id, len(live.consents), len(live.invited))
@@ -551,10 +546,10 @@ class RoundManager(SecureSteps):
         return reply
 
     def _reserve_consent(self, m: pb.PhaseMessage, envelope: pb.SignedEnvelope,
-                         live: LiveRound) -> Future:
+                         live: LiveRound) -> tuple[Future, int]:
         """Under the lock: every check of a consent, then its nonce and its site's slot
-        reserved (a concurrent resend waits for its outcome). Returns the slot's future,
-        with the time of receipt as ``received_ms``."""
+        reserved (a concurrent resend waits for its outcome). Returns the slot's future and
+        the time of receipt (ms)."""
         if m.site_id not in live.invited:
             raise Rejected("PERMISSION_DENIED", f"site {m.site_id!r} is not invited to round "
                                                 f"{m.round_id!r}")
@@ -571,9 +566,8 @@ class RoundManager(SecureSteps):
                              persist=False)
         self.auth.nonces.add((envelope.key_id, m.nonce))
         done: Future = Future()
-        done.received_ms = self.now_ms()
         live.consents_storing[m.site_id] = done
-        return done
+        return done, self.now_ms()
 
     def _abandon_consent(self, m: pb.PhaseMessage, envelope: pb.SignedEnvelope,
                          live: LiveRound, done: Future, error: BaseException) -> None:

@@ -178,7 +178,7 @@ class SecureSteps:
                                                 f"envelope from {site!r}")
         return msg
 
-    def _secure_phase(self, m: pb.PhaseMessage, envelope: pb.SignedEnvelope,
+    def secure_phase(self, m: pb.PhaseMessage, envelope: pb.SignedEnvelope,
                       live: LiveRound) -> pb.Ack:
         """A signed PhaseMessage of step advertise, share_keys or unmask: checked (round,
         step, sender, freshness, nonce, the secagg core's checks), stored with its nonce

@@ -171,10 +171,8 @@ class AggregatorServicer(pb_grpc.AggregatorServicer):
         peer = await self._identity("SendPhase", context)
         try:
             message, live = self.manager.phase_message(request, peer)
-            if message.phase != "consent":
-                reply = None
-            else:
-                reply = self.manager.consent_later(message, request, live)
+            reply = (self.manager.consent_later(message, request, live)
+                     if message.phase == "consent" else None)
         except Rejected as exc:
             return await self._reject("SendPhase", context, exc)
         if reply is None:

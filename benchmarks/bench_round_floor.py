@@ -45,14 +45,18 @@ from dpfed_apps.bench.simulated_sites import (CONTRIBUTE, SEND_PHASE,  # noqa: E
 MODES = ("empty", "verify", "aio-empty", "aio-verify", "aio-verify-pool", "aio-verify-2phase")
 
 
-def _handler(mode: str, public_keys: dict[str, bytes]):
-    """The Contribute handler of ``mode``: raw request bytes in, serialised reply out."""
+def _handler(mode: str, public_keys: dict[str, bytes],
+             payload_type: str = "dpfed.v1.Contribution"):
+    """The handler of ``mode`` for messages of ``payload_type`` (Contribute's, or SendPhase's
+    "dpfed.v1.PhaseMessage"): raw request bytes in, serialised reply out."""
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     from dpfed.v1 import dpfed_pb2 as pb
     from dpfed.wire.signing import verify_signature
 
-    reply = pb.ContributeReply(accepted=True, message="ok").SerializeToString()
+    reply = (pb.ContributeReply(accepted=True, message="ok")
+             if payload_type == "dpfed.v1.Contribution" else pb.Ack(message="ok"))
+    reply = reply.SerializeToString()
     keys = {kid: Ed25519PublicKey.from_public_bytes(raw) for kid, raw in public_keys.items()}
 
     def empty(request: bytes, context) -> bytes:
@@ -60,27 +64,10 @@ def _handler(mode: str, public_keys: dict[str, bytes]):
 
     def verify(request: bytes, context) -> bytes:
         envelope = pb.SignedEnvelope.FromString(request)
-        verify_signature(envelope, keys[envelope.key_id], "dpfed.v1.Contribution")
+        verify_signature(envelope, keys[envelope.key_id], payload_type)
         return reply
 
     return verify if "verify" in mode else empty
-
-
-def _phase_handler(public_keys: dict[str, bytes]):
-    """SendPhase for ``aio-verify-2phase``: parse, check the Ed25519 signature, reply Ack."""
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
-
-    from dpfed.v1 import dpfed_pb2 as pb
-    from dpfed.wire.signing import verify_signature
-
-    reply = pb.Ack(message="ok").SerializeToString()
-    keys = {kid: Ed25519PublicKey.from_public_bytes(raw) for kid, raw in public_keys.items()}
-
-    def verify(request: bytes, context) -> bytes:
-        envelope = pb.SignedEnvelope.FromString(request)
-        verify_signature(envelope, keys[envelope.key_id], "dpfed.v1.PhaseMessage")
-        return reply
-    return verify
 
 
 def server_process(mode: str, public_keys: dict[str, bytes], workers: int, port_queue,
@@ -107,7 +94,7 @@ def server_process(mode: str, public_keys: dict[str, bytes], workers: int, port_
                                                                         context)
             return fn(request, context)
 
-        phase = _phase_handler(public_keys)
+        phase = _handler(mode, public_keys, "dpfed.v1.PhaseMessage")
 
         async def handle_phase(request, context):
             return phase(request, context)
