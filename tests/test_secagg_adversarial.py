@@ -15,7 +15,8 @@ from dpfed.secagg.errors import (AbortedRound, ForgedMessage, MalformedMessage, 
                                  ReplayedMessage, TooFewSurvivors, UnknownSender, UnsafeRequest,
                                  WrongRound)
 from dpfed.secagg.messages import (AdvertisementBundle, EncryptedShare, KeyAdvertisement,
-                                   MaskedInput, Phase, ShareDelivery, ShareKeys, UnmaskRequest,
+                                   MaskAttestation, MaskedInput, Phase, ShareDelivery,
+                                   ShareKeys, SurvivorList, SurvivorSignature, UnmaskRequest,
                                    UnmaskResponse)
 from dpfed.secagg.protocol import AggregatorSession, RoundConfig, SiteSession
 from dpfed.wire.signing import SigningKey
@@ -63,6 +64,9 @@ class Round:
             self._collect(lambda s: self.sites[s].masked_input(self.to_site[s], self.x[s]))
         elif phase == Phase.MASKED_INPUT:
             self.to_site = self.agg.close_masked_inputs()
+            self._collect(lambda s: self.sites[s].confirm(self.to_site[s]))
+        elif phase == Phase.CONSISTENCY:
+            self.to_site = self.agg.close_consistency()
             self._collect(lambda s: self.sites[s].unmask(self.to_site[s]))
         return self
 
@@ -74,6 +78,13 @@ class Round:
 @pytest.fixture(scope="module")
 def keys():
     return {s: SigningKey.generate() for s in IDS}, SigningKey.generate()
+
+
+def _masked(r, values, masked_with=("s1", "s2", "s3")):
+    """A correctly signed MaskedInput of s0 with its attestation (content chosen by the test)."""
+    h, key = r.head("s0"), r.idents["s0"]
+    att = MaskAttestation(**h, masked_with=masked_with).signed_by(key)
+    return MaskedInput.of(values, **h, attestation=att).signed_by(key)
 
 
 def _round(keys, phase, round_id="round-7"):
@@ -94,15 +105,17 @@ def _finish(r):
     assert np.array_equal(res.vector, fp.wrap_sum(r.x.values()))
 
 
-PHASES = [Phase.ADVERTISE, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.UNMASK]
+PHASES = [Phase.ADVERTISE, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.CONSISTENCY,
+          Phase.UNMASK]
 
 
 def _next_phase_message(r, phase):
     """A correctly signed s0 message of the phase after ``phase`` (never legitimately sent)."""
     h = r.head("s0")
     nxt = {Phase.ADVERTISE: ShareKeys(**h, shares=()),
-           Phase.SHARE_KEYS: MaskedInput.of(np.zeros(L, np.uint64), **h),
-           Phase.MASKED_INPUT: UnmaskResponse(**h, seed_shares=(), key_shares=())}[phase]
+           Phase.SHARE_KEYS: _masked(r, np.zeros(L, np.uint64)),
+           Phase.MASKED_INPUT: UnmaskResponse(**h, seed_shares=(), key_shares=()),
+           Phase.CONSISTENCY: UnmaskResponse(**h, seed_shares=(), key_shares=())}[phase]
     return nxt.signed_by(r.idents["s0"])
 
 
@@ -131,6 +144,8 @@ def _tamper(msg):
             es, ciphertext=bytes([es.ciphertext[0] ^ 1]) + es.ciphertext[1:]), *msg.shares[1:]))
     if isinstance(msg, MaskedInput):
         return dataclasses.replace(msg, vector=bytes([msg.vector[0] ^ 1]) + msg.vector[1:])
+    if isinstance(msg, SurvivorSignature):
+        return dataclasses.replace(msg, digest=bytes([msg.digest[0] ^ 1]) + msg.digest[1:])
     owner, share = msg.seed_shares[0]
     changed = type(share)(share.index, (share.value + 1) % 2 ** 500)
     return dataclasses.replace(msg, seed_shares=((owner, changed), *msg.seed_shares[1:]))
@@ -181,7 +196,11 @@ def test_aggregator_rejects_out_of_phase_messages(keys, phase):
 @pytest.mark.parametrize("phase", PHASES)
 def test_aggregator_rejects_unknown_senders(keys, phase):
     r = _round(keys, phase)
-    forged = dataclasses.replace(r.pending, sender="mallory", signature=b"").signed_by(MALLORY)
+    extra = {}
+    if isinstance(r.pending, MaskedInput):                     # its attestation names mallory
+        extra["attestation"] = dataclasses.replace(r.pending.attestation, sender="mallory")
+    forged = dataclasses.replace(r.pending, sender="mallory", signature=b"",
+                                 **extra).signed_by(MALLORY)
     with pytest.raises(UnknownSender):
         r.agg.receive(forged)
     _finish(r)
@@ -216,9 +235,18 @@ def test_aggregator_rejects_bad_contents(keys):
     with pytest.raises(MalformedMessage, match="each neighbour"):
         r.agg.receive(partial.signed_by(idents["s0"]))
     r.advance()
-    short = MaskedInput.of(np.zeros(L - 1, np.uint64), **r.head("s0")).signed_by(idents["s0"])
+    short = _masked(r, np.zeros(L - 1, np.uint64))
     with pytest.raises(MalformedMessage):
         r.agg.receive(short)
+    # an attestation naming a site that never shared keys with s0 ("s0" itself)
+    odd = _masked(r, np.zeros(L, np.uint64), masked_with=("s0", "s1"))
+    with pytest.raises(MalformedMessage, match="attestation"):
+        r.agg.receive(odd)
+    r.advance()
+    # a confirmation of another survivor set
+    other = SurvivorSignature(**r.head("s0"), digest=bytes(32)).signed_by(idents["s0"])
+    with pytest.raises(MalformedMessage, match="another survivor set"):
+        r.agg.receive(other)
     r.advance()
     # a response revealing a *key* share of a survivor (the request asked for seed shares)
     resp = r.pending
@@ -244,7 +272,8 @@ def _site_round(keys, phase):
     r.deliver_pending()
     closer = {Phase.SHARE_KEYS: r.agg.close_advertisements,
               Phase.MASKED_INPUT: r.agg.close_share_keys,
-              Phase.UNMASK: r.agg.close_masked_inputs}[phase]
+              Phase.CONSISTENCY: r.agg.close_masked_inputs,
+              Phase.UNMASK: r.agg.close_consistency}[phase]
     r.to_site = closer()
     return r
 
@@ -255,10 +284,12 @@ def _site_call(r, phase, msg):
         return s0.share_keys(msg)
     if phase == Phase.MASKED_INPUT:
         return s0.masked_input(msg, r.x["s0"])
+    if phase == Phase.CONSISTENCY:
+        return s0.confirm(msg)
     return s0.unmask(msg)
 
 
-SITE_PHASES = [Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.UNMASK]
+SITE_PHASES = [Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.CONSISTENCY, Phase.UNMASK]
 
 
 def _resign(r, msg, key=None):
@@ -334,7 +365,8 @@ def test_site_rejects_messages_from_a_previous_round(keys, phase):
     old.deliver_pending()
     stale = {Phase.SHARE_KEYS: old.agg.close_advertisements,
              Phase.MASKED_INPUT: old.agg.close_share_keys,
-             Phase.UNMASK: old.agg.close_masked_inputs}[phase]()["s0"]
+             Phase.CONSISTENCY: old.agg.close_masked_inputs,
+             Phase.UNMASK: old.agg.close_consistency}[phase]()["s0"]
     r = _site_round(keys, phase)
     with pytest.raises(WrongRound):
         _site_call(r, phase, stale)
@@ -349,8 +381,9 @@ def test_site_rejects_out_of_phase_messages(keys, phase):
     h = r.head("")
     wrong = {Phase.SHARE_KEYS: ShareDelivery(**h, recipient="s0", shares=()),
              Phase.MASKED_INPUT: UnmaskRequest(**h, recipient="s0", survivors=("s0",),
-                                               dropped=(), n_survivors=4),
-             Phase.UNMASK: AdvertisementBundle(**h, recipient="s0", adverts=())}[phase]
+                                               confirmations=(), attestations=()),
+             Phase.CONSISTENCY: ShareDelivery(**h, recipient="s0", shares=()),
+             Phase.UNMASK: SurvivorList(**h, recipient="s0", survivors=IDS[:3])}[phase]
     with pytest.raises(OutOfPhase):
         _site_call(r, phase, _resign(r, wrong))
     with pytest.raises(OutOfPhase):                       # a site message is not for a site
@@ -373,8 +406,17 @@ def test_site_rejects_unknown_sites(keys, phase):
     elif phase == Phase.MASKED_INPUT:
         es = EncryptedShare("mallory", "s0", bytes(12), bytes(80))
         bad = dataclasses.replace(msg, shares=(*msg.shares, es))
-    else:
+    elif phase == Phase.CONSISTENCY:
         bad = dataclasses.replace(msg, survivors=tuple(sorted((*msg.survivors, "mallory"))))
+        with pytest.raises(UnsafeRequest, match="outside the round"):
+            _site_call(r, phase, _resign(r, bad))
+        return
+    else:
+        stranger = SurvivorSignature(**h, digest=msg.confirmations[0].digest).signed_by(MALLORY)
+        bad = dataclasses.replace(msg, confirmations=(*msg.confirmations, stranger))
+        with pytest.raises(UnsafeRequest, match="non-survivor"):
+            _site_call(r, phase, _resign(r, bad))
+        return
     with pytest.raises(UnknownSender):
         _site_call(r, phase, _resign(r, bad))
     _site_call(r, phase, msg)
@@ -401,38 +443,67 @@ def test_site_never_reveals_both_secrets_of_one_site(keys):
     r = _site_round(keys, Phase.UNMASK)
     req = _s0_input(r)
     s0 = r.sites["s0"]
-    both = dataclasses.replace(req, dropped=("s1",))      # s1 is also listed as a survivor
-    with pytest.raises(UnsafeRequest):
-        s0.unmask(_resign(r, both))
+    # another survivor set than the one s0 signed (s1 "dropped": its key share would go)
+    other = dataclasses.replace(req, survivors=tuple(s for s in req.survivors if s != "s1"))
+    with pytest.raises(UnsafeRequest, match="another survivor set"):
+        s0.unmask(_resign(r, other))
     assert s0.phase == Phase.FAILED
     with pytest.raises(AbortedRound):
         s0.unmask(req)
 
 
 def test_site_refuses_to_be_declared_dropped_or_to_answer_twice(keys):
-    r2 = _site_round(keys, Phase.UNMASK)
-    req2 = _s0_input(r2)
-    with pytest.raises(UnsafeRequest, match="not listed as a survivor"):
-        r2.sites["s0"].unmask(_resign(r2, dataclasses.replace(
-            req2, survivors=tuple(s for s in req2.survivors if s != "s0"), dropped=())))
+    r2 = _site_round(keys, Phase.CONSISTENCY)
+    lst = _s0_input(r2)
+    with pytest.raises(UnsafeRequest, match="not in the survivor set"):
+        r2.sites["s0"].confirm(_resign(r2, dataclasses.replace(
+            lst, survivors=tuple(s for s in lst.survivors if s != "s0"))))
     r = _site_round(keys, Phase.UNMASK)
     req = _s0_input(r)
     s0 = r.sites["s0"]
     resp = s0.unmask(req)
     assert {o for o, _ in resp.seed_shares} == set(req.survivors) and resp.key_shares == ()
     # a second request, now claiming s1 dropped (asking for its key share), is never answered
-    second = dataclasses.replace(req, survivors=tuple(s for s in req.survivors if s != "s1"),
-                                 dropped=("s1",))
+    second = dataclasses.replace(req, survivors=tuple(s for s in req.survivors if s != "s1"))
     with pytest.raises(OutOfPhase):
         s0.unmask(_resign(r, second))
 
 
-def test_site_refuses_too_few_claimed_contributions(keys):
+def test_site_refuses_too_few_survivors_or_confirmations(keys):
+    r = _site_round(keys, Phase.CONSISTENCY)
+    lst = _s0_input(r)
+    with pytest.raises(TooFewSurvivors):            # {s0, s1} < quorum 3 of 4
+        r.sites["s0"].confirm(_resign(r, dataclasses.replace(lst, survivors=("s0", "s1"))))
+    assert r.sites["s0"].phase == Phase.FAILED
     r = _site_round(keys, Phase.UNMASK)
     req = _s0_input(r)
-    with pytest.raises(TooFewSurvivors):
-        r.sites["s0"].unmask(_resign(r, dataclasses.replace(req, n_survivors=1)))
+    # only one other survivor's signature: below the quorum of 3, whatever the list says
+    with pytest.raises(TooFewSurvivors, match="quorum"):
+        r.sites["s0"].unmask(_resign(r, dataclasses.replace(
+            req, confirmations=req.confirmations[:1])))
     assert r.sites["s0"].phase == Phase.FAILED
+
+
+def test_site_refuses_a_forged_confirmation_or_missing_attestation(keys):
+    r = _site_round(keys, Phase.UNMASK)
+    req = _s0_input(r)
+    c = next(c for c in req.confirmations if c.sender != "s0")
+    forged = dataclasses.replace(c, signature=b"").signed_by(MALLORY)
+    with pytest.raises(ForgedMessage):
+        r.sites["s0"].unmask(_resign(r, dataclasses.replace(
+            req, confirmations=tuple(forged if x is c else x for x in req.confirmations))))
+    r = _site_round(keys, Phase.UNMASK)
+    req = _s0_input(r)
+    with pytest.raises(UnsafeRequest, match="attestation"):
+        r.sites["s0"].unmask(_resign(r, dataclasses.replace(
+            req, attestations=req.attestations[1:])))
+    r = _site_round(keys, Phase.UNMASK)
+    req = _s0_input(r)
+    # s1 attests masking with fewer neighbours than survived: s0 keeps s1's self-mask share
+    small = MaskAttestation(**r.head("s1"), masked_with=("s2",)).signed_by(r.idents["s1"])
+    att = tuple(small if a.sender == "s1" else a for a in req.attestations)
+    with pytest.raises(UnsafeRequest, match="'s1'"):
+        r.sites["s0"].unmask(_resign(r, dataclasses.replace(req, attestations=att)))
 
 
 def test_sites_shown_different_parameters_cannot_complete_a_round(keys):

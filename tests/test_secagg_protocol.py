@@ -9,7 +9,8 @@ from dpfed.secagg import csprng, dlaplace
 from dpfed.secagg import fixedpoint as fp
 from dpfed.secagg.errors import AbortedRound, MalformedMessage, TooFewSurvivors
 from dpfed.secagg.messages import (AdvertisementBundle, KeyAdvertisement, MaskedInput, Phase,
-                                   ShareDelivery, ShareKeys, UnmaskRequest, UnmaskResponse,
+                                   ShareDelivery, ShareKeys, SurvivorList, SurvivorSignature,
+                                   UnmaskRequest, UnmaskResponse,
                                    parse)
 from dpfed.secagg.protocol import AggregatorSession, RoundConfig, SiteSession
 from dpfed.secagg.simulate import run_round
@@ -69,8 +70,8 @@ def test_one_dropout_too_many_fails_clearly_and_reveals_nothing():
     assert agg.phase == Phase.FAILED and agg.result is None
     with pytest.raises(AbortedRound):
         agg.finish()
-    # no site was ever asked to unmask anything
-    assert all(site.phase == Phase.UNMASK for s, site in sites.items() if s not in dropped)
+    # no site was ever asked to confirm a survivor set, let alone unmask anything
+    assert all(site.phase == Phase.CONSISTENCY for s, site in sites.items() if s not in dropped)
 
 
 def test_min_contributors_is_enforced_even_when_t_would_allow():
@@ -93,7 +94,7 @@ def test_dropouts_in_every_phase():
 
 
 def test_secagg_plus_with_100_sites_and_10_percent_dropouts():
-    cfg, idents, x = _setup(100, 40, min_contributors=80)
+    cfg, idents, x = _setup(100, 40, min_contributors=80, noise_threshold=5)
     assert not cfg.graph().complete and cfg.degree < 40
     dropped = cfg.site_ids[::10]
     sim = run_round(cfg, x, idents, drop_before={s: Phase.MASKED_INPUT for s in dropped})
@@ -142,12 +143,13 @@ def test_every_message_has_one_canonical_encoding():
                 parse(data + b"\x00")
             with pytest.raises(MalformedMessage):
                 parse(data[:-1])
-    assert kinds == {KeyAdvertisement, ShareKeys, MaskedInput, UnmaskResponse}
+    assert kinds == {KeyAdvertisement, ShareKeys, MaskedInput, SurvivorSignature,
+                     UnmaskResponse}
     for junk in (b"", b"DSA1", b"XXXX" + bytes(40), b"DSA1\x09\x00"):
         with pytest.raises(MalformedMessage):
             parse(junk)
     with pytest.raises(MalformedMessage):       # a type tag with another phase's byte
         parse(sim.seen["ADVERTISE"][cfg.site_ids[0]][:5] + b"\x02"
               + sim.seen["ADVERTISE"][cfg.site_ids[0]][6:])
-    for cls in (AdvertisementBundle, ShareDelivery, UnmaskRequest):
+    for cls in (AdvertisementBundle, ShareDelivery, SurvivorList, UnmaskRequest):
         assert not cls.FROM_SITE

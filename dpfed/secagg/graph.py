@@ -129,8 +129,13 @@ def _threshold(holders: int, corrupt: int, adversary: str) -> int:
 def choose_graph_parameters(n_sites: int, *, dropout_fraction: float = 0.1,
                             corrupt_fraction: float = 0.1, adversary: str = "semi_malicious",
                             security_bits: float = 40.0, correctness_bits: float = 20.0,
-                            complete_up_to: int = COMPLETE_GRAPH_MAX) -> GraphParameters:
-    """Degree and threshold for ``n_sites`` sites (module docstring for the rules)."""
+                            complete_up_to: int = COMPLETE_GRAPH_MAX,
+                            corrupt_sites: int | None = None) -> GraphParameters:
+    """Degree and threshold for ``n_sites`` sites (module docstring for the rules).
+
+    ``corrupt_sites``: the number of colluding sites the round tolerates (the spec's c); when
+    given it replaces floor(corrupt_fraction K), so the Shamir threshold counts exactly the
+    colluders the round was signed for (method.md section 12)."""
     K = n_sites
     if isinstance(K, bool) or not isinstance(K, int) or K < 2:
         raise ParameterError("secure aggregation needs at least 2 sites")
@@ -141,6 +146,11 @@ def choose_graph_parameters(n_sites: int, *, dropout_fraction: float = 0.1,
         if not (0 <= f < 1):
             raise ParameterError(f"{name} must be in [0, 1)")
     corrupt = int(math.floor(corrupt_fraction * K + _EPS))
+    if corrupt_sites is not None:
+        if isinstance(corrupt_sites, bool) or not isinstance(corrupt_sites, int) \
+                or not 0 <= corrupt_sites < K:
+            raise ParameterError("corrupt_sites must be an integer in [0, K)")
+        corrupt = corrupt_sites
     dropped = int(math.floor(dropout_fraction * K + _EPS))
     survivors = K - dropped
     if K > complete_up_to:

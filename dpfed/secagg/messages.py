@@ -24,13 +24,21 @@ Types and phases (Bonawitz et al., CCS 2017, Figure 4, rounds 0-4):
 | ``AdvertisementBundle`` | agg -> site | 1 SHARE_KEYS | the adverts of the site's holders |
 | ``ShareKeys`` | site -> agg | 1 SHARE_KEYS | one ``EncryptedShare`` per neighbour |
 | ``ShareDelivery`` | agg -> site | 2 MASKED_INPUT | the shares addressed to the site |
-| ``MaskedInput`` | site -> agg | 2 MASKED_INPUT | y_u (uint64 little-endian) |
-| ``UnmaskRequest`` | agg -> site | 3 UNMASK | which neighbours survived / dropped |
-| ``UnmaskResponse`` | site -> agg | 3 UNMASK | b-shares of survivors, s-key shares of dropouts |
+| ``MaskedInput`` | site -> agg | 2 MASKED_INPUT | y_u (uint64 little-endian) and its ``MaskAttestation`` |
+| ``MaskAttestation`` | (inside ``MaskedInput``) | 2 MASKED_INPUT | the sites u masked with (signed) |
+| ``SurvivorList`` | agg -> site | 3 CONSISTENCY | U3: every site whose masked input is in the sum |
+| ``SurvivorSignature`` | site -> agg | 3 CONSISTENCY | the site's signature on the digest of U3 |
+| ``UnmaskRequest`` | agg -> site | 4 UNMASK | U3, >= quorum signatures on it, the holders' attestations |
+| ``UnmaskResponse`` | site -> agg | 4 UNMASK | b-shares of survivors, s-key shares of dropouts |
+
+Phases 3-4 are Bonawitz et al.'s ConsistencyCheck and Unmasking (section 4, active adversary),
+with the counts a site relies on computed from signed lists (docs/secure_aggregation.md,
+"A lying aggregator").
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, replace
 from enum import IntEnum
 from typing import ClassVar
@@ -39,14 +47,15 @@ import numpy as np
 
 from dpfed.secagg.codec import MAX_ID_BYTES, Reader, Writer
 from dpfed.secagg.errors import MalformedMessage
-from dpfed.secagg.keys import sign, verify
+from dpfed.secagg.keys import DOMAIN, sign, verify
 from dpfed.secagg.shamir import Share
 
 __all__ = ["Phase", "AGGREGATOR", "MAGIC", "Message", "KeyAdvertisement",
            "AdvertisementBundle", "EncryptedShare", "ShareKeys", "ShareDelivery", "MaskedInput",
-           "UnmaskRequest", "UnmaskResponse", "parse", "MESSAGE_TYPES", "SharePlaintext"]
+           "UnmaskRequest", "UnmaskResponse", "parse", "MESSAGE_TYPES", "SharePlaintext",
+           "MaskAttestation", "SurvivorList", "SurvivorSignature", "survivors_digest"]
 
-MAGIC = b"DSA1"
+MAGIC = b"DSA2"     # DSA2: consistency phase, attestations (issue 19)
 AGGREGATOR = ""
 DIGEST_BYTES = 32
 KEY_BYTES = 32
@@ -55,15 +64,17 @@ SIGNATURE_BYTES = 64
 MAX_ITEMS = 1 << 20
 MAX_CIPHERTEXT = 1024
 MAX_VECTOR_BYTES = 8 * (1 << 28)
+MAX_LIST_BYTES = 1 << 26
 
 
 class Phase(IntEnum):
     ADVERTISE = 0
     SHARE_KEYS = 1
     MASKED_INPUT = 2
-    UNMASK = 3
-    DONE = 4
-    FAILED = 5
+    CONSISTENCY = 3
+    UNMASK = 4
+    DONE = 5
+    FAILED = 6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -343,10 +354,37 @@ class ShareDelivery(Message):
 
 
 @dataclass(frozen=True, kw_only=True)
+class MaskAttestation(Message):
+    """Round 2, inside the ``MaskedInput``: the sorted ids of the neighbours whose shares the
+    sender received and whose pairwise masks its input carries. Signed on its own, so the
+    aggregator can show it to the sender's holders without the (large) masked vector: a holder
+    reveals the sender's self-mask share only if every surviving neighbour is in this list
+    (``protocol.SiteSession.unmask``)."""
+
+    masked_with: tuple[str, ...]
+
+    TYPE: ClassVar[int] = 8
+    PHASE: ClassVar[Phase] = Phase.MASKED_INPUT
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_ids(self.masked_with, "masked_with")
+
+    def _write_body(self, w):
+        _write_ids(w, self.masked_with)
+
+    @classmethod
+    def _read_body(cls, r):
+        return {"masked_with": _read_ids(r)}
+
+
+@dataclass(frozen=True, kw_only=True)
 class MaskedInput(Message):
-    """Round 2 (MaskedInputCollection): y_u as little-endian uint64 bytes."""
+    """Round 2 (MaskedInputCollection): y_u as little-endian uint64 bytes, and the sender's
+    signed ``MaskAttestation``."""
 
     vector: bytes
+    attestation: MaskAttestation
 
     TYPE: ClassVar[int] = 5
     PHASE: ClassVar[Phase] = Phase.MASKED_INPUT
@@ -355,6 +393,12 @@ class MaskedInput(Message):
         super().__post_init__()
         if not isinstance(self.vector, bytes) or len(self.vector) % 8 or not self.vector:
             raise MalformedMessage("vector must be a non-empty multiple of 8 bytes")
+        a = self.attestation
+        if not isinstance(a, MaskAttestation):
+            raise MalformedMessage("a masked input carries a MaskAttestation")
+        if (a.round_id, a.config_digest, a.sender) != (self.round_id, self.config_digest,
+                                                       self.sender):
+            raise MalformedMessage("the attestation is of another round or sender")
 
     @classmethod
     def of(cls, values: np.ndarray, **kw) -> "MaskedInput":
@@ -364,24 +408,102 @@ class MaskedInput(Message):
         return np.frombuffer(self.vector, dtype="<u8").astype(np.uint64)
 
     def _write_body(self, w):
-        w.blob(self.vector)
+        w.blob(self.vector).blob(self.attestation.to_bytes())
 
     @classmethod
     def _read_body(cls, r):
-        return {"vector": r.blob(MAX_VECTOR_BYTES)}
+        return {"vector": r.blob(MAX_VECTOR_BYTES),
+                "attestation": MaskAttestation.from_bytes(r.blob(MAX_LIST_BYTES))}
+
+
+def survivors_digest(round_id: str, config_digest: bytes, survivors) -> bytes:
+    """SHA-256 of the survivor set U3 of one round: what every survivor signs in the
+    consistency phase (one set for everyone)."""
+    w = Writer().fixed(DOMAIN, len(DOMAIN)).blob(b"survivors").text(round_id)
+    w.fixed(config_digest, DIGEST_BYTES)
+    _write_ids(w, tuple(survivors))
+    return hashlib.sha256(w.getvalue()).digest()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurvivorList(Message):
+    """Aggregator -> each site of U3 (round 3, ConsistencyCheck): the whole survivor set U3,
+    the same list for every site."""
+
+    recipient: str
+    survivors: tuple[str, ...]
+
+    TYPE: ClassVar[int] = 9
+    PHASE: ClassVar[Phase] = Phase.CONSISTENCY
+    FROM_SITE: ClassVar[bool] = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.recipient, str) or not self.recipient:
+            raise MalformedMessage("recipient must be a non-empty string")
+        _check_ids(self.survivors, "survivors")
+
+    def _write_body(self, w):
+        w.text(self.recipient)
+        _write_ids(w, self.survivors)
+
+    @classmethod
+    def _read_body(cls, r):
+        return {"recipient": r.text(), "survivors": _read_ids(r)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class SurvivorSignature(Message):
+    """Site -> aggregator (round 3): the sender's signature (the message's own) on
+    ``survivors_digest`` of the U3 it was shown. A site signs one set per round."""
+
+    digest: bytes
+
+    TYPE: ClassVar[int] = 10
+    PHASE: ClassVar[Phase] = Phase.CONSISTENCY
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_bytes(self.digest, DIGEST_BYTES, "digest")
+
+    def _write_body(self, w):
+        w.fixed(self.digest, DIGEST_BYTES)
+
+    @classmethod
+    def _read_body(cls, r):
+        return {"digest": r.fixed(DIGEST_BYTES)}
+
+
+def _write_messages(w: Writer, items) -> None:
+    w.u32(len(items))
+    for m in items:
+        w.blob(m.to_bytes())
+
+
+def _read_messages(r: Reader, cls) -> tuple:
+    n = r.u32()
+    if n > MAX_ITEMS:
+        raise MalformedMessage("too many messages")
+    return tuple(cls.from_bytes(r.blob(MAX_LIST_BYTES)) for _ in range(n))
+
+
+def _check_messages(items, cls, name):
+    if not isinstance(items, tuple) or not all(isinstance(m, cls) for m in items):
+        raise MalformedMessage(f"{name} must be a tuple of {cls.__name__}")
 
 
 @dataclass(frozen=True, kw_only=True)
 class UnmaskRequest(Message):
-    """Aggregator -> one surviving site (round 3, Unmasking): among the recipient's holders,
-    who sent a masked input (``survivors``, the recipient itself included) and who completed
-    round 1 but not round 2 (``dropped``); ``n_survivors`` = |U3|, the number of masked inputs
-    the sum will include."""
+    """Aggregator -> one site that confirmed U3 (round 4, Unmasking): the survivor set U3 again,
+    the survivors' ``SurvivorSignature`` messages on it (at least the round's consensus quorum,
+    and every holder of the recipient that is in U3) and the ``MaskAttestation`` of every holder
+    of the recipient in U3. The recipient derives who survived and who dropped from these
+    signed lists; nothing in it is a count the aggregator writes."""
 
     recipient: str
     survivors: tuple[str, ...]
-    dropped: tuple[str, ...]
-    n_survivors: int
+    confirmations: tuple[SurvivorSignature, ...]
+    attestations: tuple[MaskAttestation, ...]
 
     TYPE: ClassVar[int] = 6
     PHASE: ClassVar[Phase] = Phase.UNMASK
@@ -392,20 +514,20 @@ class UnmaskRequest(Message):
         if not isinstance(self.recipient, str) or not self.recipient:
             raise MalformedMessage("recipient must be a non-empty string")
         _check_ids(self.survivors, "survivors")
-        _check_ids(self.dropped, "dropped")
-        if not isinstance(self.n_survivors, int) or not 0 <= self.n_survivors < 2 ** 32:
-            raise MalformedMessage("n_survivors out of range")
+        _check_messages(self.confirmations, SurvivorSignature, "confirmations")
+        _check_messages(self.attestations, MaskAttestation, "attestations")
 
     def _write_body(self, w):
         w.text(self.recipient)
         _write_ids(w, self.survivors)
-        _write_ids(w, self.dropped)
-        w.u32(self.n_survivors)
+        _write_messages(w, self.confirmations)
+        _write_messages(w, self.attestations)
 
     @classmethod
     def _read_body(cls, r):
-        return {"recipient": r.text(), "survivors": _read_ids(r), "dropped": _read_ids(r),
-                "n_survivors": r.u32()}
+        return {"recipient": r.text(), "survivors": _read_ids(r),
+                "confirmations": _read_messages(r, SurvivorSignature),
+                "attestations": _read_messages(r, MaskAttestation)}
 
 
 def _write_owned(w: Writer, items) -> None:
@@ -460,7 +582,8 @@ class UnmaskResponse(Message):
 
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (KeyAdvertisement, AdvertisementBundle, ShareKeys,
                                            ShareDelivery, MaskedInput, UnmaskRequest,
-                                           UnmaskResponse)}
+                                           UnmaskResponse, MaskAttestation, SurvivorList,
+                                           SurvivorSignature)}
 
 
 def parse(data: bytes) -> Message:

@@ -67,9 +67,10 @@ from dpfed.secagg.keys import (DOMAIN, RoundKeys, identity_private_key, mask_see
                                private_from_bytes, public_bytes, share_key)
 from dpfed.secagg.masks import commit_self_seed, expand, mask_input, new_self_seed, self_mask
 from dpfed.secagg.messages import (AGGREGATOR, AdvertisementBundle, KeyAdvertisement,
-                                   MaskedInput, Message, Phase, ShareDelivery, ShareKeys,
-                                   SharePlaintext, EncryptedShare, UnmaskRequest,
-                                   UnmaskResponse, parse)
+                                   MaskAttestation, MaskedInput, Message, Phase, ShareDelivery,
+                                   ShareKeys, SharePlaintext, EncryptedShare, SurvivorList,
+                                   SurvivorSignature, UnmaskRequest, UnmaskResponse, parse,
+                                   survivors_digest)
 from dpfed.secagg.shamir import Share, reconstruct, split
 
 __all__ = ["RoundConfig", "SiteSession", "AggregatorSession", "AggregateResult", "Phase",
@@ -89,6 +90,13 @@ class RoundConfig:
     threshold: int
     min_contributors: int
     noise_threshold: int
+    #: c, the colluding sites the round tolerates (the spec's ``colluders``).
+    colluders: int = 0
+    #: c_k, the most colluders among one site's holders (c for the complete graph).
+    corrupt_holders: int = 0
+    #: Public randomness of the graph: the digest of the coordinator-signed spec, so the
+    #: aggregator cannot grind graphs (empty: the config digest alone, as in unit tests).
+    seed: bytes = b""
 
     def __post_init__(self):
         ids = self.site_ids
@@ -111,34 +119,73 @@ class RoundConfig:
                 and 1 <= self.noise_threshold <= self.min_contributors):
             raise ParameterError("noise_threshold T must be in [1, min_contributors]: the sum "
                                  "must hold at least T noise shares")
+        if not (isinstance(self.colluders, int) and 0 <= self.colluders < len(ids)):
+            raise ParameterError("colluders c must be in [0, number of sites)")
+        if not (isinstance(self.corrupt_holders, int)
+                and 0 <= self.corrupt_holders <= min(self.colluders, self.degree + 1)):
+            raise ParameterError("corrupt_holders must be in [0, min(c, degree + 1)]")
+        if self.threshold <= self.corrupt_holders:
+            raise ParameterError(f"the Shamir threshold t = {self.threshold} must exceed the "
+                                 f"{self.corrupt_holders} colluding holders a site may have")
+        if not isinstance(self.seed, bytes) or len(self.seed) > 64:
+            raise ParameterError("seed must be at most 64 bytes")
         object.__setattr__(self, "_digest", hashlib.sha256(DOMAIN + self.to_bytes()).digest())
-        object.__setattr__(self, "_graph", NeighbourGraph(ids, self.degree, self._digest))
+        object.__setattr__(self, "_graph", NeighbourGraph(ids, self.degree,
+                                                          self.seed or self._digest))
 
     @classmethod
     def create(cls, round_id: str, site_ids, vector_length: int, *, min_contributors: int,
                noise_threshold: int | None = None, dropout_fraction: float = 0.1,
                corrupt_fraction: float = 0.1, adversary: str = "semi_malicious",
+               colluders: int | None = None, seed: bytes = b"",
                **graph_options) -> "RoundConfig":
         """Degree and threshold from ``graph.choose_graph_parameters``; ``noise_threshold`` T
         (the shares that make one full draw) defaults to ``min_contributors`` (T + c with c
-        colluders allowed: pass T explicitly)."""
+        colluders allowed: pass T explicitly). ``colluders`` c (the spec's): the Shamir
+        threshold and the graph count exactly c corrupt sites; without it, floor(corrupt_fraction
+        K) (unit tests and benchmarks)."""
         ids = tuple(sorted(site_ids))
         p: GraphParameters = choose_graph_parameters(
             len(ids), dropout_fraction=dropout_fraction, corrupt_fraction=corrupt_fraction,
-            adversary=adversary, **graph_options)
+            adversary=adversary, corrupt_sites=colluders, **graph_options)
+        c = colluders if colluders is not None else int(corrupt_fraction * len(ids) + 1e-12)
         return cls(round_id, ids, vector_length, p.degree, p.threshold, min_contributors,
-                   min_contributors if noise_threshold is None else noise_threshold)
+                   min_contributors if noise_threshold is None else noise_threshold,
+                   c, p.corrupt_holders, bytes(seed))
 
     def to_bytes(self) -> bytes:
-        w = Writer().fixed(b"DSAC", 4).text(self.round_id).u32(len(self.site_ids))
+        w = Writer().fixed(b"DSC2", 4).text(self.round_id).u32(len(self.site_ids))
         for s in self.site_ids:
             w.text(s)
         return (w.u64(self.vector_length).u32(self.degree).u32(self.threshold)
-                .u32(self.min_contributors).u32(self.noise_threshold).getvalue())
+                .u32(self.min_contributors).u32(self.noise_threshold).u32(self.colluders)
+                .u32(self.corrupt_holders).blob(self.seed).getvalue())
 
     @property
     def digest(self) -> bytes:
         return self._digest
+
+    @property
+    def quorum(self) -> int:
+        """Signatures on one survivor set a site needs before it reveals any share:
+        floor((K + c)/2) + 1. Each honest site signs one set, so two different sets would
+        need 2 (quorum - c) > K - c honest signers: at most one set can reach the quorum
+        (docs/secure_aggregation.md, "A lying aggregator")."""
+        return (len(self.site_ids) + self.colluders) // 2 + 1
+
+    @property
+    def survivor_floor(self) -> int:
+        """Fewest masked inputs (|U3|) that are ever unmasked: max(min_contributors, T + c,
+        Shamir threshold t, quorum)."""
+        return max(self.min_contributors, self.noise_threshold + self.colluders,
+                   self.threshold, self.quorum)
+
+    @property
+    def holder_floor(self) -> int:
+        """Fewest survivors among one site's holders (itself included) for it to take part in
+        unmasking: max(t, T + c_k). With at most c_k colluding holders, at least T honest
+        survivors whose masks are tied to this site's then share every sum its input is in."""
+        return max(self.threshold, self.noise_threshold + self.corrupt_holders)
 
     def graph(self) -> NeighbourGraph:
         return self._graph
@@ -209,6 +256,8 @@ class SiteSession(_Session):
         self._adverts: dict[str, KeyAdvertisement] = {}
         self._own_shares: tuple[Share, Share] | None = None
         self._received: dict[str, SharePlaintext] = {}
+        self._survivors: tuple[str, ...] = ()
+        self._signed_digest = b""
         self._index = self._graph.index(site_id)
 
     # ------------------------------------------------------------------ helpers
@@ -329,32 +378,100 @@ class SiteSession(_Session):
                               round_id=self.config.round_id, config_digest=self.config.digest,
                               me=self.site_id, other=v) for v in received}
         y = mask_input(x, self._seed, seeds, self.site_id)
-        reply = MaskedInput.of(y, **self._head()).signed_by(self._identity)
+        attestation = MaskAttestation(**self._head(), masked_with=tuple(sorted(received))
+                                      ).signed_by(self._identity)
+        reply = MaskedInput.of(y, **self._head(), attestation=attestation
+                               ).signed_by(self._identity)
         self._received = received
+        self._accepted.add(fp)
+        self.phase = Phase.CONSISTENCY
+        return reply
+
+    # ------------------------------------------------------------------ phase 3
+    def confirm(self, survivor_list) -> SurvivorSignature:
+        """Phase 3 (ConsistencyCheck): sign the survivor set U3 the aggregator shows, once,
+        after checking it from this site's own knowledge: it names this site, holds at least
+        ``survivor_floor`` sites and ``holder_floor`` of this site's holders, and every
+        surviving neighbour is one this site masked with. Nothing secret leaves here."""
+        msg, fp = self._receive(survivor_list, SurvivorList, Phase.CONSISTENCY)
+        u3 = set(msg.survivors)
+        cfg = self.config
+        if not u3 <= set(cfg.site_ids):
+            self._fail(UnsafeRequest("the survivor set names sites outside the round"))
+        if self.site_id not in u3:
+            self._fail(UnsafeRequest("this site sent its masked input but is not in the "
+                                     "survivor set"))
+        if len(u3) < cfg.survivor_floor:
+            self._fail(TooFewSurvivors(f"a survivor set of {len(u3)}; at least "
+                                       f"{cfg.survivor_floor} are required"))
+        mine = u3 & set(self._graph.holders(self.site_id))
+        if len(mine) < cfg.holder_floor:
+            self._fail(TooFewSurvivors(f"{len(mine)} of this site's holders survive; at least "
+                                       f"{cfg.holder_floor} are required"))
+        unmasked = (mine - {self.site_id}) - set(self._received)
+        if unmasked:
+            self._fail(UnsafeRequest("the survivor set names neighbours this site did not mask "
+                                     "with"))
+        self._survivors = tuple(sorted(u3))
+        self._signed_digest = survivors_digest(cfg.round_id, cfg.digest, self._survivors)
+        reply = SurvivorSignature(**self._head(), digest=self._signed_digest
+                                  ).signed_by(self._identity)
         self._accepted.add(fp)
         self.phase = Phase.UNMASK
         return reply
 
-    # ------------------------------------------------------------------ phase 3
+    # ------------------------------------------------------------------ phase 4
     def unmask(self, request) -> UnmaskResponse:
-        """Phase 3: reveal seed shares of survivors and key shares of dropouts (never both)."""
+        """Phase 4: reveal seed shares of survivors and key shares of dropouts (never both),
+        only for the survivor set this site signed and only after verifying, from signed
+        lists alone: ``quorum`` distinct survivors signed that same set, and every surviving
+        holder whose self-mask share this site reveals attested masking with all of its
+        surviving neighbours."""
         msg, fp = self._receive(request, UnmaskRequest, Phase.UNMASK)
-        survivors, dropped = set(msg.survivors), set(msg.dropped)
-        known = set(self._received) | {self.site_id}
-        if not (survivors | dropped) <= known:
-            raise UnknownSender("the request names sites that are not holders in this round")
-        if survivors & dropped:
-            self._fail(UnsafeRequest("a site listed both as survivor and as dropped"))
-        if self.site_id not in survivors:
-            self._fail(UnsafeRequest("this site sent its masked input but is not listed as a "
-                                     "survivor"))
-        floor = max(self.config.min_contributors, self.config.threshold)
-        if msg.n_survivors < floor or msg.n_survivors < len(survivors):
-            self._fail(TooFewSurvivors(f"{msg.n_survivors} contributions claimed; at least "
-                                       f"{floor} are required"))
+        cfg = self.config
+        if msg.survivors != self._survivors:
+            self._fail(UnsafeRequest("the unmask request names another survivor set than the "
+                                     "one this site signed"))
+        u3 = set(self._survivors)
+        signers = {self.site_id}
+        for c in msg.confirmations:
+            self._check_round(c)
+            if c.sender not in u3 or c.digest != self._signed_digest:
+                self._fail(UnsafeRequest("a confirmation of another set or by a non-survivor"))
+            key = self._site_keys.get(c.sender)
+            if key is None:
+                self._fail(UnknownSender(f"no identity key for {c.sender!r}"))
+            try:
+                c.verify(key)
+            except ForgedMessage as exc:
+                self._fail(exc)
+            signers.add(c.sender)
+        if len(signers) < cfg.quorum:
+            self._fail(TooFewSurvivors(f"{len(signers)} survivors signed the survivor set; "
+                                       f"the quorum is {cfg.quorum}"))
+        attested: dict[str, MaskAttestation] = {}
+        for a in msg.attestations:
+            self._check_round(a)
+            key = self._site_keys.get(a.sender)
+            if a.sender in attested or key is None:
+                self._fail(UnsafeRequest("a duplicate attestation or one of an unknown site"))
+            try:
+                a.verify(key)
+            except ForgedMessage as exc:
+                self._fail(exc)
+            attested[a.sender] = a
+        revealed = sorted(u3 & (set(self._received) | {self.site_id}))
+        for w in revealed:
+            if w == self.site_id:
+                continue
+            a = attested.get(w)
+            if a is None or not (u3 & set(self._graph.neighbours(w))) <= set(a.masked_with):
+                self._fail(UnsafeRequest(f"no attestation that survivor {w!r} masked with all "
+                                         "of its surviving neighbours"))
         seed_shares = tuple((v, self._own_shares[1] if v == self.site_id
-                             else self._received[v].seed_share) for v in sorted(survivors))
-        key_shares = tuple((v, self._received[v].key_share) for v in sorted(dropped))
+                             else self._received[v].seed_share) for v in revealed)
+        key_shares = tuple((v, self._received[v].key_share)
+                           for v in sorted(set(self._received) - u3))
         reply = UnmaskResponse(**self._head(), seed_shares=seed_shares,
                                key_shares=key_shares).signed_by(self._identity)
         self._accepted.add(fp)
@@ -389,7 +506,10 @@ class AggregatorSession(_Session):
         self._graph = config.graph()
         self.phase = Phase.ADVERTISE
         self._store: dict[Phase, dict[str, Message]] = {p: {} for p in (
-            Phase.ADVERTISE, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.UNMASK)}
+            Phase.ADVERTISE, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.CONSISTENCY,
+            Phase.UNMASK)}
+        self._survivors: tuple[str, ...] = ()
+        self._survivors_digest = b""
         self._participants: dict[Phase, set[str]] = {Phase.ADVERTISE: set(config.site_ids)}
         self._requests: dict[str, UnmaskRequest] = {}
         self._seed_shares: dict[str, dict[str, Share]] = {}
@@ -408,7 +528,7 @@ class AggregatorSession(_Session):
         return msg if self._signing_key is None else msg.signed_by(self._signing_key)
 
     def _floor(self) -> int:
-        return max(self.config.min_contributors, self.config.threshold)
+        return self.config.survivor_floor
 
     def current_set(self) -> frozenset[str]:
         """The sites that may send a message in the current phase (U0 = all sites, U1, U2,
@@ -483,12 +603,22 @@ class AggregatorSession(_Session):
     def _accept_MaskedInput(self, msg: MaskedInput) -> None:
         if len(msg.vector) != 8 * self.config.vector_length:
             raise MalformedMessage(f"a masked input has {self.config.vector_length} entries")
+        msg.attestation.verify(self._site_keys[msg.sender])
+        allowed = set(self._graph.neighbours(msg.sender)) & self._participants[Phase.MASKED_INPUT]
+        if not set(msg.attestation.masked_with) <= allowed:
+            raise MalformedMessage("the attestation names sites that did not share keys with "
+                                   "the sender")
+
+    def _accept_SurvivorSignature(self, msg: SurvivorSignature) -> None:
+        if msg.digest != self._survivors_digest:
+            raise MalformedMessage("a signature on another survivor set")
 
     def _accept_UnmaskResponse(self, msg: UnmaskResponse) -> None:
-        req = self._requests[msg.sender]
         index = self._graph.index(msg.sender)
-        if not {o for o, _ in msg.seed_shares} <= set(req.survivors) \
-                or not {o for o, _ in msg.key_shares} <= set(req.dropped):
+        u3 = set(self._survivors)
+        mine = set(self._store[Phase.MASKED_INPUT][msg.sender].attestation.masked_with)
+        if not {o for o, _ in msg.seed_shares} <= (mine | {msg.sender}) & u3 \
+                or not {o for o, _ in msg.key_shares} <= mine - u3:
             raise MalformedMessage("shares for sites the request did not name, or of the "
                                    "wrong kind")
         if any(s.index != index for _, s in (*msg.seed_shares, *msg.key_shares)):
@@ -541,36 +671,71 @@ class AggregatorSession(_Session):
         self._outputs = out
         return out
 
-    def close_masked_inputs(self) -> dict[str, UnmaskRequest]:
-        """End phase 2: U3 = the sites whose masked input arrived. Refuses (final, nothing
-        revealed) if |U3| < max(min_contributors, t) or some needed secret would have fewer than
-        t surviving holders."""
+    def close_masked_inputs(self) -> dict[str, SurvivorList]:
+        """End phase 2: U3 = the sites whose masked input arrived; each gets the same signed
+        list of U3 to confirm. Refuses (final, nothing revealed) if |U3| is below the
+        ``survivor_floor``."""
         self._check_alive()
         if self.phase != Phase.MASKED_INPUT:
             raise OutOfPhase("not in phase MASKED_INPUT")
-        u2 = self._participants[Phase.MASKED_INPUT]
         u3 = set(self._store[Phase.MASKED_INPUT])
-        t = self.config.threshold
         if len(u3) < self._floor():
             self._fail(TooFewSurvivors(f"{len(u3)} masked inputs < {self._floor()}: nothing "
                                        "is unmasked"))
-        dropped = {v for v in u2 - u3 if set(self._graph.neighbours(v)) & u3}
-        for owner in (*u3, *dropped):
-            alive = len(set(self._graph.holders(owner)) & u3)
+        self._survivors = tuple(sorted(u3))
+        self._survivors_digest = survivors_digest(self.config.round_id, self.config.digest,
+                                                  self._survivors)
+        out = {r: self._sign(SurvivorList(**self._head(), recipient=r,
+                                          survivors=self._survivors)) for r in self._survivors}
+        self._participants[Phase.CONSISTENCY] = u3
+        self.phase = Phase.CONSISTENCY
+        self._outputs = out
+        return out
+
+    def close_consistency(self) -> dict[str, UnmaskRequest]:
+        """End phase 3: U4 = the survivors that signed U3. Refuses (final) with fewer than the
+        quorum, or if a needed secret would have fewer than t holders among U4. Each signer
+        gets U3, the quorum's signatures and the attestations of its surviving holders."""
+        self._check_alive()
+        if self.phase != Phase.CONSISTENCY:
+            raise OutOfPhase("not in phase CONSISTENCY")
+        signed = self._store[Phase.CONSISTENCY]
+        u4 = set(signed)
+        cfg, t = self.config, self.config.threshold
+        if len(u4) < cfg.quorum:
+            self._fail(TooFewSurvivors(f"{len(u4)} survivors confirmed the survivor set; the "
+                                       f"quorum is {cfg.quorum}"))
+        u3 = set(self._survivors)
+        inputs = self._store[Phase.MASKED_INPUT]
+        masked_with = {u: set(inputs[u].attestation.masked_with) for u in u3}
+        dropped = {v for u in u3 for v in masked_with[u]} - u3
+        for owner in sorted(u3):
+            alive = len({h for h in self._graph.holders(owner) if h in u4
+                         and (h == owner or owner in masked_with[h])})
             if alive < t:
-                self._fail(TooFewSurvivors(f"only {alive} surviving holders of {owner!r}'s "
-                                           f"secrets; threshold {t}"))
+                self._fail(TooFewSurvivors(f"only {alive} confirmed holders of {owner!r}'s "
+                                           f"self-mask; threshold {t}"))
+        for v in sorted(dropped):
+            alive = len({h for h in self._graph.neighbours(v) if h in u4
+                         and v in masked_with[h]})
+            if alive < t:
+                self._fail(TooFewSurvivors(f"only {alive} confirmed holders of {v!r}'s mask "
+                                           f"key; threshold {t}"))
+        first = sorted(u4)[:cfg.quorum]
+        quorum, in_quorum = tuple(signed[s] for s in first), set(first)
         out = {}
-        for r in sorted(u3):
-            nb = set(self._graph.neighbours(r))
-            out[r] = self._sign(UnmaskRequest(
-                **self._head(), recipient=r,
-                survivors=tuple(sorted((nb | {r}) & u3)),
-                dropped=tuple(sorted(nb & dropped)), n_survivors=len(u3)))
+        for r in sorted(u4):
+            holders = set(self._graph.holders(r))
+            extra = tuple(signed[s] for s in sorted((u4 & holders) - in_quorum))
+            att = tuple(inputs[w].attestation for w in sorted(u3 & holders) if w != r)
+            out[r] = self._sign(UnmaskRequest(**self._head(), recipient=r,
+                                              survivors=self._survivors,
+                                              confirmations=quorum + extra, attestations=att))
         self._requests = out
         self._dropped = dropped
-        self._absent = u2 - u3
-        self._participants[Phase.UNMASK] = u3
+        self._absent = set(self._participants[Phase.MASKED_INPUT]) - u3
+        self._masked_with = masked_with
+        self._participants[Phase.UNMASK] = u4
         self.phase = Phase.UNMASK
         self._outputs = out
         return out
@@ -580,8 +745,7 @@ class AggregatorSession(_Session):
         if self.phase != Phase.UNMASK:
             return False
         t = self.config.threshold
-        u3 = self._participants[Phase.UNMASK]
-        return (all(len(self._seed_shares.get(u, {})) >= t for u in u3)
+        return (all(len(self._seed_shares.get(u, {})) >= t for u in self._survivors)
                 and all(len(self._key_shares.get(v, {})) >= t for v in self._dropped))
 
     def _reconstruct(self, shares: dict[str, Share]) -> bytes:
@@ -600,7 +764,7 @@ class AggregatorSession(_Session):
             raise TooFewSurvivors("not enough unmasking responses yet")
         L = self.config.vector_length
         adverts = self._store[Phase.ADVERTISE]
-        u3 = self._participants[Phase.UNMASK]
+        u3 = set(self._survivors)
         inputs = self._store[Phase.MASKED_INPUT]
         total = np.zeros(L, dtype=np.uint64)
         for u in sorted(u3):
@@ -620,8 +784,8 @@ class AggregatorSession(_Session):
                     raise ReconstructionError(f"the mask key of {v!r} does not match its "
                                               "advertised public key")
                 for w in self._graph.neighbours(v):
-                    if w not in u3:
-                        continue
+                    if w not in u3 or v not in self._masked_with[w]:
+                        continue        # only inputs that carry the pair mask
                     seed = mask_seed(private, adverts[w].s_public, round_id=self.config.round_id,
                                      config_digest=self.config.digest, me=v, other=w)
                     m = expand(seed, L, purpose="pair")

@@ -21,7 +21,8 @@ from dpfed.secagg.protocol import AggregateResult, AggregatorSession, RoundConfi
 
 __all__ = ["SimulatedRound", "run_round"]
 
-PHASES = (Phase.ADVERTISE, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.UNMASK)
+PHASES = (Phase.ADVERTISE, Phase.SHARE_KEYS, Phase.MASKED_INPUT, Phase.CONSISTENCY,
+          Phase.UNMASK)
 
 
 @dataclass
@@ -85,8 +86,10 @@ def run_round(config: RoundConfig, inputs: Mapping[str, np.ndarray], identities:
     bundles = step(Phase.ADVERTISE, lambda s: sites[s].advertise(), agg.close_advertisements)
     deliveries = step(Phase.SHARE_KEYS, lambda s: sites[s].share_keys(bundles[s])
                       if s in bundles else None, agg.close_share_keys)
-    requests = step(Phase.MASKED_INPUT, lambda s: sites[s].masked_input(deliveries[s], inputs[s])
-                    if s in deliveries else None, agg.close_masked_inputs)
+    lists = step(Phase.MASKED_INPUT, lambda s: sites[s].masked_input(deliveries[s], inputs[s])
+                 if s in deliveries else None, agg.close_masked_inputs)
+    requests = step(Phase.CONSISTENCY, lambda s: sites[s].confirm(lists[s])
+                    if s in lists else None, agg.close_consistency)
     out.result = step(Phase.UNMASK, lambda s: sites[s].unmask(requests[s])
                       if s in requests else None, agg.finish)
     return out
