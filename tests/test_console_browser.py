@@ -6,6 +6,9 @@ plot (one interval per coefficient) and its quality statement, a failed round's 
 and why, the start-round flow (the preview shows each site's epsilon; confirming starts a
 round that then appears in the list), a round turning DONE without a reload, and the bad
 inputs (a malformed spec upload, an unknown round id, the aggregator down) as clear messages.
+Every page needs the console's access token (issue 19 item 8): the browser logs in once by
+opening the address the console prints, http://127.0.0.1:PORT/?token=... (which sets the
+session cookie and drops the token from the address), or through the login form.
 
 Screenshots of each page go to a temporary folder, or to docs/img/console-*.png with
 DPFED_CONSOLE_SCREENSHOTS=docs/img (how the README's pictures are made).
@@ -104,6 +107,9 @@ class World:
         self.server = serve_in_thread(self.coordinator, self.federation.address, settings,
                                       coordinator_id=COORDINATOR_ID)
         self.url = self.server.url.rstrip("/")
+        self.login_url = self.server.login_url            # what `dpfed console` prints
+        self.token = self.server.token
+        self.cookie = f"dpfed_console_{self.server.port}"
         # The forecast a coordinator would have made before the first round (dpfed plan).
         spec = self.build_round_spec(self.config, base_dir=self.layout.root)
         x, y = read_public_rows(self.layout.public_csv, self.config["target"],
@@ -150,10 +156,12 @@ def shots():
 
 
 @pytest.fixture
-def page(browser):
+def page(browser, world):
     page = browser.new_page()
     errors = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
+    if not any(c["name"] == world.cookie for c in browser.cookies()):
+        page.goto(world.login_url)              # log in as a person would: the printed address
     yield page
     page.close()
     assert errors == [], f"JavaScript errors: {errors}"
@@ -177,6 +185,41 @@ def _round_report(world, round_id: str, page=None) -> str:
 
 def _cells(row) -> list[str]:
     return [c.strip() for c in row.locator("td").all_inner_texts()]
+
+
+def test_the_console_needs_its_token_and_the_printed_address_logs_in(world, browser, page):
+    """Issue 19 item 8: on loopback too. Without the token a page is 401 and the login form,
+    with nothing of the federation; the printed ?token= address sets an HttpOnly,
+    SameSite=Strict session cookie and lands on the page without the token in its address;
+    the login form works too."""
+    browser.clear_cookies()
+    response = page.goto(world.url + "/sites")
+    assert response.status == 401
+    assert page.locator("h1").inner_text() == "Access token"
+    assert "?token=" in page.locator("#how-to-log-in").inner_text()
+    content = page.content()
+    assert not any(site in content for site in world.sites) and "sites-table" not in content
+    assert page.locator("nav").count() == 0                        # not even the menu
+    assert page.goto(world.url + "/rounds/new").status == 401
+    # The printed address: logged in, and the token is not left in the address bar.
+    response = page.goto(world.login_url)
+    assert response.status == 200 and page.url == world.url + "/rounds"
+    assert "token" not in page.url and page.locator("#rounds-table").is_visible()
+    (cookie,) = [c for c in browser.cookies() if c["name"] == world.cookie]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/"
+    assert cookie["value"] == world.token and cookie["expires"] == -1     # a session cookie
+    # The login form, with the token pasted.
+    browser.clear_cookies()
+    assert page.goto(world.url + "/sites").status == 401
+    page.locator('input[name="token"]').fill("not-the-token-not-the-token")
+    with page.expect_navigation():
+        page.locator('form.login button[type="submit"]').click()
+    assert "not the access token" in page.locator(".error-message").inner_text()
+    page.locator('input[name="token"]').fill(world.token)
+    with page.expect_navigation():
+        page.locator('form.login button[type="submit"]').click()
+    assert page.url == world.url + "/sites"
+    assert page.locator("#sites-table tbody tr").count() == 3
 
 
 def test_sites_page_shows_every_site_connected_and_its_spend(world, page, shots):
@@ -345,6 +388,7 @@ def test_the_aggregator_down_is_a_clear_message(world, page):
     server = serve_in_thread(coordinator, dead, ConsoleSettings(
         port=0, state_dir=world.layout.root / "console-dead"), coordinator_id=COORDINATOR_ID)
     try:
+        assert page.goto(server.login_url).status == 503          # logged in, then /rounds
         for path in ("/sites", "/rounds", "/rounds/" + world.done_id):
             response = page.goto(server.url.rstrip("/") + path)
             assert response.status == 503, path

@@ -1,7 +1,8 @@
 """The console's parts without a browser (issue 13): the view models and the SVG plot as pure
 functions, the settings' bind rules, and the routes over a fake coordinator with Starlette's
-TestClient: error pages (status, message, no traceback), the access token, CSRF, the host
-check and the start-round flow's checks."""
+TestClient: error pages (status, message, no traceback), the access token (always required,
+on loopback too: ?token= login with its cookie and redirect, Bearer, wrong tokens), CSRF, the
+host check and the start-round flow's checks."""
 
 from __future__ import annotations
 
@@ -263,7 +264,10 @@ class FakeCoordinator:
         return pb.RoundStatus(round_id=spec.round_id)
 
 
-def _client(tmp_path, *, token=None, coordinator=None, host="127.0.0.1"):
+def _client(tmp_path, *, token=None, coordinator=None, host="127.0.0.1", login=True):
+    """A TestClient of a console over ``coordinator`` (a FakeCoordinator by default), logged
+    in as a person would be (the printed ?token= address, which sets the session cookie)
+    unless ``login=False``. ``client.token``: the console's access token."""
     from starlette.testclient import TestClient
 
     from dpfed_apps.console.app import create_app
@@ -277,6 +281,11 @@ def _client(tmp_path, *, token=None, coordinator=None, host="127.0.0.1"):
     app.port = 8765
     client = TestClient(app, base_url="http://127.0.0.1:8765", raise_server_exceptions=False)
     client.coordinator = coordinator
+    client.console = console
+    client.token = console.settings.token
+    if login:
+        r = client.get(f"/?token={client.token}", follow_redirects=False)
+        assert r.status_code == 303 and "dpfed_console_8765" in client.cookies
     return client
 
 
@@ -323,7 +332,10 @@ def test_an_unexpected_failure_is_a_page_not_a_traceback(tmp_path):
 
 def test_the_access_token_is_required_when_configured(tmp_path):
     token = "t0ken-t0ken-t0ken-t0ken"
-    c = _client(tmp_path, token=token)
+    c = _client(tmp_path, token=token, login=False)
+    assert c.token == token and not c.console.settings.token_generated
+    # The printed address names no token from token_file (the operator has it; logs stay clean).
+    assert c.console.settings.login_url(8765) == "http://127.0.0.1:8765/"
     r = c.get("/rounds")
     assert r.status_code == 401 and 'name="token"' in r.text and "r1" not in r.text
     assert c.get("/rounds/r1/result.json").status_code == 401
@@ -338,6 +350,114 @@ def test_the_access_token_is_required_when_configured(tmp_path):
     cookie = ok.headers["set-cookie"]
     assert "httponly" in cookie.lower() and "samesite=strict" in cookie.lower()
     assert c.get("/rounds").status_code == 200                         # the cookie now
+
+
+def _refused(r):
+    """A 401 that says how to log in and shows nothing of the federation."""
+    assert r.status_code == 401, (r.status_code, r.text[:300])
+    assert r.headers["www-authenticate"].startswith("Bearer")
+    assert "set-cookie" not in r.headers
+    for secret in ('data-round="r1"', "<b>coord</b>", "agg.example", "policy: target"):
+        assert secret not in r.text
+    assert "?token=" in r.text                               # how to log in
+    _no_traceback(r.text)
+
+
+def test_a_loopback_console_without_token_file_makes_a_token_and_requires_it(tmp_path):
+    """Issue 19 item 8: on loopback too, without token_file, a request without the token gets
+    401 on every page and every POST; no round can be started."""
+    c = _client(tmp_path, login=False)
+    assert c.console.settings.token_generated and len(c.token) >= 43    # token_urlsafe(32)
+    assert c.console.settings.login_url(8765) == f"http://127.0.0.1:8765/?token={c.token}"
+    assert c.token not in repr(c.console.settings)
+    assert _client(tmp_path, login=False).token != c.token             # fresh at each start
+    for path in ("/", "/rounds", "/rounds/r1", "/rounds/r1?fragment=1", "/rounds/r1/result.json",
+                 "/sites", "/sites/a", "/rounds/new", "/healthz", "/login", "/no/such/page"):
+        r = c.get(path, follow_redirects=False)
+        _refused(r)
+        assert 'name="token"' in r.text, path              # the login form, not data
+    assert c.head("/rounds").status_code == 401
+    # The start-round POSTs, even with a matching double-submit CSRF pair and same Origin.
+    c.cookies.set("dpfed_csrf", "x" * 32)
+    headers = {"origin": "http://127.0.0.1:8765"}
+    previewed = c.post("/rounds/new", data={"csrf": "x" * 32, "spec_text": _spec_text(tmp_path)},
+                       headers=headers)
+    started = c.post("/rounds/start", data={"csrf": "x" * 32, "preview": "p"}, headers=headers,
+                     follow_redirects=False)
+    for r in (previewed, started):
+        _refused(r)
+        assert "Authorization: Bearer" in r.text
+    assert c.coordinator.started == []
+
+
+def test_a_wrong_token_is_refused_in_the_query_the_header_and_the_cookie(tmp_path):
+    c = _client(tmp_path, login=False)
+    wrong = c.token[:-1] + ("A" if c.token[-1] != "A" else "B")
+    for r in (c.get(f"/rounds?token={wrong}", follow_redirects=False),
+              c.get("/rounds?token=", follow_redirects=False),
+              c.get("/rounds", headers={"Authorization": f"Bearer {wrong}"}),
+              c.get("/rounds", headers={"Authorization": f"Basic {c.token}"}),
+              c.get("/rounds", headers={"cookie": f"dpfed_console_8765={wrong}"}),
+              c.get("/rounds", headers={"cookie": f"dpfed_console_9999={c.token}"}),
+              c.post("/rounds/start", data={"preview": "p"},
+                     headers={"Authorization": f"Bearer {wrong}"})):
+        _refused(r)
+    restarted = c.get("/rounds", headers={"cookie": f"dpfed_console_8765={wrong}"})
+    assert "That is not this console" in restarted.text and "makes a new one" in restarted.text
+    # A POST does not log in through the query string.
+    _refused(c.post(f"/rounds/start?token={c.token}", data={"preview": "p"}))
+    assert c.coordinator.started == []
+
+
+def test_a_valid_token_in_the_address_sets_the_cookie_and_redirects_without_it(tmp_path):
+    c = _client(tmp_path, login=False)
+    r = c.get(f"/rounds/r1?fragment=1&token={c.token}", follow_redirects=False)
+    assert r.status_code == 303
+    assert r.headers["location"] == "/rounds/r1?fragment=1"       # the token is gone
+    cookie = r.headers["set-cookie"]
+    parts = [p.strip().lower() for p in cookie.split(";")]
+    assert cookie.startswith(f"dpfed_console_8765={c.token};")
+    assert "httponly" in parts and "samesite=strict" in parts and "path=/" in parts
+    assert "secure" not in parts                                   # plain HTTP on loopback
+    assert not any(p.startswith(("expires", "max-age")) for p in parts)   # a session cookie
+    page = c.get(r.headers["location"])                          # the cookie now
+    assert page.status_code == 200 and "little information" in page.text
+    assert c.get("/rounds").status_code == 200
+    assert 'data-round="r1"' in c.get("/rounds").text
+    # Another address keeps its other parameters; never a redirect off the console.
+    assert c.get(f"/rounds?before=r9&token={c.token}",
+                 follow_redirects=False).headers["location"] == "/rounds?before=r9"
+    assert c.get(f"/?token={c.token}", follow_redirects=False).headers["location"] == "/"
+    assert c.get(f"/login?token={c.token}", follow_redirects=False).headers["location"] == "/"
+
+
+def test_bearer_authorization_works_for_pages_and_the_start_round_post(tmp_path):
+    c = _client(tmp_path, login=False)
+    auth = {"Authorization": f"Bearer {c.token}"}
+    assert c.get("/rounds").status_code == 401
+    assert c.get("/rounds", headers=auth).status_code == 200
+    assert c.get("/healthz", headers=auth).text == "ok\n"
+    page = c.get("/rounds/new", headers=auth)
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    r = c.post("/rounds/new", data={"csrf": csrf, "spec_text": _spec_text(tmp_path),
+                                    "site_rows": "200"}, headers=auth)
+    assert r.status_code == 200, r.text
+    preview = re.search(r'name="preview" value="([^"]+)"', r.text).group(1)
+    started = c.post("/rounds/start", data={"csrf": csrf, "preview": preview}, headers=auth,
+                     follow_redirects=False)
+    assert started.status_code == 303 and len(c.coordinator.started) == 1
+    assert "dpfed_console_8765" not in c.cookies                 # Bearer sets no cookie
+
+
+def test_the_login_form_with_a_generated_token(tmp_path):
+    c = _client(tmp_path, login=False)
+    wrong = c.post("/login", data={"token": "nope", "next": "/sites"}, follow_redirects=False)
+    assert wrong.status_code == 401 and "not the access token" in wrong.text
+    assert "agg.example" not in wrong.text and "<b>coord</b>" not in wrong.text
+    ok = c.post("/login", data={"token": c.token, "next": "/sites"}, follow_redirects=False)
+    assert ok.status_code == 303 and ok.headers["location"] == "/sites"
+    assert "samesite=strict" in ok.headers["set-cookie"].lower()
+    assert c.get("/sites").status_code == 200
 
 
 def test_a_loopback_console_answers_only_to_loopback_names(tmp_path):
@@ -465,6 +585,12 @@ def test_https_with_a_token_end_to_end(tmp_path):
         page = urllib.request.urlopen(request, context=context, timeout=10).read().decode()
         assert 'data-round="r1"' in page
         import http.client
+        conn = http.client.HTTPSConnection("127.0.0.1", server.port, context=context, timeout=10)
+        conn.request("GET", f"/sites?token={token}")
+        login = conn.getresponse()
+        assert login.status == 303 and login.getheader("location") == "/sites"
+        assert "secure" in [p.strip().lower() for p in login.getheader("set-cookie").split(";")]
+        conn.close()
         with pytest.raises((urllib.error.URLError, http.client.HTTPException,
                             ConnectionError)):          # no plaintext on the HTTPS port
             urllib.request.urlopen(server.url.replace("https", "http") + "rounds", timeout=5)

@@ -147,9 +147,10 @@ def fill_store(folder: Path, *, sites: int = N_SITES, rounds: int = N_ROUNDS, se
             "refusals": refusals, "db_mb": (folder / "agg.sqlite").stat().st_size / 1e6}
 
 
-def _fetch(url: str) -> tuple[float, int, int]:
+def _fetch(url: str, token: str) -> tuple[float, int, int]:
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
     t = time.perf_counter()
-    with urllib.request.urlopen(url, timeout=60) as response:
+    with urllib.request.urlopen(request, timeout=60) as response:
         body = response.read()
         status = response.status
     return (time.perf_counter() - t) * 1000, status, len(body)
@@ -193,16 +194,17 @@ def run(*, repeat: int = 20, browser: bool = False, folder: Path | None = None) 
         listed = coordinator.list_rounds(limit=50).rounds
         targets = pages("site-0000", "r-bench-0480", "r-bench-0481", listed[-1].round_id)
         for name, path in targets.items():
-            _fetch(base + path)                         # warm: first use of the template
+            _fetch(base + path, console.token)          # warm: first use of the template
             times, size, status = [], 0, 0
             for _ in range(repeat):
-                ms, status, size = _fetch(base + path)
+                ms, status, size = _fetch(base + path, console.token)
                 times.append(ms)
             results[name] = {"path": path, "status": status, "kib": size / 1024,
                              "median_ms": statistics.median(times),
                              "p95_ms": float(np.percentile(times, 95)), "max_ms": max(times)}
         if browser:
-            _browser_times(base, targets, results, repeat=max(3, repeat // 4))
+            _browser_times(base, targets, results, repeat=max(3, repeat // 4),
+                           login_url=console.login_url)
     finally:
         console.stop()
         coordinator.close()
@@ -211,7 +213,8 @@ def run(*, repeat: int = 20, browser: bool = False, folder: Path | None = None) 
             "repeat": repeat}
 
 
-def _browser_times(base: str, targets: dict, results: dict, *, repeat: int) -> None:
+def _browser_times(base: str, targets: dict, results: dict, *, repeat: int,
+                   login_url: str) -> None:
     """Navigation start to the load event in headless Debian Chromium, median of ``repeat``."""
     from playwright.sync_api import sync_playwright
 
@@ -223,6 +226,7 @@ def _browser_times(base: str, targets: dict, results: dict, *, repeat: int) -> N
                   "--no-first-run", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync"])
         page = context.new_page()
+        page.goto(login_url)                      # the console's token: sets its cookie
         for name, path in targets.items():
             if "fragment" in path:
                 continue

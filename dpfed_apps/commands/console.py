@@ -23,7 +23,8 @@ log = logging.getLogger(__name__)
 EPILOG = """\
 examples:
   dpfed console --config coordinator.toml
-      http://127.0.0.1:8765/ on this machine only (the default)
+      on this machine only (the default); prints http://127.0.0.1:8765/?token=... : open
+      that address (the token in it logs the browser in; a new one each start)
   dpfed console --config coordinator.toml --port 9000
   dpfed console --config coordinator.toml --host 0.0.0.0 \\
         --tls-cert console.pem --tls-key console.key --token-file console.token
@@ -35,7 +36,8 @@ coordinator.toml (the coordinator kit of `dpfed provision`) may have a [console]
   port = 8765
   tls_cert = "console.pem"     # HTTPS certificate and key (PEM)
   tls_key = "console.key"
-  token_file = "console.token" # access token (>= 16 characters, file mode 600)
+  token_file = "console.token" # access token (>= 16 characters, file mode 600); without it
+                               # a fresh token is made at start and printed with the URL
   state_dir = "console-state"  # where the forecasts of rounds started here are kept
   spec_dir = "."               # relative paths in uploaded round.toml files start here
 
@@ -91,10 +93,13 @@ def run(args) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         coordinator.close()
         return exitcodes.ERROR
-    print(f"dpfed console: {server.url}  (coordinator {coordinator.coordinator_id or '-'}, "
-          f"aggregator {address}; Ctrl-C stops)", flush=True)
-    log.info("console for %s on %s (%s, %s)", address, server.url,
-             "token required" if settings.token else "no token",
+    # Printed once, Jupyter style: the only place a token made at start is shown.
+    token = ("open this address: the token in it logs you in" if settings.token is None
+             else "access token: the one in token_file")
+    print(f"dpfed console: {server.login_url}  (coordinator {coordinator.coordinator_id or '-'}"
+          f", aggregator {address}; {token}; Ctrl-C stops)", flush=True)
+    log.info("console for %s on %s (access token %s, %s)", address, server.url,
+             "from token_file" if settings.token else "made at start",
              "can start rounds" if signing else "read-only")
 
     def stop(signum, frame):
@@ -121,7 +126,8 @@ def register(subparsers) -> None:
     p.add_argument("--port", type=int, help="port to listen on (default: 8765; 0: any free port)")
     p.add_argument("--tls-cert", help="HTTPS certificate (PEM)")
     p.add_argument("--tls-key", help="HTTPS private key (PEM)")
-    p.add_argument("--token-file", help="file holding the access token (mode 600)")
+    p.add_argument("--token-file", help="file holding the access token (mode 600; default: a "
+                                        "fresh token made at start, printed with the URL)")
     p.add_argument("--state-dir", help="folder for the forecasts of rounds started here "
                                        "(default: console-state next to coordinator.toml)")
     p.add_argument("--rpc-timeout", type=float, default=10.0,

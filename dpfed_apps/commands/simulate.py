@@ -30,7 +30,8 @@ examples:
   dpfed simulate --json > result.json          one JSON object (round_id, sites, metrics, timings)
   dpfed simulate --data my.csv --target response --workdir run1   your own CSV; keep the folder
   dpfed simulate --console                     then keep the federation running with the web
-                                               console on http://127.0.0.1:8765/ until Ctrl-C
+                                               console on 127.0.0.1:8765 until Ctrl-C; open
+                                               the printed http://127.0.0.1:8765/?token=...
   dpfed simulate --console 0                   the console on any free port (the URL is printed)
 
 With --console the report is printed after Ctrl-C, once everything has stopped (exit 0).
@@ -101,7 +102,7 @@ def console_hold(port: int, out):
         try:
             server.console.data.forecasts.save(
                 round_id, forecast, note="made by dpfed simulate before the round")
-            print(f"dpfed simulate: console at {server.url} - the aggregator and "
+            print(f"dpfed simulate: console at {server.login_url} - the aggregator and "
                   f"{len(federation.site_names)} sites keep running; round.toml to start "
                   f"another round is {root / 'round.toml'}; Ctrl-C stops everything",
                   file=out, flush=True)

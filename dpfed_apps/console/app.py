@@ -11,7 +11,10 @@ parts marked live):
   /rounds/new                 start a round: upload or paste round.toml -> preview -> confirm
   /sites                      the sites: connection, last seen, epsilon spent, declared total
   /sites/SITE_ID              one site's spending round by round
-  /login                      the access-token form (when a token is configured)
+  /login                      the access-token form
+
+Every page needs the console's access token (security.Guard; docs/console.md): a request
+without it gets 401 and a page saying how to log in.
 
 Any page with ``?fragment=1`` answers its live part only (what the script swaps in). Every
 failure is a page that says what happened with the matching HTTP status (400 bad input,
@@ -33,7 +36,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from dpfed_apps.console import security
-from dpfed_apps.console.config import ConsoleSettings, is_loopback
+from dpfed_apps.console.config import ConsoleSettings, is_loopback, with_token
 from dpfed_apps.console.data import ConsoleData, ConsoleError
 from dpfed_apps.console.startround import MAX_SPEC_BYTES, RoundStarter
 from dpfed_apps.console.views import eps
@@ -60,7 +63,8 @@ class Console:
     def __init__(self, data: ConsoleData, settings: ConsoleSettings, starter: RoundStarter, *,
                  coordinator_id: str):
         self.data = data
-        self.settings = settings
+        # The console always has an access token: token_file's, or a fresh one made here.
+        self.settings = with_token(settings)
         self.starter = starter
         self.coordinator_id = coordinator_id
         self.env = _environment()
@@ -68,10 +72,14 @@ class Console:
     # ---- rendering ----
     def render(self, request: Request | None, template: str, status: int = 200,
                **context) -> HTMLResponse:
+        # A page for a request without the token (the login form's POST) names nothing of
+        # the federation, not even the coordinator or the aggregator.
+        if context.get("anonymous") is None:
+            context["anonymous"] = request is None or not request.scope.get(
+                security.AUTHENTICATED)
         html = self.env.get_template(template).render(
             coordinator_id=self.coordinator_id, aggregator=self.data.address,
-            can_sign=self.starter.can_sign, token_required=bool(self.settings.token),
-            **context)
+            can_sign=self.starter.can_sign, **context)
         return HTMLResponse(html, status_code=status)
 
     def error_page(self, request: Request | None, exc: ConsoleError) -> HTMLResponse:
@@ -80,8 +88,10 @@ class Console:
                            status=exc.status, error=exc)
 
     def login_page(self, next_path: str, message: str):
+        """The page of a request without the token (security.Guard): how to log in, and
+        nothing of the federation (not even the coordinator's or the aggregator's name)."""
         response = self.render(None, "login.html", next=security.safe_next(next_path),
-                               message=message)
+                               message=message, anonymous=True)
         return response.status_code, response.raw_headers, response.body
 
     def page(self, request: Request, template: str, fragment: str, **context) -> HTMLResponse:
@@ -154,23 +164,21 @@ class Console:
 
     def login_form(self, request: Request):
         return self.render(request, "login.html", next=security.safe_next(
-            request.query_params.get("next", "/")), message="")
+            request.query_params.get("next", "/")), message="", anonymous=True)
 
     async def login(self, request: Request):
         body = await request.body()
         if len(body) > 4096:
             raise ConsoleError(413, "Too large", "The login form is a few bytes.")
         token, next_path = security.login_token(body)
-        if not self.settings.token:
-            return RedirectResponse(next_path, status_code=303)
         if not security.same_secret(token, self.settings.token):
             log.warning("console login refused from %s", request.client.host if request.client
                         else "?")
             return self.render(request, "login.html", status=401, next=next_path,
-                               message="That is not the access token.")
+                               message="That is not the access token.", anonymous=True)
         response = RedirectResponse(next_path, status_code=303)
-        response.set_cookie(security.TOKEN_COOKIE, token, httponly=True, samesite="strict",
-                            secure=self.settings.tls, path="/")
+        response.headers.append("set-cookie", security.session_cookie(
+            request.scope, self.settings.token, secure=self.settings.tls))
         return response
 
     def healthz(self, request: Request):

@@ -1,17 +1,23 @@
 """The console's settings and the rules that decide whether it may start (fail closed).
 
 Settings come from the ``[console]`` table of coordinator.toml, overridden by the command
-line. The console binds to loopback by default. On any other address it refuses to start
-unless it serves HTTPS (``tls_cert`` and ``tls_key``) and requires an access token
-(``token_file``): anyone who can reach the port could otherwise read the federation's
-membership and spending, and start rounds signed with the coordinator's key.
+line. The console always requires an access token, on loopback too (any local user or
+process could otherwise read the federation and start rounds signed with the coordinator's
+key): the one in ``token_file`` when configured, else a fresh random one made at start
+(``with_token``), kept in memory only and printed once with the URL
+(``http://127.0.0.1:8765/?token=...``, as Jupyter does). The console binds to loopback by
+default. On any other address it refuses to start unless it serves HTTPS (``tls_cert`` and
+``tls_key``) and its token comes from ``token_file``: anyone who can reach the port could
+otherwise read the federation's membership and spending, and start rounds signed with the
+coordinator's key.
 """
 
 from __future__ import annotations
 
 import ipaddress
+import secrets
 import stat
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 DEFAULT_HOST = "127.0.0.1"
@@ -33,7 +39,10 @@ class ConsoleSettings:
     port: int = DEFAULT_PORT
     tls_cert: Path | None = None
     tls_key: Path | None = None
+    # The access token: from token_file, or None until with_token makes a fresh one.
     token: str | None = field(default=None, repr=False)
+    # True when the token was made at start (with_token): the URL printed then carries it.
+    token_generated: bool = False
     # Where the console keeps what the aggregator does not: the forecast made before each
     # round it started (forecasts/ROUND_ID.json).
     state_dir: Path = Path("console-state")
@@ -55,6 +64,21 @@ class ConsoleSettings:
         if host in ("0.0.0.0", "[::]"):
             host = "127.0.0.1" if host == "0.0.0.0" else "[::1]"
         return f"{self.scheme}://{host}:{self.port if port is None else port}/"
+
+    def login_url(self, port: int | None = None) -> str:
+        """The URL to print at start: with ``?token=`` when the token was made at start (the
+        only way to learn it), without when it comes from token_file (the operator has it,
+        and it stays out of logs)."""
+        url = self.url(port)
+        return f"{url}?token={self.token}" if self.token_generated and self.token else url
+
+
+def with_token(settings: ConsoleSettings) -> ConsoleSettings:
+    """``settings`` with an access token: unchanged when one is configured, else with a fresh
+    random token (``secrets.token_urlsafe(32)``, 256 bits) kept in memory only."""
+    if settings.token:
+        return settings
+    return replace(settings, token=secrets.token_urlsafe(32), token_generated=True)
 
 
 def is_loopback(host: str) -> bool:
@@ -131,7 +155,8 @@ def check_settings(settings: ConsoleSettings) -> None:
             raise ConsoleConfigError(f"{str(p)!r} does not exist")
     if not is_loopback(settings.host):
         missing = [what for what, ok in (("HTTPS (tls_cert and tls_key)", settings.tls),
-                                         ("an access token (token_file)", settings.token))
+                                         ("an access token (token_file)",
+                                          settings.token and not settings.token_generated))
                    if not ok]
         if missing:
             raise ConsoleConfigError(

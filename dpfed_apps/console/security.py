@@ -1,10 +1,14 @@
 """The console's protections, as plain ASGI middleware and helpers (docs/console.md).
 
-* **Access token** (required off loopback, optional on it): every request but the login page
-  and the static assets must carry it, as ``Authorization: Bearer TOKEN`` or in the
-  ``dpfed_console`` cookie that the login form sets (HttpOnly, SameSite=Strict, Secure over
-  HTTPS). Compared in constant time (``hmac.compare_digest`` of SHA-256 digests, so not even
-  the length leaks).
+* **Access token**, always (on loopback too: any local user or process could otherwise read
+  the federation and start rounds signed with the coordinator's key). Every request but the
+  static assets and the login form's POST must carry it: as ``Authorization: Bearer TOKEN``,
+  or in the session cookie (``dpfed_console_PORT``: HttpOnly, SameSite=Strict, Path=/, Secure
+  over HTTPS) that the login form or a visit to any page with ``?token=TOKEN`` sets. Such a
+  visit is answered with a redirect to the same address without the token, so it does not
+  stay in the history nor go out in a Referer. Without it: 401 and a short page saying how
+  to log in (no data). Compared in constant time (``hmac.compare_digest`` of SHA-256
+  digests, so not even the length leaks).
 * **Host check** on a loopback bind: only ``127.0.0.1``, ``localhost`` and ``[::1]`` (with the
   port) are served, so a web page that rebinds its own name to 127.0.0.1 (DNS rebinding) cannot
   read the console.
@@ -23,16 +27,27 @@ import hashlib
 import hmac
 import secrets
 from http.cookies import SimpleCookie
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, parse_qsl, quote, urlencode, urlsplit
 
 from dpfed_apps.console.config import is_loopback
 
+# The session cookie's name is this plus the port: cookies do not tell ports apart, and two
+# consoles on one host (dpfed console and dpfed simulate --console) must not log each other
+# out, nor send one's token to the other.
 TOKEN_COOKIE = "dpfed_console"
+TOKEN_QUERY = "token"
+# Set in the ASGI scope of a request that carried the token (pages then show who is signed in).
+AUTHENTICATED = "dpfed.authenticated"
 CSRF_COOKIE = "dpfed_csrf"
 CSRF_FIELD = "csrf"
 LOOPBACK_NAMES = ("127.0.0.1", "localhost", "[::1]")
-# Paths served without the token: the login form (and its POST) and the static assets.
-PUBLIC_PREFIXES = ("/static/", "/login")
+# Served without the token: the static assets (the console's own script and style, no data;
+# the login page needs its style) and the login form's POST (which checks the token itself).
+PUBLIC_PREFIX = "/static/"
+LOGIN_PATH = "/login"
+HOW_TO_LOG_IN = ("This console requires its access token: open the address with ?token=... "
+                 "that `dpfed console` (or `dpfed simulate --console`) printed when it started, "
+                 "or send the header Authorization: Bearer TOKEN.")
 
 SECURITY_HEADERS = [
     (b"content-security-policy",
@@ -80,6 +95,47 @@ def bearer(scope) -> str | None:
     return None
 
 
+def token_cookie(scope) -> str:
+    """The session cookie's name for the console serving ``scope`` (TOKEN_COOKIE)."""
+    server = scope.get("server") or (None, None)
+    return f"{TOKEN_COOKIE}_{server[1]}" if server[1] else TOKEN_COOKIE
+
+
+def session_cookie(scope, token: str, *, secure: bool) -> str:
+    """The Set-Cookie value that logs a browser in: HttpOnly, SameSite=Strict, Path=/, and
+    Secure over HTTPS; a session cookie (no expiry)."""
+    jar = SimpleCookie()
+    name = token_cookie(scope)
+    jar[name] = token
+    morsel = jar[name]
+    morsel["httponly"] = True
+    morsel["samesite"] = "Strict"
+    morsel["path"] = "/"
+    if secure:
+        morsel["secure"] = True
+    return morsel.OutputString()
+
+
+def query_token(scope) -> str | None:
+    """The ``token`` parameter of the request's query string, if any."""
+    query = scope.get("query_string", b"").decode("latin-1")
+    for key, value in parse_qsl(query, keep_blank_values=True):
+        if key == TOKEN_QUERY:
+            return value
+    return None
+
+
+def without_token(scope) -> str:
+    """The request's own address (path and query) without the ``token`` parameter: where a
+    visit with ``?token=`` is sent once the cookie is set."""
+    raw_path = scope.get("raw_path")
+    path = raw_path.decode("latin-1") if raw_path else quote(scope.get("path", "/"))
+    query = [(k, v) for k, v in parse_qsl(scope.get("query_string", b"").decode("latin-1"),
+                                          keep_blank_values=True) if k != TOKEN_QUERY]
+    path = safe_next(path)
+    return f"{path}?{urlencode(query)}" if query else path
+
+
 def allowed_host(host_header: str, port: int) -> bool:
     """Whether a loopback-bound console serves a request with this Host header."""
     host = host_header.strip().lower()
@@ -94,22 +150,27 @@ def _plain(status: int, text: str):
 
 class Guard:
     """ASGI middleware: host check, access token, security headers (module docstring).
-    ``port``: the port actually bound (for the host check), set once listening."""
+    ``port``: the port actually bound (for the host check), set once listening.
+    ``login_page(next_path, message) -> (status, headers, body)``: the page a GET without the
+    token gets (with status 401), saying how to log in and showing no data."""
 
-    def __init__(self, app, *, token: str | None, loopback: bool, tls: bool,
-                 login_page=None):
+    def __init__(self, app, *, token: str, loopback: bool, tls: bool, login_page=None):
+        if not token:
+            raise ValueError("the console always requires an access token (config.with_token)")
         self.app = app
         self.token = token
         self.loopback = loopback
         self.tls = tls
         self.port: int | None = None
-        self.login_page = login_page     # (next_path, message) -> (status, headers, body)
+        self.login_page = login_page
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
 
-        static = scope.get("path", "").startswith("/static/")
+        path = scope.get("path", "/")
+        method = scope.get("method", "GET")
+        static = path.startswith(PUBLIC_PREFIX)
 
         async def send_with_headers(message):
             if message["type"] == "http.response.start":
@@ -127,18 +188,40 @@ class Guard:
             if not allowed_host(host, self.port):
                 return await self._respond(send_with_headers, *_plain(
                     421, "This console answers only to 127.0.0.1, localhost and [::1]."))
-        path = scope.get("path", "/")
-        if self.token and not path.startswith(PUBLIC_PREFIXES):
-            given = bearer(scope) or cookies(scope).get(TOKEN_COOKIE)
-            if not same_secret(given, self.token):
-                if self.login_page is not None and scope.get("method") == "GET":
-                    status, headers, body = self.login_page(path, "")
-                else:
-                    status, headers, body = _plain(401, "An access token is required.")
-                headers = list(headers) + [(b"www-authenticate", b'Bearer realm="dpfed console"')]
-                return await self._respond(send_with_headers, 401 if status == 200 else status,
-                                           headers, body)
+        if static or (path == LOGIN_PATH and method == "POST"):
+            return await self.app(scope, receive, send_with_headers)
+        in_query = query_token(scope) if method in ("GET", "HEAD") else None
+        if in_query is not None:
+            if same_secret(in_query, self.token):
+                # Log the browser in and send it to the same page without the token.
+                return await self._respond(send_with_headers, 303, [
+                    (b"location", without_token(scope).encode("latin-1")),
+                    (b"set-cookie", session_cookie(scope, self.token,
+                                                   secure=self.tls).encode("latin-1")),
+                    (b"content-length", b"0")], b"")
+            return await self._refuse(scope, send_with_headers, path, method,
+                                      "That is not this console's access token.")
+        given = bearer(scope) or cookies(scope).get(token_cookie(scope))
+        if not same_secret(given, self.token):
+            message = ("" if given is None else
+                       "That is not this console's access token (a console without "
+                       "token_file makes a new one each time it starts).")
+            return await self._refuse(scope, send_with_headers, path, method, message)
+        scope[AUTHENTICATED] = True
         return await self.app(scope, receive, send_with_headers)
+
+    async def _refuse(self, scope, send, path, method, message):
+        """401 with a short page saying how to log in: the login form for a GET, plain text
+        otherwise. No data, no traceback."""
+        if self.login_page is not None and method == "GET":
+            status, headers, body = self.login_page(path, message)
+        else:
+            status, headers, body = _plain(401, (message + " " if message else "")
+                                           + HOW_TO_LOG_IN)
+            if method == "HEAD":
+                body = b""
+        headers = list(headers) + [(b"www-authenticate", b'Bearer realm="dpfed console"')]
+        return await self._respond(send, 401, headers, body)
 
     @staticmethod
     async def _respond(send, status, headers, body):
@@ -161,8 +244,10 @@ def csrf_ok(cookie_value: str | None, form_value: str | None) -> bool:
 
 
 def safe_next(path: str) -> str:
-    """Where the login form may send a person back to: a path of this console only."""
-    if not path.startswith("/") or path.startswith("//") or "\\" in path:
+    """Where the login form may send a person back to: a path of this console only (not the
+    login form itself)."""
+    if (not path.startswith("/") or path.startswith("//") or "\\" in path
+            or urlsplit(path).path == LOGIN_PATH):
         return "/"
     return path
 

@@ -58,6 +58,9 @@ class ConsoleServer:
         self.socket = bind(settings.host, settings.port)
         self.port = self.socket.getsockname()[1]
         self.url = settings.url(self.port)
+        # What to print at start: the URL with ?token= when the token was made at start.
+        self.login_url = settings.login_url(self.port)
+        self.token = settings.token
         app = create_app(console)
         app.port = self.port          # the host check (security.Guard) needs the bound port
         self.config = uvicorn.Config(
