@@ -9,7 +9,8 @@ site selected (their old meaning).
 
 Secure rounds (spec.aggregation = "secure") have two more: CONSENT -> KEYS (steps advertise
 and share_keys: nothing drawn, nothing debited) -> RELEASE (step release: masked releases)
--> UNMASK (step unmask) -> FITTING -> DONE. The step within a state is ``LiveRound.step``.
+-> UNMASK (steps confirm, then unmask) -> FITTING -> DONE. The step within a state is
+``LiveRound.step``.
 """
 
 from __future__ import annotations
@@ -39,13 +40,15 @@ STATE_TO_PB = {CONSENT: pb.RoundStatus.CONSENT, RELEASE: pb.RoundStatus.RELEASE,
 COLLECTING = (CONSENT, KEYS, RELEASE, UNMASK)
 # Secure steps (LiveRound.step), the state each belongs to, and the share of the time left
 # that each gets as its deadline (docs/protocol.md, "Secure rounds").
-ADVERTISE, SHARE_KEYS, RELEASE_STEP, UNMASK_STEP = "advertise", "share_keys", "release", "unmask"
-SECURE_STEPS = (ADVERTISE, SHARE_KEYS, RELEASE_STEP, UNMASK_STEP)
-STEP_STATE = {ADVERTISE: KEYS, SHARE_KEYS: KEYS, RELEASE_STEP: RELEASE, UNMASK_STEP: UNMASK}
-STEP_WEIGHT = {ADVERTISE: 1, SHARE_KEYS: 1, RELEASE_STEP: 2, UNMASK_STEP: 1}
+ADVERTISE, SHARE_KEYS, RELEASE_STEP = "advertise", "share_keys", "release"
+CONFIRM_STEP, UNMASK_STEP = "confirm", "unmask"
+SECURE_STEPS = (ADVERTISE, SHARE_KEYS, RELEASE_STEP, CONFIRM_STEP, UNMASK_STEP)
+STEP_STATE = {ADVERTISE: KEYS, SHARE_KEYS: KEYS, RELEASE_STEP: RELEASE, CONFIRM_STEP: UNMASK,
+              UNMASK_STEP: UNMASK}
+STEP_WEIGHT = {ADVERTISE: 1, SHARE_KEYS: 1, RELEASE_STEP: 2, CONFIRM_STEP: 1, UNMASK_STEP: 1}
 # The PhaseMessage phase a site answers each step's notice with, and the notice's phase.
 STEP_NOTICE = {ADVERTISE: "keys", SHARE_KEYS: "share_keys", RELEASE_STEP: "release",
-               UNMASK_STEP: "unmask"}
+               CONFIRM_STEP: "confirm", UNMASK_STEP: "unmask"}
 
 
 @dataclass
@@ -138,6 +141,8 @@ class LiveRound:
     pending: dict[str, object] = field(default_factory=dict)
     # What the current step's notice carries for each site (bytes), and the notices built.
     outputs: dict[str, bytes] = field(default_factory=dict)
+    # The "keys" notice's body (every participant's identity key), encoded once per round.
+    keys_body: bytes | None = None
     notices: dict[str, pb.SignedEnvelope] = field(default_factory=dict)
     # A finished round loaded from the store: its contributions stay there (``contributions``
     # is empty) and this is how many there are; None while they are in memory.
@@ -163,7 +168,7 @@ class LiveRound:
         """Sites the current phase still waits for."""
         if self.state == CONSENT:
             return sorted(self.invited - set(self.consents) - set(self.refusals))
-        if self.step in (ADVERTISE, SHARE_KEYS, UNMASK_STEP):
+        if self.step in (ADVERTISE, SHARE_KEYS, CONFIRM_STEP, UNMASK_STEP):
             return sorted(self.expected() - set(self.answers) - set(self.pending)
                           - set(self.refusals))
         if self.state == RELEASE:

@@ -8,7 +8,10 @@ secure-aggregation core (dpfed.secagg.protocol.AggregatorSession):
                          holders) -> SendPhase("advertise", KeyAdvertisement)
              share_keys  notice "share_keys" (AdvertisementBundle) -> SendPhase("share_keys")
     RELEASE  release     notice "release" (ShareDelivery) -> Contribute(masked)   (debit here)
-    UNMASK   unmask      notice "unmask" (UnmaskRequest) -> SendPhase("unmask", UnmaskResponse)
+    UNMASK   confirm     notice "confirm" (SurvivorList) -> SendPhase("confirm",
+                         SurvivorSignature): every survivor signs the one survivor set
+             unmask      notice "unmask" (UnmaskRequest: the set, the quorum's signatures, the
+                         holders' attestations) -> SendPhase("unmask", UnmaskResponse)
     FITTING  the session's sum, decoded, fitted with the noise of C shares of 1/T draw
 
 Each step ends when every site it waits for answered (or refused), or at its own deadline
@@ -30,14 +33,16 @@ import logging
 
 from dpfed import secure_round
 from dpfed.secagg import errors as secagg_errors
-from dpfed.secagg.messages import KeyAdvertisement, MaskedInput, ShareKeys, UnmaskResponse
+from dpfed.secagg.messages import (KeyAdvertisement, MaskedInput, ShareKeys, SurvivorSignature,
+                                   UnmaskResponse)
 from dpfed.secagg.protocol import AggregatorSession
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import canonical_bytes, parse_canonical
 
 from aggregator import aggregate
 from aggregator.errors import Rejected
-from aggregator.round_state import (ADVERTISE, CONSENT, DONE, FITTING, KEYS, RELEASE,
+from aggregator.round_state import (ADVERTISE, CONFIRM_STEP, CONSENT, DONE, FITTING, KEYS,
+                                    RELEASE,
                                     RELEASE_STEP, SECURE_STEPS, SHARE_KEYS, STEP_NOTICE,
                                     STEP_STATE, STEP_WEIGHT, UNMASK, UNMASK_STEP, LiveRound)
 
@@ -45,7 +50,7 @@ log = logging.getLogger(__name__)
 
 # The secagg message each SendPhase phase must carry.
 PHASE_MESSAGE_TYPES = {ADVERTISE: KeyAdvertisement, SHARE_KEYS: ShareKeys,
-                       UNMASK_STEP: UnmaskResponse}
+                       CONFIRM_STEP: SurvivorSignature, UNMASK_STEP: UnmaskResponse}
 SECURE_STATES = (KEYS, RELEASE, UNMASK)
 
 
@@ -71,17 +76,22 @@ class SecureSteps:
 
     # ---- building the session ----
     def _identity_keys(self, sites) -> dict:
+        unknown = [s for s in sites if s not in self.registry.sites]
+        if unknown:
+            raise secure_round.SecureRoundError(f"invited site(s) {', '.join(unknown[:5])} "
+                                                f"are not registered at the aggregator")
         return {s: self.registry.sites[s].public_key for s in sites}
 
     def _new_session(self, live: LiveRound, participants):
         """(SecureRound, AggregatorSession) for ``participants``; SecureRoundError if
         infeasible (too few for T + c or the quorum, a grid that would overflow)."""
         secure = secure_round.build(live.spec, participants)
-        return secure, AggregatorSession(secure.config, self._identity_keys(secure.participants))
+        return secure, AggregatorSession(secure.config, self._identity_keys(secure.sites))
 
     def _step_deadline(self, live: LiveRound, step: str, now: int) -> int:
         """When ``step`` ends: its weight's share of the time left to the round's deadline,
-        shared with the steps after it (advertise 1, share_keys 1, release 2, unmask 1)."""
+        shared with the steps after it (advertise 1, share_keys 1, release 2, confirm 1,
+        unmask 1)."""
         remaining = max(0, live.stored.deadline_ms - now)
         rest = SECURE_STEPS[SECURE_STEPS.index(step):]
         return now + remaining * STEP_WEIGHT[step] // sum(STEP_WEIGHT[s] for s in rest)
@@ -146,8 +156,12 @@ class SecureSteps:
         envelope = live.notices.get(site)
         if envelope is None:
             if step == ADVERTISE:
-                holders = live.secure.config.graph().holders(site)
-                body = secure_round.encode_keys(self._identity_keys(holders))
+                # Every participant's key: a site verifies survivors' signatures on the
+                # survivor set, any participant's (encoded once per step).
+                if live.keys_body is None:
+                    live.keys_body = secure_round.encode_keys(
+                        self._identity_keys(sorted(live.participants)))
+                body = live.keys_body
             else:
                 body = live.outputs.get(site)
                 if body is None:
@@ -347,8 +361,11 @@ class SecureSteps:
             elif step == SHARE_KEYS:
                 session.close_share_keys()
                 nxt = RELEASE_STEP
-            else:
+            elif step == RELEASE_STEP:
                 session.close_masked_inputs()
+                nxt = CONFIRM_STEP
+            else:
+                session.close_consistency()
                 nxt = UNMASK_STEP
         except secagg_errors.SecAggError as exc:
             released = len(live.contributions)
@@ -412,6 +429,9 @@ class SecureSteps:
                 session.receive(live.contributions[site].masked)
         if upto >= 3:
             session.close_masked_inputs()
+            feed(CONFIRM_STEP)
+        if upto >= 4:
+            session.close_consistency()
             feed(UNMASK_STEP)
         self._load_step(live)
         live.answers = answers

@@ -23,6 +23,7 @@ C/T to whole draws), at least one full draw since C >= T + c >= T.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -35,6 +36,7 @@ from dpfed.secagg.errors import MalformedMessage, ParameterError, SecAggError
 from dpfed.secagg.fixedpoint import PARTS, StatisticsLayout
 from dpfed.secagg.protocol import RoundConfig
 from dpfed.sensitivity import noise_calibration, row_norm_bound
+from dpfed.wire.canonical import canonical_bytes
 
 __all__ = ["AGGREGATIONS", "INDEPENDENT", "SECURE", "aggregation", "is_secure",
            "min_contributors", "secure_problems", "SecureRound", "build", "encode_keys",
@@ -72,10 +74,14 @@ def vector_length(d: int) -> int:
 
 def _calibration(spec, n_sites: int) -> GridCalibration:
     d = len(spec.feature_names)
+    # row_cap: a site with more usable rows than max_site_rows keeps max_site_rows of them
+    # (site_node.rows), so under add/remove a neighbour may be a replacement
+    # (dpfed.sensitivity.capped_relation). n is private, so that is possible in every round.
     cal = noise_calibration(d, spec.epsilon, spec.x_bound, spec.y_bound,
                             list(spec.budget_split), neighbouring=spec.neighbouring or "add_remove",
                             xtx_sensitivity=spec.xtx_sensitivity or "exact",
-                            x_norm_bound=row_norm_bound(spec.preprocessing.normalize_rows))
+                            x_norm_bound=row_norm_bound(spec.preprocessing.normalize_rows),
+                            row_cap=True)
     return calibrate(d=d, n_max=int(spec.max_site_rows), n_sites=n_sites, x_bound=spec.x_bound,
                      y_bound=spec.y_bound, calibration=cal,
                      noise_threshold=int(spec.noise_threshold))
@@ -84,8 +90,10 @@ def _calibration(spec, n_sites: int) -> GridCalibration:
 def secure_problems(spec, invited: int) -> list[str]:
     """Everything wrong with the aggregation fields of a spec with ``invited`` sites, as
     sentences (empty: fine). Independent rounds must leave the secure fields unset; a secure
-    round needs at least 2 sites, 1 <= T, T + c and quorum <= invited, a row bound, and a
-    fixed-point grid that cannot overflow with ``invited`` sites."""
+    round needs at least 2 sites, 1 <= T, T + c and quorum <= invited, a row bound, its
+    invited sites named in ``sites`` with a key id pinned for each (``site_key_ids``, from the
+    coordinator's own records: method.md section 12), and a fixed-point grid that cannot
+    overflow with ``invited`` sites."""
     mode = aggregation(spec)
     if mode not in AGGREGATIONS:
         return [f"aggregation must be one of {', '.join(AGGREGATIONS)}, got {spec.aggregation!r}"]
@@ -114,7 +122,10 @@ def secure_problems(spec, invited: int) -> list[str]:
     if not 1 <= spec.max_site_rows <= MAX_SITE_ROWS:
         problems.append(f"secure aggregation needs max_site_rows in 1..{MAX_SITE_ROWS} (a public "
                         f"bound on each site's rows), got {spec.max_site_rows}")
-    missing = sorted(set(spec.sites) - set(spec.site_key_ids)) if spec.site_key_ids else []
+    if not spec.sites:
+        problems.append("a secure round must name its invited sites (sites is empty): the "
+                        "coordinator pins each one's identity key (site_key_ids)")
+    missing = sorted(s for s in set(spec.sites) if not spec.site_key_ids.get(s))
     if missing:
         problems.append(f"site_key_ids lists no key for invited site(s) {', '.join(missing)}")
     if not problems and invited >= 2:
@@ -133,13 +144,14 @@ class SecureRound:
     calibration: GridCalibration
 
     @property
-    def participants(self) -> tuple[str, ...]:
+    def sites(self) -> tuple[str, ...]:
+        """The sites of the secure-aggregation configuration: the invited sites."""
         return self.config.site_ids
 
     @property
     def floor(self) -> int:
-        """Fewest masked inputs that are unmasked: max(min_contributors, Shamir threshold t)."""
-        return max(self.config.min_contributors, self.config.threshold)
+        """Fewest masked inputs that are unmasked (``RoundConfig.survivor_floor``)."""
+        return self.config.survivor_floor
 
     def _shares(self, count: int) -> NoiseDescription:
         cal, t = self.calibration, self.calibration.noise_threshold
@@ -164,12 +176,30 @@ class SecureRound:
         return self._shares(contributors)
 
 
+def graph_seed(spec) -> bytes:
+    """The public randomness of the round's neighbour graph: SHA-256 of the canonical bytes of
+    the coordinator-signed spec (its round id, invited sites and every parameter). The
+    aggregator cannot change it, so it cannot grind graphs (issue 19, item 6)."""
+    return hashlib.sha256(b"dpfed.secure_round.graph\x00" + canonical_bytes(spec)).digest()
+
+
 def build(spec, participants) -> SecureRound:
-    """The SecureRound of ``spec`` with ``participants`` (sorted and deduplicated here);
-    SecureRoundError says why it is infeasible (too few participants for T + c or the quorum,
-    fewer than 2, a grid that would overflow)."""
+    """The SecureRound of ``spec`` with ``participants`` (the sites whose consent was
+    recorded; sorted and deduplicated here); SecureRoundError says why it is infeasible.
+
+    The secure-aggregation configuration is over the spec's *invited* sites (``spec.sites``,
+    signed by the coordinator), not over the participants the aggregator reports: a site that
+    did not consent is a site that dropped out before advertising keys. So the graph, the
+    Shamir threshold t, the colluders c and the consensus quorum floor((K + c)/2) + 1 are fixed
+    by signed data before anyone consents, and the aggregator's choice of participants can
+    only drop sites, which the protocol tolerates up to its floors. (A spec without ``sites``,
+    an open round, falls back to the participants.)"""
     ids = tuple(sorted(set(participants)))
+    invited = tuple(sorted(set(spec.sites))) or ids
     floor = min_contributors(spec)
+    outside = sorted(set(ids) - set(invited))
+    if outside:
+        raise SecureRoundError(f"participant(s) {', '.join(outside[:5])} are not invited")
     if len(ids) < 2:
         raise SecureRoundError(f"{len(ids)} participant(s): secure aggregation needs at least 2")
     if len(ids) < floor:
@@ -177,12 +207,20 @@ def build(spec, participants) -> SecureRound:
                                f"the sum must hold (max of quorum {spec.quorum} and T + c = "
                                f"{spec.noise_threshold} + {spec.colluders})")
     try:
-        config = RoundConfig.create(spec.round_id, ids, vector_length(len(spec.feature_names)),
+        config = RoundConfig.create(spec.round_id, invited,
+                                    vector_length(len(spec.feature_names)),
                                     min_contributors=floor,
-                                    noise_threshold=int(spec.noise_threshold))
-        calibration = _calibration(spec, len(ids))
+                                    noise_threshold=int(spec.noise_threshold),
+                                    colluders=int(spec.colluders), seed=graph_seed(spec))
+        calibration = _calibration(spec, len(invited))
     except (SecAggError, ValueError) as exc:
         raise SecureRoundError(f"infeasible secure round: {exc}") from None
+    if len(ids) < config.survivor_floor:
+        raise SecureRoundError(
+            f"{len(ids)} participant(s) of {len(invited)} invited: fewer than the "
+            f"{config.survivor_floor} survivors a secure round needs (Shamir threshold t = "
+            f"{config.threshold}, consensus quorum {config.quorum} = floor((K + c)/2) + 1, "
+            f"T + c = {config.noise_threshold + config.colluders})")
     return SecureRound(config, calibration)
 
 

@@ -11,6 +11,8 @@ and what the step needs in ``body``:
                   (GridCalibration.release), SiteSession.masked_input(); then, in ONE ledger
                   transaction, debit the round's epsilon and store the signed masked
                   Contribution; only then is it sent (Contribute)
+    "confirm"     SurvivorList -> SiteSession.confirm(): sign the one survivor set
+                                                                      -> SendPhase("confirm")
     "unmask"      UnmaskRequest -> SiteSession.unmask()              -> SendPhase("unmask")
 
 The session's secrets (X25519 keys, self-mask seed, received shares) live in memory only. A
@@ -55,8 +57,12 @@ from site_node.release import clipped_statistics
 log = logging.getLogger(__name__)
 
 # Notice phase -> the PhaseMessage phase this site answers with.
-ANSWER_PHASE = {"keys": "advertise", "share_keys": "share_keys", "unmask": "unmask"}
-NOTICE_PHASES = ("keys", "share_keys", "release", "unmask")
+ANSWER_PHASE = {"keys": "advertise", "share_keys": "share_keys", "confirm": "confirm",
+                "unmask": "unmask"}
+NOTICE_PHASES = ("keys", "share_keys", "release", "confirm", "unmask")
+# Steps after this site's masked release: a refusal message would be refused (the site is
+# accounted as released); it says why in its own log and answers nothing.
+AFTER_RELEASE = ("confirm", "unmask")
 
 
 @dataclass
@@ -134,7 +140,8 @@ class SecureSite:
         if state is None:
             log.warning("round %s: %s notice, but this site holds no key state for the round "
                         "(it restarted, or missed the key step): it drops out of the round%s",
-                        rid, phase, "; nothing was drawn or debited" if phase != "unmask" else
+                        rid, phase, "; nothing was drawn or debited"
+                        if phase not in AFTER_RELEASE else
                         "; its masked release stands and the other holders' shares unmask it")
             return None
         try:
@@ -142,15 +149,17 @@ class SecureSite:
                 body = state.session.share_keys(notice.body).to_bytes()
             elif phase == "release":
                 return self._release(state, notice)
+            elif phase == "confirm":
+                body = state.session.confirm(notice.body).to_bytes()
             elif phase == "unmask":
                 body = state.session.unmask(notice.body).to_bytes()
             else:
                 log.warning("ignored a notice of unknown phase %r for round %s", phase[:32], rid)
                 return None
         except SecAggError as exc:
-            if phase == "unmask":   # it released: a refusal would be refused; say why, locally
-                log.error("round %s: unmask request refused: %s: %s", rid, type(exc).__name__,
-                          exc)
+            if phase in AFTER_RELEASE:   # it released: say why, locally
+                log.error("round %s: %s request refused: %s: %s", rid, phase,
+                          type(exc).__name__, exc)
                 return None
             return self._refuse(spec, spec_digest, f"secure aggregation: {type(exc).__name__}: "
                                                    f"{exc}")
@@ -186,7 +195,9 @@ class SecureSite:
         except secure_round.SecureRoundError as exc:
             return self._refuse(spec, spec_digest, str(exc))
         holders = secure.config.graph().holders(node.site_id)
-        missing = [h for h in holders if h not in keys]
+        # Every participant's key: survivors' signatures on the survivor set are checked
+        # against them (each pinned by the coordinator in site_key_ids).
+        missing = [h for h in participants if h not in keys]
         if missing:
             return self._refuse(spec, spec_digest, f"the key notice lacks the identity keys of "
                                                    f"{', '.join(missing[:5])}")
@@ -195,14 +206,14 @@ class SecureSite:
             return self._refuse(spec, spec_digest, "the key notice relays another identity key "
                                                    "for this site")
         if spec.site_key_ids:
-            wrong = [h for h in holders if spec.site_key_ids.get(h) != key_id(keys[h])]
+            wrong = [h for h in participants if spec.site_key_ids.get(h) != key_id(keys[h])]
             if wrong:
                 return self._refuse(spec, spec_digest,
                                     f"the aggregator relayed identity keys that differ from the "
                                     f"key ids the coordinator signed (site_key_ids) for "
                                     f"{', '.join(wrong[:5])}")
         session = SiteSession(secure.config, node.site_id, node.signing_key,
-                              {h: keys[h] for h in holders})
+                              {h: keys[h] for h in participants})
         body = session.advertise().to_bytes()
         state = _SecureState(spec, spec_digest, secure, session)
         state.answered["keys"] = body
@@ -223,8 +234,8 @@ class SecureSite:
                                    spent=node.ledger.spent,
                                    total=node.ledger.total_epsilon or 0.0, now_ms=now_ms())
             neighbouring, _ = site_policy.round_mechanism(spec)
-            data = load_round_data(node.config.data, list(spec.feature_names), spec.target)
-            site_policy.check_secure_rows(data.n, spec)
+            data = load_round_data(node.config.data, list(spec.feature_names), spec.target,
+                                   digests=True)
         except site_policy.PolicyViolation as exc:
             return self._refuse(spec, spec_digest, str(exc))
         except DataError as exc:
@@ -233,20 +244,32 @@ class SecureSite:
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
                                       source=spec.public_source or "coordinator")
+        # Row-wise rules, then the row cap: at most max_site_rows rows, chosen by the site's
+        # keyed order (site_node.rows; priced by dpfed.sensitivity.capped_relation), never a
+        # refusal that would say how many rows the site has.
+        from site_node.node import RELEASE_FAILED, log_left_out
+        from site_node.rows import finite_after_preprocessing, keep_at_most
+        usable = np.flatnonzero(finite_after_preprocessing(preprocessing, data.x, data.y))
+        log_left_out(rid, spec.target, data, data.n - usable.size)
+        kept = usable[keep_at_most(int(spec.max_site_rows), node.row_order_key, rid,
+                                   [data.digests[i] for i in usable])]
+        if kept.size < usable.size:
+            log.info("round %s: kept %d of %d usable rows (max_site_rows, keyed order)", rid,
+                     kept.size, usable.size)
+        n, d = int(kept.size), len(spec.feature_names)
         try:
-            x, y = validate_shapes(*preprocessing.apply(data.x, data.y))
-            sxx, sxy, syy = clipped_statistics(x, y, spec.x_bound, spec.y_bound,
-                                               row_norm_bound(pre.normalize_rows))
-        except (NonFiniteRow, ValueError) as exc:
+            x, y = preprocessing.apply(data.x[kept], data.y[kept])
+            sxx, sxy, syy = (clipped_statistics(*validate_shapes(x, y), spec.x_bound,
+                                                spec.y_bound, row_norm_bound(pre.normalize_rows))
+                             if n else (np.zeros((d, d)), np.zeros(d), 0.0))
+        except (NonFiniteRow, ValueError) as exc:   # not reached: such rows were left out
             log.error("refused round %s: pre-processing or statistics failed: %s", rid, exc)
-            return self._refuse(spec, spec_digest, "pre-processing gave a non-finite number at "
-                                                   "the site (details in the site log)")
-        d = len(spec.feature_names)
+            return self._refuse(spec, spec_digest, RELEASE_FAILED)
         upper = np.concatenate([sxx[np.triu_indices(d)], sxy, [syy]])
         calibration = state.secure.calibration
         try:
-            encoded = calibration.encode(upper, data.n)
-            vector = calibration.release(upper, data.n)   # + this site's 1/T noise share
+            encoded = calibration.encode(upper, n)
+            vector = calibration.release(upper, n)   # + this site's 1/T noise share
             if self.on_release is not None:
                 self.on_release(rid, encoded, vector)
             masked = state.session.masked_input(notice.body, vector)

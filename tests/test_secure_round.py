@@ -160,9 +160,10 @@ def test_k_minus_t_dropouts_after_keys_still_give_the_sum_one_more_fails(tmp_pat
         if drop == 2:
             status = wait_state(fed.manager, "sec-1", (pb.RoundStatus.UNMASK,) + FINAL, 15)
             assert status.state == pb.RoundStatus.UNMASK, status.message
-            for s in survivors:
-                got, _, ack = drivers[s].step()
-                assert got == "unmask" and "recorded" in ack.message
+            for phase in ("confirm", "unmask"):
+                for s in survivors:
+                    got, _, ack = drivers[s].step()
+                    assert got == phase and "recorded" in ack.message
             status = wait_state(fed.manager, "sec-1", FINAL, 15)
             assert status.state == pb.RoundStatus.DONE, status.message
             assert sorted(status.dropped) == dropped
@@ -276,7 +277,7 @@ def test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step(fe
         if earlier is not None:
             assert _code(lambda: stub.SendPhase(_resigned(fed, earlier))) == \
                 grpc.StatusCode.FAILED_PRECONDITION
-        for phase in ("advertise", "share_keys", "unmask"):
+        for phase in ("advertise", "share_keys", "confirm", "unmask"):
             if phase != step:
                 fake = fed.site_keys["site-a"].sign(pb.PhaseMessage(
                     round_id="sec-1", site_id="site-a", phase=phase, body=body,
@@ -307,7 +308,7 @@ def test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step(fe
             assert _code(lambda: send(_resigned(fed, legit))) == grpc.StatusCode.ALREADY_EXISTS
 
     earlier = None
-    for step in ("keys", "share_keys", "release", "unmask"):
+    for step in ("keys", "share_keys", "release", "confirm", "unmask"):
         pushed = {s: d.next() for s, d in drivers.items()}
         assert {notice_phase(p) for p in pushed.values()} == {step}
         answers = {s: drivers[s].answer(p) for s, p in pushed.items()}
@@ -324,7 +325,8 @@ def test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step(fe
         if step != "release":
             earlier = answers["site-a"]
         wanted = {"keys": pb.RoundStatus.KEYS, "share_keys": pb.RoundStatus.RELEASE,
-                  "release": pb.RoundStatus.UNMASK, "unmask": pb.RoundStatus.DONE}[step]
+                  "release": pb.RoundStatus.UNMASK, "confirm": pb.RoundStatus.UNMASK,
+                  "unmask": pb.RoundStatus.DONE}[step]
         if step == "keys":
             continue   # still KEYS (share_keys next)
         status = wait_state(fed.manager, "sec-1", (wanted, pb.RoundStatus.FAILED), 10)
@@ -338,7 +340,8 @@ def test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step(fe
         d.close()
 
 
-@pytest.mark.parametrize("restart_in", ["advertise", "share_keys", "release", "unmask"])
+@pytest.mark.parametrize("restart_in", ["advertise", "share_keys", "release", "confirm",
+                                        "unmask"])
 def test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay(tmp_path, restart_in):
     """The aggregator (in this process) stops after half the sites answered a step and starts
     again on the same store: the secagg session is rebuilt from the stored messages, the
@@ -350,7 +353,7 @@ def test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay(tmp_pat
         seen = _record_inputs(fed, fed.sites)
         drivers = _drivers(fed)
         fed.coordinator().start_round(fed.spec(t=2, quorum=2, deadline_s=60))
-        order = ["consent", "keys", "share_keys", "release", "unmask"]
+        order = ["consent", "keys", "share_keys", "release", "confirm", "unmask"]
         notice_of = {"advertise": "keys"}.get(restart_in, restart_in)
         for phase in order[:order.index(notice_of)]:
             for d in drivers.values():
@@ -410,11 +413,18 @@ def test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay(tmp_pat
 
 
 def test_the_aggregator_refuses_infeasible_secure_specs(federation):
-    """Secure with one site, T above the invited sites, T + c above them, no row bound, or
-    secure fields on an independent round: refused at StartRound with the reason."""
-    base = dict(aggregation="secure", noise_threshold=2, max_site_rows=1000)
+    """Secure with one site, T above the invited sites, T + c above them, no row bound, no
+    invited sites named, an invited site without a pinned key, or secure fields on an
+    independent round: refused at StartRound with the reason."""
+    pins = {s: k.key_id for s, k in federation.site_keys.items()}
+    base = dict(aggregation="secure", noise_threshold=2, max_site_rows=1000,
+                sites=sorted(pins), site_key_ids=pins)
     cases = [
         (dict(base, sites=["site-a"], quorum=1), "needs at least 2 sites"),
+        (dict(base, sites=[]), "must name its invited sites"),
+        (dict(base, site_key_ids={"site-a": pins["site-a"], "site-b": pins["site-b"]}),
+         "lists no key for invited site(s) site-c"),
+        (dict(base, site_key_ids={}), "lists no key for invited site(s) site-a, site-b, site-c"),
         (dict(base, noise_threshold=4), "exceeds the 3 invited site(s)"),
         (dict(base, noise_threshold=2, colluders=2), "plus colluders c = 2 exceeds"),
         (dict(base, max_site_rows=0), "max_site_rows"),
@@ -448,9 +458,10 @@ def test_too_few_consents_for_T_fail_the_secure_round_before_keys(federation):
     assert federation.manager.store.contributions("r1") == []
 
 
-def test_a_site_refuses_T_above_its_policy_and_rows_above_the_bound(tmp_path):
+def test_a_site_refuses_T_above_its_policy_and_never_its_rows(tmp_path):
     """policy.max_noise_threshold caps T (a site's 1/T share is a full draw only with T honest
-    contributors); a site with more rows than max_site_rows refuses at consent."""
+    contributors); a site with more rows than max_site_rows consents all the same (issue 19:
+    it keeps max_site_rows of them at release, site_node.rows; a refusal would say n > m)."""
     fed = SecureFed(tmp_path, 3, max_noise_threshold=2, rows=120)
     node = fed.node("site-a")
     pins = {s: k.key_id for s, k in fed.site_keys.items()}
@@ -462,8 +473,7 @@ def test_a_site_refuses_T_above_its_policy_and_rows_above_the_bound(tmp_path):
     assert answer.payload_type == "dpfed.v1.Refusal"
     assert "exceeds this site's policy.max_noise_threshold = 2" in refusal.reason
     answer = node.consent(sign(fed.spec(round_id="sec-2", t=2, rows=100)))
-    assert answer.payload_type == "dpfed.v1.Refusal"
-    assert "max_site_rows = 100" in parse_canonical(answer.payload, answer.payload_type).reason
+    assert answer.payload_type == "dpfed.v1.PhaseMessage"
     answer = node.consent(sign(fed.spec(round_id="sec-3", t=2, rows=120)))
     assert answer.payload_type == "dpfed.v1.PhaseMessage"
     # T > 1 needs the identity keys pinned by the coordinator (else the aggregator could
@@ -510,7 +520,8 @@ def test_a_site_restarted_before_release_drops_out_and_one_after_release_is_coun
     """K = 5, T = 2 (t = 3): site-a restarts after key agreement (its secrets are gone): it
     ignores the release notice, spends nothing and is listed as dropped. site-b releases and
     then restarts: its stored masked release is resent byte for byte (a duplicate), it
-    cannot answer the unmask request, the other holders' shares cover it, and it is counted
+    cannot confirm the survivor set nor answer an unmask request, the other holders' shares
+    cover it (its signed attestation came with its masked input), and it is counted
     as released in the sum, its ledger and the aggregator's budget record."""
     fed = SecureFed(tmp_path, 5)
     fed.start_aggregator()
@@ -532,9 +543,10 @@ def test_a_site_restarted_before_release_drops_out_and_one_after_release_is_coun
         status = wait_state(fed.manager, "sec-1", (pb.RoundStatus.UNMASK,) + FINAL, 15)
         assert status.state == pb.RoundStatus.UNMASK, status.message
         phase, answer, _ = drivers["site-b"].step()
-        assert phase == "unmask" and answer is None      # no secrets left: no answer
-        for s in ("site-c", "site-d", "site-e"):   # t = 3 answers: every secret recovered
-            drivers[s].step()
+        assert phase == "confirm" and answer is None     # no secrets left: no answer
+        for phase in ("confirm", "unmask"):   # quorum 3 signatures; t = 3 answers
+            for s in ("site-c", "site-d", "site-e"):
+                assert drivers[s].step()[0] == phase
         status = wait_state(fed.manager, "sec-1", FINAL, 15)
         assert status.state == pb.RoundStatus.DONE, status.message
         assert list(status.dropped) == ["site-a"]
@@ -555,8 +567,8 @@ def test_a_site_restarted_before_release_drops_out_and_one_after_release_is_coun
 
 def test_a_site_refuses_relayed_identity_keys_the_coordinator_did_not_sign(fed):
     """The coordinator pins the sites' key ids in the signed spec (site_key_ids, filled from
-    ListSites by Coordinator.start_round); a keys notice relaying another key for a holder
-    is refused before anything is advertised."""
+    its own records by Coordinator.start_round); a keys notice relaying another key for a
+    holder is refused before anything is advertised."""
     from dpfed import secure_round
     from dpfed.wire.signing import SigningKey
     drivers = _drivers(fed, fed.sites[:3])
@@ -582,9 +594,10 @@ def test_a_site_refuses_relayed_identity_keys_the_coordinator_did_not_sign(fed):
 
 
 def test_the_sum_is_never_unmasked_with_fewer_than_T_plus_c_contributions(tmp_path):
-    """K = 5, T = 3, c = 1 (quorum 1): the Shamir threshold t = 3 would allow 2 dropouts, but a
-    colluder knows its own share, so the sum must hold T + c = 4 contributions: with 3 the
-    round fails and nothing is unmasked (the 3 releases are accounted for)."""
+    """K = 5, T = 3, c = 1 (quorum 1): a colluder knows its own share, so the sum must hold
+    T + c = 4 contributions: with 3 the round fails and nothing is unmasked (the 3 releases
+    are accounted for). The Shamir threshold counts c too: t = floor((5 + 1)/2) + 1 = 4 (it
+    was 3, from a default 10 % corrupt fraction, before issue 19)."""
     fed = SecureFed(tmp_path, 5)
     fed.start_aggregator()
     try:
@@ -592,7 +605,8 @@ def test_the_sum_is_never_unmasked_with_fewer_than_T_plus_c_contributions(tmp_pa
         fed.coordinator().start_round(fed.spec(t=3, colluders=1, quorum=1, deadline_s=6))
         _through_keys(drivers)
         live = fed.manager._rounds["sec-1"]
-        assert (live.secure.config.min_contributors, live.secure.config.threshold) == (4, 3)
+        assert (live.secure.config.min_contributors, live.secure.config.threshold) == (4, 4)
+        assert (live.secure.config.colluders, live.secure.config.quorum) == (1, 4)
         for s in fed.sites[2:]:
             assert drivers[s].step()[2].accepted
         status = wait_state(fed.manager, "sec-1", FINAL, 15)

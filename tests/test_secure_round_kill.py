@@ -145,7 +145,7 @@ def test_the_aggregator_killed_in_keys_release_and_unmask_loses_nothing(tmp_path
             drivers[s] = SiteDriver(fed, s, address)
         coordinator = fed.coordinator()
         coordinator.start_round(fed.spec(t=2, quorum=2, deadline_s=90))
-        order = ["consent", "keys", "share_keys", "release", "unmask"]
+        order = ["consent", "keys", "share_keys", "release", "confirm", "unmask"]
         notice = {"advertise": "keys"}.get(kill_in, kill_in)
         for phase in order[:order.index(notice)]:
             for d in drivers.values():

@@ -204,8 +204,9 @@ def check_refusal(r: pb.Refusal) -> None:
 
 # Phases a site sends a PhaseMessage in, and the largest body (secure-aggregation key
 # shares for a few hundred neighbours fit easily): consent, then for secure rounds the key
-# advertisement, the key shares and the unmasking answer (docs/protocol.md).
-SITE_PHASES = ("consent", "advertise", "share_keys", "unmask")
+# advertisement, the key shares, the signature on the survivor set and the unmasking answer
+# (docs/protocol.md).
+SITE_PHASES = ("consent", "advertise", "share_keys", "confirm", "unmask")
 MAX_PHASE_BODY_BYTES = 1024 * 1024
 
 

@@ -3,7 +3,7 @@
 The aggregator is the real one (its own process, dpfed_apps/bench/simulated_sites.py); the N sites
 live in this process as ``dpfed.secagg`` SiteSessions behind one grpc.aio event loop: each site
 holds a real Subscribe stream (signed SiteHello) and answers every pushed notice over real gRPC
-(SendPhase advertise / share_keys / unmask, Contribute with its masked release; a dropout
+(SendPhase advertise / share_keys / confirm / unmask, Contribute with its masked release; a dropout
 refuses in the release step).
 
 Timing methodology. Sites compute in parallel on their own machines; one benchmark process
@@ -12,7 +12,8 @@ would time this machine, not the federation. So, as dpfed_apps.bench.round pre-s
 releases, every site message is computed and signed *before the clock starts*, by running the
 whole protocol in memory with the same RoundConfig and dropouts: the aggregator's outputs are
 deterministic functions of what it received (it signs nothing), so the real aggregator pushes
-exactly the bundles, deliveries and unmask requests the in-memory run produced, and the sites'
+exactly the bundles, deliveries, survivor lists and unmask requests the in-memory run
+produced, and the sites'
 precomputed answers are the ones they would compute. Each pushed body is compared with the
 precomputed one (a mismatch fails the benchmark). Reported beside the measured wall time:
 per step the slowest site's compute time (measured in the precomputation), and
@@ -42,7 +43,7 @@ REFUSE = "/dpfed.v1.Aggregator/Refuse"
 GET_ROUND = "/dpfed.v1.Aggregator/GetRound"
 LIST_SITES = "/dpfed.v1.Aggregator/ListSites"
 STEP_OF_NOTICE = {"keys": "advertise", "share_keys": "share_keys", "release": "release",
-                  "unmask": "unmask"}
+                  "confirm": "confirm", "unmask": "unmask"}
 
 
 @dataclass
@@ -103,7 +104,8 @@ def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], see
         dropouts=sorted(dropouts), config=config)
     agg = AggregatorSession(config, public)
     sessions = {}
-    times: dict[str, list[float]] = {k: [] for k in ("keys", "share_keys", "release", "unmask")}
+    times: dict[str, list[float]] = {k: [] for k in ("keys", "share_keys", "release", "confirm",
+                                                     "unmask")}
 
     def timed(step, fn):
         t0 = time.perf_counter()
@@ -111,10 +113,10 @@ def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], see
         times[step].append(time.perf_counter() - t0)
         return out
 
+    everyone = secure_round.encode_keys(public)
     for s in sites:
-        holders = config.graph().holders(s)
-        sessions[s] = SiteSession(config, s, site_keys[s], {h: public[h] for h in holders})
-        plan.expected[s]["keys"] = secure_round.encode_keys({h: public[h] for h in holders})
+        sessions[s] = SiteSession(config, s, site_keys[s], public)
+        plan.expected[s]["keys"] = everyone
         advert = timed("keys", lambda: sessions[s].advertise().to_bytes())
         agg.receive(parse(advert))
         plan.answers[s]["keys"] = phase_msg(s, "advertise", advert)
@@ -145,7 +147,14 @@ def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], see
             round_id=spec.round_id, site_id=s, masked=masked, epsilon_spent=spec.epsilon,
             spec_digest=spec_digest, timestamp_unix_ms=now, nonce=secrets.token_hex(16),
             noise=noise)).SerializeToString()
-    requests = agg.close_masked_inputs()
+    lists = agg.close_masked_inputs()
+    for s in sorted(lists):
+        body = lists[s].to_bytes()
+        plan.expected[s]["confirm"] = body
+        answer = timed("confirm", lambda: sessions[s].confirm(body).to_bytes())
+        agg.receive(parse(answer))
+        plan.answers[s]["confirm"] = phase_msg(s, "confirm", answer)
+    requests = agg.close_consistency()
     for s in sorted(requests):
         body = requests[s].to_bytes()
         plan.expected[s]["unmask"] = body
