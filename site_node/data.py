@@ -1,9 +1,21 @@
 """Reading the site's private data file and selecting one round's columns.
 
 CSV and TSV are read with the csv module, Parquet with pyarrow (no pandas). Rows with a
-missing target are dropped (method.md section 2, step 1); everything else that is wrong is an
-error with the row and column named, because silently imputing or dropping would change the
-data set the privacy guarantee is about.
+missing target are dropped (method.md section 2, step 1).
+
+Nothing about the rows may decide whether the site answers a round (method.md section 12,
+issue 19: a refusal that depends on the data is a free answer about it). So every problem of
+one row is handled by leaving *that row* out, a row-wise rule that costs nothing under
+add/remove (a data set with one more left-out row gives the same used rows): a value that is
+not a number, NaN or infinite, a missing feature, a line with the wrong number of fields or
+that the csv module cannot parse, an empty id. Rows whose id repeats are all left out
+(adding or removing one row then changes the used rows by at most one row). Only the counts
+are kept, for the site's own log (``RoundData.left_out``). In text files a record is one
+line: a quoted field cannot swallow the lines after it. What still raises ``DataError`` is a
+fault of the file as a whole, the same whatever its rows hold: no file, not a file, over the
+site's size limit, no header, a repeated column name, a column the round needs that the file
+does not have, the id column asked for as a feature (docs/security.md, "What a refusal
+reveals").
 
 Raw rows never leave this module: callers get float arrays (x, y) for the release and nothing
 else. No message of this module quotes a value of the file: not a cell, not a patient id, not
@@ -17,6 +29,7 @@ a Refusal (columns and kinds only, no row numbers). Only the debug switch
 from __future__ import annotations
 
 import csv
+import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +58,8 @@ class Table:
     columns: dict[str, list]
     n_rows: int
     first_line: int
+    # Rows that could not be parsed into the header's fields (left out of every round).
+    malformed: frozenset = frozenset()
 
     def where(self, row: int) -> str:
         if self.first_line:
@@ -63,6 +78,12 @@ class RoundData:
     # file row 0 (0 for Parquet, see Table.where).
     rows: tuple[int, ...] = ()
     first_line: int = 0
+    # Rows left out by the row-wise rules (module docstring), other than a missing target:
+    # a count for the site's own log, never sent.
+    left_out: int = 0
+    # SHA-256 of each used row's full record (every column, in file order), when asked for:
+    # what site_node.rows orders rows by. Never leaves the site.
+    digests: tuple[bytes, ...] | None = None
 
     @property
     def n(self) -> int:
@@ -96,24 +117,29 @@ def read_table(path: str | Path, fmt: str, max_bytes: int | None = None) -> Tabl
     raise DataError(f"unknown data format {fmt!r}")
 
 
-def _read_text(path: Path, delimiter: str) -> Table:
+def _parse_line(line: str, delimiter: str) -> list[str] | None:
+    """One line's fields, or None if the csv module cannot parse it (e.g. a field over its
+    size limit). A line is parsed on its own: an unbalanced quote cannot reach the next."""
     try:
-        with path.open(newline="", encoding="utf-8-sig") as fh:
-            rows = list(csv.reader(fh, delimiter=delimiter))
-    except UnicodeDecodeError as exc:  # binary garbage, wrong encoding
-        # Not the exception's text: it quotes the offending byte.
-        raise DataError(f"data file {path} cannot be read as UTF-8 text: invalid byte at "
-                        f"offset {exc.start} of the file's text",
-                        "data file is not readable UTF-8 text") from None
-    except csv.Error as exc:  # NUL, over-long field, stray newline: the csv module's messages
-        # name the kind of problem (e.g. "line contains NUL"), never the field's content.
-        raise DataError(f"data file {path} cannot be read as delimited text: {exc}",
-                        "data file is not readable UTF-8 text") from None
-    # Blank lines carry no record.
-    rows = [r for r in rows if any(cell.strip() for cell in r)]
-    if not rows:
+        return next(csv.reader([line], delimiter=delimiter), [])
+    except csv.Error:
+        return None
+
+
+def _read_text(path: Path, delimiter: str) -> Table:
+    # Bytes that are not UTF-8 become U+FFFD: a cell holding them is not a number, so only
+    # that row is left out (a file-wide decoding error would let one row refuse the round).
+    text = path.read_bytes().decode("utf-8-sig", errors="replace")
+    lines = [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    # Blank lines carry no record; numbered from 1 like the file's lines.
+    numbered = [(k + 1, line) for k, line in enumerate(lines) if line.strip()]
+    if not numbered:
         raise DataError(f"data file {path} is empty", "data file is empty")
-    header = [h.strip() for h in rows[0]]
+    header_fields = _parse_line(numbered[0][1], delimiter)
+    if not header_fields or not any(h.strip() for h in header_fields):
+        raise DataError(f"data file {path}: the header line cannot be read",
+                        "the data file's header line cannot be read")
+    header = [h.strip() for h in header_fields]
     if len(set(header)) != len(header):
         # Positions, not names: in a file without a header row these "names" are the first
         # patient's values.
@@ -122,13 +148,15 @@ def _read_text(path: Path, delimiter: str) -> Table:
                         f"{', '.join(map(str, dup))}); is the header row missing?",
                         "duplicate column names in the data file's first row (is the header "
                         "row missing?)")
-    body = rows[1:]
-    for i, r in enumerate(body):
-        if len(r) != len(header):
-            raise DataError(f"data file {path}: row {i + 1} has {len(r)} fields, the header has "
-                            f"{len(header)}")
+    body, malformed = [], set()
+    for i, (_, line) in enumerate(numbered[1:]):
+        fields = _parse_line(line, delimiter)
+        if fields is None or len(fields) != len(header):
+            malformed.add(i)          # a row-wise rule: this row is left out
+            fields = [None] * len(header)
+        body.append(fields)
     columns = {name: [r[j] for r in body] for j, name in enumerate(header)}
-    return Table(path, columns, len(body), first_line=2)
+    return Table(path, columns, len(body), first_line=2, malformed=frozenset(malformed))
 
 
 def _read_parquet(path: Path) -> Table:
@@ -159,70 +187,105 @@ def _is_missing(value) -> bool:
     return False
 
 
-def _to_float(value, table: Table, row: int, column: str) -> float:
-    if isinstance(value, bool):
-        return float(value)
+def _number(value) -> float | None:
+    """``value`` as a finite float, or None (missing, not a number, NaN or infinite)."""
+    if value is None or isinstance(value, bool):
+        return None if value is None else float(value)
     if isinstance(value, (int, float)):
         v = float(value)
     elif isinstance(value, str):
         try:
             v = float(value.strip())
         except ValueError:
-            raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: text that "
-                            "is not a number in a numeric column",
-                            f"non-numeric value in column {column!r}") from None
+            return None
     else:
-        raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: value of type "
-                        f"{type(value).__name__} in a numeric column",
-                        f"non-numeric value in column {column!r}")
-    if math.isinf(v):
-        raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: infinite value",
-                        f"infinite value in column {column!r}")
-    if math.isnan(v):  # spellings the missing markers do not cover, e.g. "-nan", "+NaN"
-        raise DataError(f"{table.path}: {table.where(row)}, column {column!r}: NaN value",
-                        f"NaN value in column {column!r}")
-    return v
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _record_digest(table: Table, row: int) -> bytes:
+    """SHA-256 of row ``row``'s full record: every column in file order, each cell
+    length-prefixed with its type (site_node.rows orders rows by it). It depends on that
+    row alone, never on the round's columns."""
+    h = hashlib.sha256()
+    for values in table.columns.values():
+        v = values[row]
+        cell = (v if isinstance(v, str) else f"{type(v).__name__}:{v!r}").encode(
+            "utf-8", errors="surrogatepass")
+        h.update(len(cell).to_bytes(8, "big"))
+        h.update(cell)
+    return h.digest()
 
 
 def select_round_data(table: Table, features: list[str], target: str,
-                      config: DataConfig) -> RoundData:
+                      config: DataConfig, *, digests: bool = False) -> RoundData:
     """x (features in the given order) and y (target) for one round, as float arrays.
 
-    Rows with a missing target are dropped. A missing feature value is an error, not a drop:
-    which rows are used must not depend on the features in a way nobody chose.
+    Rows with a missing target are dropped; rows with any other problem are left out, one row
+    at a time (module docstring), and counted in ``left_out``. Only a fault of the file or of
+    the columns the round asks for raises DataError. ``digests``: also return each used row's
+    record digest (``RoundData.digests``).
     """
     names = {name: config.column_for(name) for name in [*features, target]}
-    missing = [f"{n!r}" + (f" (file column {c!r})" if c != n else "")
-               for n, c in names.items() if c not in table.columns]
+    missing = [n for n, c in names.items() if c not in table.columns]
     if missing:
-        raise DataError(f"{table.path}: missing column(s) {', '.join(missing)}",
-                        f"column(s) not available at the site: {', '.join(missing)}")
+        mapped = [f"{n!r}" + (f" (file column {names[n]!r})" if names[n] != n else "")
+                  for n in missing]
+        # The public reason names the spec's column names only (not the site's mapping).
+        raise DataError(f"{table.path}: missing column(s) {', '.join(mapped)}",
+                        f"column(s) not available at the site: "
+                        f"{', '.join(repr(n) for n in missing)}")
+    left_out = set(table.malformed)
     if config.id_column:
         # The id column is never a feature or the target, even with allowed_features = ["*"].
         if config.id_column in names.values():
             raise DataError(f"{table.path}: the round asks for the id column "
                             f"{config.id_column!r} as a feature or target; it is never released",
                             "the round asks for the site's id column, which is never released")
-        _check_ids(table, config.id_column, config.log_patient_ids)
-    if table.n_rows == 0:
-        raise DataError(f"{table.path} has a header but no rows", "data file has no rows")
+        left_out |= _rows_with_id_problems(table, config.id_column)
 
     target_values = table.columns[names[target]]
-    keep = [i for i, v in enumerate(target_values) if not _is_missing(v)]
-    y = np.array([_to_float(target_values[i], table, i, names[target]) for i in keep], dtype=np.float64)
-    x = np.empty((len(keep), len(features)), dtype=np.float64)
-    for j, feature in enumerate(features):
-        column = names[feature]
-        values = table.columns[column]
-        for k, i in enumerate(keep):
-            v = values[i]
-            if _is_missing(v):
-                raise DataError(f"{table.path}: {table.where(i)}, column {column!r}: missing "
-                                "(NaN) feature value",
-                                f"missing values in feature column {column!r}")
-            x[k, j] = _to_float(v, table, i, column)
-    return RoundData(x=x, y=y, dropped_missing_target=table.n_rows - len(keep),
-                     rows=tuple(keep), first_line=table.first_line)
+    candidates = [i for i in range(table.n_rows)
+                  if i not in left_out and not _is_missing(target_values[i])]
+    dropped_missing_target = sum(1 for i in range(table.n_rows)
+                                 if i not in left_out and _is_missing(target_values[i]))
+    columns = [table.columns[names[f]] for f in features]
+    keep, xs, ys = [], [], []
+    for i in candidates:
+        y = _number(target_values[i])
+        row = [_number(values[i]) for values in columns]
+        if y is None or any(v is None for v in row):
+            left_out.add(i)
+            continue
+        keep.append(i)
+        xs.append(row)
+        ys.append(y)
+    x = np.array(xs, dtype=np.float64).reshape(len(keep), len(features))
+    return RoundData(x=x, y=np.array(ys, dtype=np.float64),
+                     dropped_missing_target=dropped_missing_target, rows=tuple(keep),
+                     first_line=table.first_line, left_out=len(left_out),
+                     digests=tuple(_record_digest(table, i) for i in keep) if digests else None)
+
+
+def _rows_with_id_problems(table: Table, id_column: str) -> set[int]:
+    """Rows without an id and every row whose id repeats (row-wise rules: adding or removing
+    one row changes the rows left out here by at most one other row)."""
+    if id_column not in table.columns:
+        raise DataError(f"{table.path}: id column {id_column!r} is missing",
+                        f"id column {id_column!r} missing")
+    rows: dict = {}
+    bad = set()
+    for i, v in enumerate(table.columns[id_column]):
+        if i in table.malformed:
+            continue
+        if _is_missing(v):
+            bad.add(i)
+            continue
+        rows.setdefault(v.strip() if isinstance(v, str) else v, []).append(i)
+    for same in rows.values():
+        if len(same) > 1:
+            bad.update(same)
+    return bad
 
 
 def _check_ids(table: Table, id_column: str, log_ids: bool = False) -> None:
@@ -245,10 +308,11 @@ def _check_ids(table: Table, id_column: str, log_ids: bool = False) -> None:
         seen[key] = i
 
 
-def load_round_data(config: DataConfig, features: list[str], target: str) -> RoundData:
+def load_round_data(config: DataConfig, features: list[str], target: str, *,
+                    digests: bool = False) -> RoundData:
     """Read the data file and select one round's columns (see select_round_data)."""
     return select_round_data(read_table(config.path, config.format, config.max_bytes),
-                             list(features), target, config)
+                             list(features), target, config, digests=digests)
 
 
 def describe(config: DataConfig) -> dict:

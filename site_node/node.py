@@ -15,7 +15,10 @@ the steps is the privacy argument:
 3. check the policy (epsilon, budget, target/features, bounds, split, dimensions, the
    neighbouring relation: replace_one only if ``policy.allow_replace_one``);
 4. load the data, apply the *public* pre-processing (method.md section 2, step 1) and release
-   with OpenDP's noise (site_node.release);
+   with OpenDP's noise (site_node.release). Which rows are used is decided row by row
+   (site_node.data, site_node.rows: a missing target, a malformed or non-finite value, a
+   repeated id leave that row out); nothing about the rows decides whether the site answers,
+   and only counts go to the site's own log (docs/security.md, "What a refusal reveals");
 5. min_n: under replace-one n is public by assumption and checked exactly, before the release.
    Under add/remove the exact n is private, so it is never compared with anything: the
    release (including its noisy n) is drawn first and the *noisy* n is compared with min_n.
@@ -59,6 +62,7 @@ from site_node.config import SiteConfig
 from site_node.data import DataError, load_round_data
 from site_node.ledger import BudgetExhausted, LedgerError, PrivacyLedger, RoundConflict
 from site_node.release import release_statistics
+from site_node.rows import finite_after_preprocessing
 
 log = logging.getLogger(__name__)
 
@@ -67,6 +71,10 @@ REFUSAL = "dpfed.v1.Refusal"
 PHASE_MESSAGE = "dpfed.v1.PhaseMessage"
 PHASE_NOTICE = "dpfed.v1.PhaseNotice"
 ROUND_SPEC = "dpfed.v1.RoundSpec"
+
+#: The reason of a release that failed at the site for an internal error (not reached with
+#: valid data: every row problem leaves that row out). Fixed text: the detail stays local.
+RELEASE_FAILED = "release failed at the site (see site log)"
 
 # A stored answer older than this is re-signed (fresh timestamp and nonce, same statistics
 # bytes) before it is sent again: well inside the aggregator's default clock-skew window
@@ -116,6 +124,13 @@ class SiteNode:
     @property
     def site_id(self) -> str:
         return self.config.site_id
+
+    @property
+    def row_order_key(self) -> bytes:
+        """The site's secret for ordering its rows when a round caps their number
+        (site_node.rows.row_order_key: derived from the signing key, never sent)."""
+        from site_node.rows import row_order_key
+        return row_order_key(self.signing_key)
 
     # -- signed messages this site sends ---------------------------------------------------
     def hello(self) -> pb.SignedEnvelope:
@@ -180,8 +195,9 @@ class SiteNode:
     def consent(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
         """The consent phase: a signed PhaseMessage("consent") if this site would release for
         the signed RoundSpec ``envelope`` (spec verified, policy and budget allow it, the data
-        has the columns and rows it needs), else a signed Refusal saying why. Nothing is
-        drawn, debited or stored: a refusal here costs the site nothing."""
+        file is readable and has the columns the round names), else a signed Refusal saying
+        why. Nothing is drawn, debited or stored: a refusal here costs the site nothing, so it
+        depends on public inputs only, never on the rows (not even on their number)."""
         with self._lock:
             return self._handle_round(envelope, release=False)
 
@@ -305,10 +321,9 @@ class SiteNode:
                 # n is public under replace-one: the exact check reveals nothing more.
                 site_policy.check_n(data.n, self.config.policy)
             if secure_round.is_secure(spec):
-                # A secure round: the rows bound is checked at consent (nothing drawn yet),
-                # and the site releases only a masked input, in the secure release step
-                # (site_node.secure); never an independent release for a secure spec.
-                site_policy.check_secure_rows(data.n, spec)
+                # A secure round: the site releases only a masked input, in the secure
+                # release step (site_node.secure), where it keeps at most max_site_rows rows
+                # (site_node.rows); never an independent release for a secure spec.
                 if release:
                     raise site_policy.PolicyViolation(
                         "this is a secure round: the site releases only its masked input, in "
@@ -319,9 +334,6 @@ class SiteNode:
         except DataError as exc:
             log.error("refused round %s: %s", round_id, exc)  # full detail stays local
             return self.refusal(round_id, spec_digest, exc.public_reason)
-        if data.dropped_missing_target:
-            log.info("round %s: dropped %d rows with a missing %s", round_id,
-                     data.dropped_missing_target, spec.target)
         if not release:
             log.info("consented to round %s (nothing drawn, nothing debited)", round_id)
             return self._consent_message(round_id, spec_digest)
@@ -329,14 +341,13 @@ class SiteNode:
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
                                       source=spec.public_source or "coordinator")
+        usable = finite_after_preprocessing(preprocessing, data.x, data.y)
+        log_left_out(round_id, spec.target, data, int((~usable).sum()))
         try:
-            x, y = preprocessing.apply(data.x, data.y)
-        except NonFiniteRow as exc:   # e.g. 1e300: its row norm overflows; nothing released
-            log.error("refused round %s: %s: %s: pre-processing the %s gives a non-finite "
-                      "number (overflow, or a NaN/inf value); nothing released", round_id,
-                      self.config.data.path, data.where(exc.row), exc.what)
-            return self.refusal(round_id, spec_digest, "pre-processing gave a non-finite "
-                                "number at the site (overflow; details in the site log)")
+            x, y = preprocessing.apply(data.x[usable], data.y[usable])
+        except NonFiniteRow:   # not reached: the rows it would name were left out above
+            log.error("refused round %s: pre-processing gave a non-finite number", round_id)
+            return self.refusal(round_id, spec_digest, RELEASE_FAILED)
         try:
             stats, info = release_statistics(x, y, epsilon=spec.epsilon, x_bound=spec.x_bound,
                                              y_bound=spec.y_bound,
@@ -347,7 +358,7 @@ class SiteNode:
                                              return_info=True)
         except ValueError as exc:
             log.error("refused round %s: release failed: %s", round_id, exc)
-            return self.refusal(round_id, spec_digest, "release failed at the site (see site log)")
+            return self.refusal(round_id, spec_digest, RELEASE_FAILED)
         # Charge what OpenDP certifies if it were ever more than the nominal epsilon.
         charge = max(float(spec.epsilon), float(info["epsilon_certified"]))
 
@@ -392,6 +403,15 @@ class SiteNode:
         from site_node.client import SiteClient
 
         SiteClient(self).run(stop)
+
+
+def log_left_out(round_id: str, target: str, data, non_finite: int = 0) -> None:
+    """The site's own log line of the rows a round leaves out: counts only (never sent)."""
+    if data.dropped_missing_target or data.left_out or non_finite:
+        log.info("round %s: left out %d row(s) with a missing %s, %d malformed row(s) (a value "
+                 "that is not a finite number, a missing feature, a line that does not parse, "
+                 "an empty or repeated id) and %d whose pre-processing is not finite", round_id,
+                 data.dropped_missing_target, target, data.left_out, non_finite)
 
 
 def _untrusted_round_id(envelope: pb.SignedEnvelope) -> str:

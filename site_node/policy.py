@@ -150,16 +150,6 @@ def check_aggregation(spec: pb.RoundSpec, policy: PolicyConfig) -> None:
         raise PolicyViolation("a secure round needs a public max_site_rows bound")
 
 
-def check_secure_rows(n: int, spec: pb.RoundSpec) -> None:
-    """A secure round bounds each site's rows (fixed-point overflow, float-error term of the
-    grid sensitivity): a site with more usable rows than ``max_site_rows`` refuses. The
-    refusal discloses that the exact n exceeds a public number (docs/security.md); set the
-    bound generously."""
-    if n > spec.max_site_rows:
-        raise PolicyViolation(f"the site has more usable rows than the round's public "
-                              f"max_site_rows = {spec.max_site_rows}")
-
-
 #: The reason of a min_n refusal under add/remove: fixed text, decided on the *noisy* n.
 NOISY_MIN_N_REASON = "the released (noisy) row count is below the policy's min_n"
 

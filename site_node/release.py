@@ -224,7 +224,7 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
     epsilon, x_bound, y_bound, budget_split = _parameters(
         epsilon, x_bound, y_bound, budget_split, neighbouring, xtx_sensitivity)
     x_norm_bound = check_norm_bound(x_norm_bound)
-    x, y = validate_shapes(x, y)
+    x, y = _data_shapes(x, y)
     d = x.shape[1]
     cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
                             neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
@@ -251,6 +251,17 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
         return stats
     return stats, _info(cal, epsilon, x_bound, y_bound, budget_split, n[0], d,
                         (eps_xx, eps_xy, eps_yy, eps_n))
+
+
+def _data_shapes(x, y) -> tuple[np.ndarray, np.ndarray]:
+    """``validate_shapes``, except that a data set of zero rows (d >= 1 columns) is allowed:
+    its statistics are zero and its release is noise alone. A site whose rows were all left
+    out (site_node.data, site_node.rows) answers like any other: whether it has rows is not
+    something it may reveal for free."""
+    xa, ya = np.asarray(x), np.asarray(y)
+    if xa.ndim == 2 and ya.ndim == 1 and xa.shape[0] == 0 == ya.shape[0] and xa.shape[1] > 0:
+        return xa.astype(np.float64), ya.astype(np.float64)
+    return validate_shapes(x, y)
 
 
 def _release_counts(counts: list[int], cal) -> tuple[list[int], float | None]:

@@ -67,15 +67,27 @@ def test_binary_garbage_is_refused_not_crashed(tmp_path, blob):
 
 
 @pytest.mark.parametrize("content", [
-    b"", b"\n\n\n", b"g1,g2,g3,drug\n", b"g1,g2,g3\n1,2,3\n", b"g1,g2,g3,drug\n1,2,3\n",
-    "g1,g2,g3,drug\n1,2,3,é\n".encode("latin-1"), "g1,g2,g3,drug\n1,2,3,4\n".encode("utf-16"),
-    b"g1,g2,g3,drug\n1,2,\x00,4\n", b"g1,g2,g3,drug\n1,2,3,-nan\n", b"g1,g2,g3,drug\n1,abc,3,4\n",
-    b"\x89PNG\r\n\x1a\n" + bytes(range(256)), b"g1,g2,g3,drug\n" + b"9" * 200_000 + b",1,1,1\n"])
+    b"", b"\n\n\n", b"g1,g2,g3\n1,2,3\n",
+    "g1,g2,g3,drug\n1,2,3,4\n".encode("utf-16"), b"\x89PNG\r\n\x1a\n" + bytes(range(256))])
 def test_broken_files_get_a_data_error(tmp_path, content):
+    """Faults of the file as a whole (no header, a column missing, not text): DataError."""
     path = tmp_path / "b.csv"
     path.write_bytes(content)
     with pytest.raises(DataError):
         _load(path)
+
+
+@pytest.mark.parametrize("content", [
+    b"g1,g2,g3,drug\n", b"g1,g2,g3,drug\n1,2,3\n",
+    "g1,g2,g3,drug\n1,2,3,\u00e9\n".encode("latin-1"), b"g1,g2,g3,drug\n1,2,\x00,4\n",
+    b"g1,g2,g3,drug\n1,2,3,-nan\n", b"g1,g2,g3,drug\n1,abc,3,4\n",
+    b"g1,g2,g3,drug\n" + b"9" * 200_000 + b",1,1,1\n"])
+def test_broken_rows_are_left_out_not_refused(tmp_path, content):
+    """A problem of one row (issue 19): that row is left out, the rest of the file loads."""
+    path = tmp_path / "b.csv"
+    path.write_bytes(content + b"1,2,3,4\n")
+    data = _load(path)
+    assert data.n == 1 and data.left_out == content.count(b"\n") - 1
 
 
 def test_file_over_max_bytes_is_refused_before_reading(tmp_path, monkeypatch):
@@ -127,16 +139,21 @@ def test_handle_round_survives_mutated_specs_and_debits_once_per_release(tmp_pat
 
 
 @pytest.mark.parametrize("cell", ["PATIENT-SECRET-42", "-nan", "1e999", "98765.4321x"])
-def test_refusal_reasons_name_columns_never_values(tmp_path, cell):
+def test_a_bad_cell_leaves_its_row_out_and_no_reason_names_it(tmp_path, cell):
+    """Issue 19: a bad cell no longer refuses the round (a refusal would answer a question
+    about one row for free): the row is left out and the round released; the only refusal
+    possible is the paid-for noisy-n min_n one, a fixed text."""
     rows = ["id,g1,g2,g3,drug"] + [f"{i},0.1,0.2,0.3,1.0" for i in range(40)]
     rows[18] = f"17,0.1,{cell},0.3,1.0"
     config_path, coordinator, _ = write_site(tmp_path, data_text="\n".join(rows) + "\n")
     node = SiteNode(load_config(config_path))
-    answer = node.handle_round(coordinator.sign(make_spec()))
-    assert answer.payload_type == "dpfed.v1.Refusal"
-    reason = parse_canonical(answer.payload, "dpfed.v1.Refusal").reason
-    assert "g2" in reason and cell not in reason and "17" not in reason
-    assert node.ledger.spent == 0
+    answer = node.handle_round(coordinator.sign(make_spec(epsilon=2.0)))
+    assert answer.payload_type in ("dpfed.v1.Contribution", "dpfed.v1.Refusal")
+    if answer.payload_type == "dpfed.v1.Refusal":
+        from site_node.policy import NOISY_MIN_N_REASON
+        msg = parse_canonical(answer.payload, "dpfed.v1.Refusal")
+        assert msg.reason == NOISY_MIN_N_REASON and msg.epsilon_spent == 2.0
+    assert node.ledger.spent == 2.0
 
 
 def test_small_site_refusal_does_not_reveal_its_n(tmp_path):

@@ -254,7 +254,7 @@ def _bad_data():
     yi = y.copy(); yi[9] = -np.inf
     return [
         ("nan in x", xn, y), ("inf in x", xi, y), ("nan in y", x, yn), ("inf in y", x, yi),
-        ("shape mismatch", x, y[:-1]), ("n = 0", x[:0], y[:0]), ("1-D x", x[:, 0], y),
+        ("shape mismatch", x, y[:-1]), ("1-D x", x[:, 0], y),
         ("2-D y", x, y[:, None]), ("d = 0", x[:, :0], y), ("strings", [["a"] * 3] * 10, y),
         ("objects", np.array([[None] * 3] * 10, dtype=object), y), ("3-D x", x[None], y),
     ]
@@ -265,6 +265,16 @@ def test_bad_data_raises_and_releases_nothing(name, x, y, sampler_calls):
     with pytest.raises(ValueError):
         release_statistics(x, y, **GOOD)
     assert sampler_calls == []
+
+
+def test_zero_rows_release_noise_alone(sampler_calls):
+    """A site whose rows were all left out answers like any other (issue 19: whether it has
+    rows is not a free answer): its statistics are zero plus the release's noise, and under
+    add/remove its n is the noisy n of 0."""
+    x, y = fixed_data(10, 3)
+    s = release_statistics(x[:0], y[:0], **GOOD)
+    assert s.dim == 3 and len(sampler_calls) >= 3
+    assert np.all(np.isfinite(s.xtx)) and np.any(s.xty != 0) and s.n >= 0
 
 
 def test_good_input_calls_the_sampler(sampler_calls):

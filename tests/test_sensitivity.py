@@ -424,3 +424,127 @@ def test_row_norm_bound_is_one_for_normalised_rows_and_validated():
     assert cal.xty_sensitivity == pytest.approx(10 * (1 / np.sqrt(10)) * 1.0)
     noise = expected_noise(10, 1.0, 0.9, 1.0, x_norm_bound=1.0)
     assert noise.xtx[0].scale == pytest.approx(55 * 0.1 / (DEFAULT_SPLIT_ADD_REMOVE[0]))
+
+
+# -------------------------------------------------------------- row cap (secure rounds' max_site_rows)
+
+def _capped_release_parts(x, y, digests, m, key, bx, by, r):
+    """What a site computes when at most m rows may be used (site_node.secure): the keyed
+    choice of rows (site_node.rows.keep_at_most), then the clipped statistics, and n."""
+    from site_node.release import clipped_statistics
+    from site_node.rows import keep_at_most
+
+    kept = keep_at_most(m, key, "round-1", digests)
+    d = x.shape[1]
+    if kept.size == 0:
+        return np.zeros(d * (d + 1) // 2), np.zeros(d), np.zeros(1), 0
+    sxx, sxy, syy = clipped_statistics(x[kept], y[kept], bx, by, r)
+    return sxx[np.triu_indices(d)], sxy, np.array([syy]), int(kept.size)
+
+
+def _digest(tag: int) -> bytes:
+    import hashlib
+    return hashlib.sha256(b"row-%d" % tag).digest()
+
+
+@pytest.mark.parametrize("r", [None, 1.0])
+@pytest.mark.parametrize("d", [1, 2, 3])
+def test_row_cap_sensitivity_brute_force(d, r):
+    """Random small data sets of n rows with a cap m across the boundary (m = n - 2 .. n + 1),
+    each compared with every neighbour that adds one of many rows (extreme, clipped and random
+    ones, at every tag rank) or removes one: the L1 change of each part never exceeds the
+    row-cap sensitivity (replace-one values for Sxx, Sxy, Syy; 1 for n), and the Sxy change
+    exceeds the plain add/remove bound, so the plain bound would be wrong."""
+    rng = np.random.default_rng(d * 10 + (r is not None))
+    bx, by = 0.8, 1.5
+    cal = noise_calibration(d, 1.0, bx, by, x_norm_bound=r, row_cap=True)
+    plain = noise_calibration(d, 1.0, bx, by, x_norm_bound=r)
+    ro = noise_calibration(d, 1.0, bx, by, x_norm_bound=r, neighbouring="replace_one",
+                           budget_split=(0.35, 0.6, 0.05))
+    assert (cal.xtx_sensitivity, cal.xty_sensitivity, cal.yty_sensitivity) == \
+        (ro.xtx_sensitivity, ro.xty_sensitivity, ro.yty_sensitivity)
+    assert cal.n_sensitivity == 1.0 == plain.n_sensitivity
+    assert cal.xty_sensitivity == pytest.approx(2 * plain.xty_sensitivity)
+    if r is None:   # box only: Sxx and Syy unchanged, as in method.md section 9's table
+        assert cal.xtx_sensitivity == plain.xtx_sensitivity
+    key = bytes(range(32))
+    extremes = np.vstack([grid_rows(d, bx)[::max(1, 7 ** d // 40)],
+                          np.full((1, d), bx), -np.full((1, d), bx)])
+    worst = np.zeros(4)
+    tag = 10_000
+    for trial in range(12):
+        n = int(rng.integers(2, 7))
+        x = np.where(rng.random((n, d)) < 0.5, rng.choice([-bx, bx], (n, d)),
+                     rng.normal(0, bx, (n, d)))
+        y = rng.choice([-by, by, 0.3 * by, 3 * by], n)
+        digests = [_digest(trial * 100 + i) for i in range(n)]
+        for m in range(max(1, n - 2), n + 2):
+            base = _capped_release_parts(x, y, digests, m, key, bx, by, r)
+            neighbours = []
+            for i in range(n):                  # removals
+                keep = [j for j in range(n) if j != i]
+                neighbours.append((x[keep], y[keep], [digests[j] for j in keep]))
+            for v in extremes:                   # additions, at many tag ranks
+                for w in (by, -by, 2 * by):
+                    tag += 1
+                    pos = int(rng.integers(0, n + 1))
+                    neighbours.append((np.insert(x, pos, v, axis=0), np.insert(y, pos, w),
+                                       digests[:pos] + [_digest(tag)] + digests[pos:]))
+            for xn, yn, dn in neighbours:
+                other = _capped_release_parts(xn, yn, dn, m, key, bx, by, r)
+                change = [np.abs(a - b).sum() for a, b in zip(base[:3], other[:3])]
+                worst = np.maximum(worst, change + [abs(base[3] - other[3])])
+    slack = 1e-9
+    assert worst[0] <= cal.xtx_sensitivity * (1 + REL) + slack
+    assert worst[1] <= cal.xty_sensitivity * (1 + REL) + slack
+    assert worst[2] <= cal.yty_sensitivity * (1 + REL) + slack
+    assert worst[3] <= 1
+    # Across the boundary a replacement happens: more than one add/remove step can cause.
+    assert worst[1] > plain.xty_sensitivity * (1 + 1e-6)
+
+
+def test_row_cap_sxy_bound_is_attained_by_a_replacement():
+    """m kept rows (Bx, ..., Bx; By); an added row (Bx, ..., Bx; -By) whose tag ranks among the
+    m smallest pushes one of them out: Sxy moves by exactly 2 d Bx By, the row-cap value."""
+    from site_node.rows import row_tags
+
+    d, m, bx, by = 3, 4, 0.5, 2.0
+    key = b"k" * 32
+    x = np.full((m, d), bx)
+    y = np.full(m, by)
+    digests = [_digest(i) for i in range(m)]
+    top = max(row_tags(key, "round-1", digests))
+    new = next(_digest(1000 + i) for i in range(100)
+               if row_tags(key, "round-1", [_digest(1000 + i)])[0] < top)
+    a = _capped_release_parts(x, y, digests, m, key, bx, by, None)
+    b = _capped_release_parts(np.vstack([x, np.full((1, d), bx)]), np.append(y, -by),
+                              digests + [new], m, key, bx, by, None)
+    assert a[3] == b[3] == m
+    cal = noise_calibration(d, 1.0, bx, by, row_cap=True)
+    assert np.abs(a[1] - b[1]).sum() == pytest.approx(cal.xty_sensitivity) \
+        == pytest.approx(2 * d * bx * by)
+
+
+def test_row_cap_changes_nothing_under_replace_one():
+    for r in (None, 1.0):
+        a = noise_calibration(4, 1.0, 0.7, 1.0, (0.35, 0.6, 0.05), neighbouring="replace_one",
+                              x_norm_bound=r)
+        b = noise_calibration(4, 1.0, 0.7, 1.0, (0.35, 0.6, 0.05), neighbouring="replace_one",
+                              x_norm_bound=r, row_cap=True)
+        assert a == b
+
+
+def test_row_cap_with_the_row_norm_bound_needs_more_than_the_add_remove_sxx():
+    """With the row-norm bound a replacement moves Sxx by more than one row's own products:
+    e1 -> e2 in d = 2 moves the upper triangle by 2 > d(d+1)/2 t^2 = 1.5 (t = 1/sqrt(2)), so
+    Sxx takes the replace-one value too under the row cap (min(box, d(d+1) t^2) = 3)."""
+    from site_node.release import clipped_statistics
+
+    iu = np.triu_indices(2)
+    e1, e2 = np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]])
+    moved = np.abs(clipped_statistics(e1, np.ones(1), 1.0, 1.0, 1.0)[0][iu]
+                   - clipped_statistics(e2, np.ones(1), 1.0, 1.0, 1.0)[0][iu]).sum()
+    plain = noise_calibration(2, 1.0, 1.0, 1.0, x_norm_bound=1.0)
+    capped = noise_calibration(2, 1.0, 1.0, 1.0, x_norm_bound=1.0, row_cap=True)
+    assert plain.xtx_sensitivity < moved <= capped.xtx_sensitivity
+    assert capped.xtx_sensitivity == pytest.approx(3.0)

@@ -72,48 +72,78 @@ def test_empty_file(tmp_path):
         load_round_data(data_config(write(tmp_path, "\n\n")), ["g1"], "drug")
 
 
-def test_header_only(tmp_path):
-    with pytest.raises(DataError, match="no rows"):
-        load_round_data(data_config(write(tmp_path, "g1,drug\n")), ["g1"], "drug")
+def test_header_only_gives_zero_rows_not_an_error(tmp_path):
+    """No rows is not a refusal (it would say n = 0 for free): the round gets zero rows."""
+    data = load_round_data(data_config(write(tmp_path, "g1,drug\n")), ["g1"], "drug")
+    assert data.n == 0 and data.x.shape == (0, 1) and data.left_out == 0
 
 
 def test_missing_column_is_named(tmp_path):
     with pytest.raises(DataError, match="'g7'") as info:
         load_round_data(data_config(write(tmp_path, CSV)), ["g1", "g7"], "drug")
     assert "g7" in info.value.public_reason
-
-
-def test_text_in_numeric_column_names_row_and_column(tmp_path):
-    text = CSV.replace("5,2.0,3.0", "5,2.0,high")
+    # The public reason names the spec's column, not the site's file column.
+    cfg = data_config(write(tmp_path, CSV), columns={"TP53": "secret_col"})
     with pytest.raises(DataError) as info:
-        load_round_data(data_config(write(tmp_path, text)), ["g1", "g2"], "drug")
-    msg = str(info.value)
-    assert "row 5" in msg and "'g2'" in msg and "high" not in msg   # the value stays out
-    # What may be sent to the coordinator names the column but never the value.
-    assert "high" not in info.value.public_reason and "g2" in info.value.public_reason
+        load_round_data(cfg, ["TP53"], "drug")
+    assert "TP53" in info.value.public_reason and "secret_col" not in info.value.public_reason
 
 
-def test_nan_in_feature_is_an_error(tmp_path):
-    text = CSV.replace("1,0.5,1.0", "1,NaN,1.0")
-    with pytest.raises(DataError, match=r"row 1 .*'g1'.*missing"):
-        load_round_data(data_config(write(tmp_path, text)), ["g1", "g2"], "drug")
+# A row with a problem is left out, one row at a time, and counted (issue 19): whether a
+# round is answered never depends on what a row holds.
+@pytest.mark.parametrize("old,new", [
+    ("5,2.0,3.0", "5,2.0,high"),     # text in a numeric column
+    ("1,0.5,1.0", "1,NaN,1.0"),      # a missing feature
+    ("1,0.5,1.0", "1,-nan,1.0"),     # a NaN the missing markers do not cover
+    ("1,0.5,1.0", "1,inf,1.0"),      # infinite
+    ("1,0.5,1.0", "1,1e999,1.0"),    # overflows to inf
+    ("1,0.5,1.0", "1,0.5"),          # a line with too few fields
+    ("1,0.5,1.0", '1,"0.5,1.0'),     # an unbalanced quote: that line only
+])
+def test_a_bad_row_is_left_out_and_counted(tmp_path, old, new):
+    text = CSV.replace(old, new)
+    data = load_round_data(data_config(write(tmp_path, text), id_column="id"), ["g1", "g2"],
+                           "drug")
+    good = load_round_data(data_config(write(tmp_path, CSV, "good.csv"), id_column="id"),
+                           ["g1", "g2"], "drug")
+    assert data.left_out >= 1 and data.n == good.n - 1
+    assert np.isfinite(data.x).all() and np.isfinite(data.y).all()
+    # The other used rows are exactly those of the good file.
+    assert {tuple(r) for r in data.x} < {tuple(r) for r in good.x}
 
 
-def test_infinite_value_is_an_error(tmp_path):
-    text = CSV.replace("1,0.5,1.0", "1,inf,1.0")
-    with pytest.raises(DataError, match="infinite"):
-        load_round_data(data_config(write(tmp_path, text)), ["g1", "g2"], "drug")
+def test_every_row_of_a_repeated_id_is_left_out(tmp_path):
+    """Both rows of id 1 go (which one is right cannot be told): adding or removing one row
+    then changes the used rows by at most one row."""
+    data = load_round_data(data_config(write(tmp_path, CSV.replace("5,2.0", "1,2.0")),
+                                       id_column="id"), ["g1", "g2"], "drug")
+    assert data.n == 0 and data.left_out == 2
 
 
-def test_duplicate_ids(tmp_path):
-    text = CSV.replace("5,2.0", "1,2.0")
+def test_bytes_that_are_not_utf8_leave_out_their_row_only(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_bytes(b"id,g1,drug\n1,0.5,2.0\n2,\xff\xfe,1.0\n3,1.5,-1.0\n")
+    data = load_round_data(data_config(p), ["g1"], "drug")
+    np.testing.assert_array_equal(data.y, [2.0, -1.0])
+    assert data.left_out == 1
+
+
+def test_digests_depend_on_the_row_alone(tmp_path):
+    cfg = data_config(write(tmp_path, CSV), id_column="id")
+    a = load_round_data(cfg, ["g1", "g2"], "drug", digests=True)
+    b = load_round_data(cfg, ["g2"], "drug", digests=True)
+    assert a.digests == b.digests and len(set(a.digests)) == a.n
+    moved = CSV.replace("1,0.5,1.0,2.0\n", "") + "1,0.5,1.0,2.0\n"
+    c = load_round_data(data_config(write(tmp_path, moved, "m.csv"), id_column="id"),
+                        ["g1", "g2"], "drug", digests=True)
+    assert set(c.digests) == set(a.digests)        # position does not matter
+    assert load_round_data(cfg, ["g1"], "drug").digests is None
+
+
+def test_id_problems_are_errors_for_the_local_check_only(tmp_path):
+    """`dpfed site check` (describe) still tells the operator about repeated ids."""
     with pytest.raises(DataError, match="duplicate id"):
-        load_round_data(data_config(write(tmp_path, text), id_column="id"), ["g1"], "drug")
-
-
-def test_ragged_row(tmp_path):
-    with pytest.raises(DataError, match="fields"):
-        load_round_data(data_config(write(tmp_path, "g1,drug\n1,2,3\n")), ["g1"], "drug")
+        describe(data_config(write(tmp_path, CSV.replace("5,2.0", "1,2.0")), id_column="id"))
 
 
 def test_describe_shows_shape_not_values(tmp_path):
