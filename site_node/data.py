@@ -60,6 +60,20 @@ class Table:
     first_line: int
     # Rows that could not be parsed into the header's fields (left out of every round).
     malformed: frozenset = frozenset()
+    # Names the text header repeats (``columns`` holds the first of each), and the header.
+    duplicated: frozenset = frozenset()
+    header: tuple = ()
+
+    def check_unique(self, names=None) -> None:
+        """DataError if the header repeats one of ``names`` (None: any name). Positions, not
+        names, in the message: in a file without a header row they are patient values."""
+        dup = [j + 1 for j, h in enumerate(self.header) if h in self.duplicated
+               and (names is None or h in names)]
+        if dup:
+            raise DataError(f"data file {self.path}: the first row repeats a column name "
+                            f"(columns {', '.join(map(str, dup))}); is the header row missing?",
+                            "duplicate column names in the data file's first row (is the "
+                            "header row missing?)")
 
     def where(self, row: int) -> str:
         if self.first_line:
@@ -140,14 +154,10 @@ def _read_text(path: Path, delimiter: str) -> Table:
         raise DataError(f"data file {path}: the header line cannot be read",
                         "the data file's header line cannot be read")
     header = [h.strip() for h in header_fields]
-    if len(set(header)) != len(header):
-        # Positions, not names: in a file without a header row these "names" are the first
-        # patient's values.
-        dup = [j + 1 for j, h in enumerate(header) if header.count(h) > 1]
-        raise DataError(f"data file {path}: the first row repeats a column name (columns "
-                        f"{', '.join(map(str, dup))}); is the header row missing?",
-                        "duplicate column names in the data file's first row (is the header "
-                        "row missing?)")
+    # A repeated name is an error only for a round that needs that column (select_round_data,
+    # describe): in a file without a header row these "names" are the first patient's values,
+    # and whether they repeat must not decide a round's answer.
+    duplicated = frozenset(h for h in header if header.count(h) > 1)
     body, malformed = [], set()
     for i, (_, line) in enumerate(numbered[1:]):
         fields = _parse_line(line, delimiter)
@@ -155,8 +165,11 @@ def _read_text(path: Path, delimiter: str) -> Table:
             malformed.add(i)          # a row-wise rule: this row is left out
             fields = [None] * len(header)
         body.append(fields)
-    columns = {name: [r[j] for r in body] for j, name in enumerate(header)}
-    return Table(path, columns, len(body), first_line=2, malformed=frozenset(malformed))
+    columns = {}
+    for j, name in enumerate(header):
+        columns.setdefault(name, [r[j] for r in body])
+    return Table(path, columns, len(body), first_line=2, malformed=frozenset(malformed),
+                 duplicated=duplicated, header=tuple(header))
 
 
 def _read_parquet(path: Path) -> Table:
@@ -235,6 +248,7 @@ def select_round_data(table: Table, features: list[str], target: str,
         raise DataError(f"{table.path}: missing column(s) {', '.join(mapped)}",
                         f"column(s) not available at the site: "
                         f"{', '.join(repr(n) for n in missing)}")
+    table.check_unique(set(names.values()) | ({config.id_column} if config.id_column else set()))
     left_out = set(table.malformed)
     if config.id_column:
         # The id column is never a feature or the target, even with allowed_features = ["*"].
@@ -318,6 +332,7 @@ def load_round_data(config: DataConfig, features: list[str], target: str, *,
 def describe(config: DataConfig) -> dict:
     """Shape of the data file without values, for ``dpfed site check``."""
     table = read_table(config.path, config.format, config.max_bytes)
+    table.check_unique()
     if config.id_column:
         _check_ids(table, config.id_column, config.log_patient_ids)
     return {"path": str(table.path), "format": config.format, "rows": table.n_rows,
