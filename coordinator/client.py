@@ -4,25 +4,65 @@ follow them, fetch results."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
 
+from dpfed import exitcodes
 from dpfed.transport import TlsFiles, client_channel
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
-from dpfed.wire.signing import SigningKey
+from dpfed.wire.signing import SigningKey, key_id, load_public_key
 
 FINAL_STATES = (pb.RoundStatus.DONE, pb.RoundStatus.FAILED)
+
+
+class KeyPinError(ValueError):
+    """The coordinator refuses to sign a secure round spec: it cannot pin an invited site's
+    identity key from its own records, or the aggregator reports another key than the record
+    (docs/security.md, "Identity keys relayed by the aggregator"). ``str`` names the site(s);
+    ``exit_code`` is what ``dpfed round start`` exits with (dpfed.exitcodes)."""
+
+    def __init__(self, message: str, exit_code: int = exitcodes.REFUSED):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def load_site_keys(folder: str | Path) -> dict[str, str]:
+    """The coordinator's record of the sites' identity keys: site id -> key id of the Ed25519
+    public key in ``folder/<site_id>.pub``. ``folder`` is the CA's ``public/sites/`` (what
+    ``dpfed provision`` records for every site it issued) or a copy of its ``.pub`` files;
+    other files (the ``.pem`` certificates) are ignored. ValueError names what is wrong."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ValueError(f"site_keys names {str(folder)!r}, which is not a folder (expected the "
+                         f"CA's public/sites/ from `dpfed provision`, or a copy of its .pub files)")
+    records = {}
+    for path in sorted(folder.glob("*.pub")):
+        try:
+            records[path.stem] = key_id(load_public_key(path))
+        except (OSError, ValueError, TypeError) as exc:
+            raise ValueError(f"site_keys: {path} is not an Ed25519 public key: {exc}") from None
+    if not records:
+        raise ValueError(f"site_keys: {folder} holds no <site_id>.pub file")
+    return records
 
 
 class Coordinator:
     def __init__(self, address: str, signing_key: SigningKey | str | Path | None,
                  coordinator_id: str, tls: TlsFiles | None = None, *, timeout_s: float = 30.0,
-                 server_name: str | None = None):
+                 server_name: str | None = None,
+                 site_keys: Mapping[str, str] | str | Path | None = None):
         if signing_key is not None and not isinstance(signing_key, SigningKey):
             signing_key = SigningKey.load(signing_key)
         self.signing_key = signing_key
+        # The coordinator's own record of the sites' identity keys (site id -> key id): the
+        # pins of a secure round's spec. A folder (load_site_keys) or a mapping; None: no
+        # record, so no secure round can be signed.
+        if site_keys is not None and not isinstance(site_keys, Mapping):
+            site_keys = load_site_keys(site_keys)
+        self.site_records = None if site_keys is None else dict(site_keys)
         self.coordinator_id = coordinator_id
         self.timeout_s = timeout_s
         # Mutual TLS with the federation's CA (dpfed provision); ``server_name``: the name in
@@ -50,26 +90,62 @@ class Coordinator:
 
     def start_round(self, spec: pb.RoundSpec) -> pb.RoundStatus:
         """Sign and start ``spec``. quorum 0 (round.toml without a quorum) means every invited
-        site: the sites listed, or every site registered at the aggregator (asked here)."""
+        site: the sites listed, or every site registered at the aggregator (asked here). A
+        secure spec first gets its invited sites and their key pins from the coordinator's
+        records (``pin_site_keys``; KeyPinError: nothing is signed)."""
+        if spec.aggregation == "secure":
+            spec = self.pin_site_keys(spec)
         if spec.quorum == 0:
             spec = pb.RoundSpec.FromString(spec.SerializeToString())
             spec.quorum = len(spec.sites) or len(self.list_sites())
-        if spec.aggregation == "secure" and not spec.site_key_ids:
-            spec = pb.RoundSpec.FromString(spec.SerializeToString())
-            spec.site_key_ids.update(self.site_key_ids(spec.sites))
         return self.stub.StartRound(self.sign_spec(spec), timeout=self.timeout_s)
 
-    def site_key_ids(self, sites=()) -> dict[str, str]:
-        """site id -> key id of its identity key, for ``sites`` (default: every site), from
-        ListSites: what a secure round's spec pins (docs/security.md, "Secure rounds"). The
-        figures come from the aggregator at round start; compare them with the provisioning
-        record (dpfed provision's public/ folder) to take the aggregator out of the trust.
-        Empty (nothing pinned) when a site's key id is not visible to this coordinator."""
+    def pin_site_keys(self, spec: pb.RoundSpec) -> pb.RoundSpec:
+        """A copy of the secure ``spec`` that names its invited sites (sorted; with ``sites``
+        empty: every site of the coordinator's records) and pins each one's identity key id
+        from those records (``site_key_ids``), never from the aggregator: the aggregator relays
+        the keys the sites use, so it must not choose them (method.md section 12). ListSites is
+        asked only to compare: a site whose listed key id differs from the record, or a site
+        without a record, raises KeyPinError naming it (exit 4), as does a ``site_key_ids``
+        given in ``spec`` that differs from the record; a coordinator without records raises
+        it with exit 2 (coordinator.toml needs ``site_keys``). A key id the aggregator hides
+        from this coordinator (the site does not trust it) is not compared: the pin is the
+        record either way, and the aggregator and every site check it."""
+        records = self.site_records
+        if records is None:
+            raise KeyPinError("a secure round pins every invited site's identity key from the "
+                              "coordinator's own records, and this coordinator has none: set "
+                              "site_keys in coordinator.toml (or --site-keys) to the CA's "
+                              "public/sites/ folder from `dpfed provision`, or a copy of its "
+                              ".pub files", exitcodes.USAGE)
+        spec = pb.RoundSpec.FromString(spec.SerializeToString())
+        sites = sorted(spec.sites) if spec.sites else sorted(records)
+        unknown = [s for s in sites if s not in records]
+        if unknown:
+            raise KeyPinError(f"refusing to sign secure round {spec.round_id!r}: no record of "
+                              f"the identity key of site(s) {', '.join(unknown)} in the "
+                              f"coordinator's site_keys; a key the aggregator names for them "
+                              f"cannot be checked")
+        given = [s for s in sites if s in spec.site_key_ids
+                 and spec.site_key_ids[s] != records[s]]
+        if given:
+            raise KeyPinError(f"refusing to sign secure round {spec.round_id!r}: the spec pins "
+                              f"another key than the coordinator's record for site(s) "
+                              f"{', '.join(given)}")
         listed = {s.site_id: s.key_id for s in self.list_sites()}
-        wanted = list(sites) or sorted(listed)
-        if not all(listed.get(s) for s in wanted):
-            return {}
-        return {s: listed[s] for s in wanted}
+        wrong = [s for s in sites if listed.get(s) and listed[s] != records[s]]
+        if wrong:
+            raise KeyPinError(
+                f"refusing to sign secure round {spec.round_id!r}: the aggregator lists another "
+                f"identity key than the coordinator's record for site(s) "
+                + "; ".join(f"{s} (aggregator: {listed[s]}, record: {records[s]})"
+                            for s in wrong)
+                + ". Check the aggregator's registration of these sites before any round")
+        del spec.sites[:]
+        spec.sites.extend(sites)
+        spec.site_key_ids.clear()
+        spec.site_key_ids.update({s: records[s] for s in sites})
+        return spec
 
     def status(self, round_id: str) -> pb.RoundStatus:
         return self.stub.GetRound(pb.RoundQuery(round_id=round_id), timeout=self.timeout_s)

@@ -34,7 +34,7 @@ DATA_KEYS = frozenset({"path", "format", "id_column", "columns", "max_bytes", "l
 # allow_replace_one: parsed by the neighbouring-relation work (site_node.policy), allowed here.
 POLICY_KEYS = frozenset({"trusted_coordinators", "max_epsilon_per_round", "total_epsilon",
                          "min_n", "allowed_targets", "allowed_features", "allow_replace_one",
-                         "max_noise_threshold"})
+                         "max_noise_threshold", "min_colluders", "min_contributors"})
 
 
 @dataclass(frozen=True)
@@ -72,9 +72,16 @@ class PolicyConfig:
     allowed_features: tuple[str, ...] = ("*",)
     # A replace-one round releases n exactly (method.md section 9): only if the site opts in.
     allow_replace_one: bool = False
-    # Secure aggregation: the largest noise threshold T this site accepts (site_node.policy.
-    # check_aggregation). 1: only rounds in which its own share is a full noise draw.
+    # Secure aggregation (site_node.policy.check_aggregation). The largest noise threshold T
+    # this site accepts: 1, only rounds in which its own share is a full noise draw; a
+    # larger T means smaller shares, so more trust that T others add theirs.
     max_noise_threshold: int = 1
+    # The fewest colluding sites c the round must tolerate (0: any c the round names). A
+    # larger c raises the Shamir threshold and the floor T + c on the contributions summed.
+    min_colluders: int = 0
+    # The fewest contributions the unmasked sum may hold, compared with
+    # dpfed.secure_round.min_contributors(spec) = max(quorum, T + c) (1: any round).
+    min_contributors: int = 1
 
 
 @dataclass(frozen=True)
@@ -180,13 +187,19 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
     max_t = p.integer("max_noise_threshold", default=1)
     if max_t < 1:
         raise ConfigError(f"{where}: policy.max_noise_threshold must be >= 1, got {max_t}")
+    min_c = p.integer("min_colluders", default=PolicyConfig.min_colluders)
+    if min_c < 0:
+        raise ConfigError(f"{where}: policy.min_colluders must be >= 0, got {min_c}")
+    min_k = p.integer("min_contributors", default=PolicyConfig.min_contributors)
+    if min_k < 1:
+        raise ConfigError(f"{where}: policy.min_contributors must be >= 1, got {min_k}")
     policy = PolicyConfig(
         trusted_coordinators=trusted_paths, max_epsilon_per_round=max_eps, total_epsilon=total_eps,
         min_n=min_n,
         allowed_targets=tuple(p.string_list("allowed_targets", default=["*"])),
         allowed_features=tuple(p.string_list("allowed_features", default=["*"])),
         allow_replace_one=p.boolean("allow_replace_one", default=False),
-        max_noise_threshold=max_t)
+        max_noise_threshold=max_t, min_colluders=min_c, min_contributors=min_k)
     explicit = frozenset([*(k for k in raw if not isinstance(raw[k], dict)),
                           *(f"{t}.{k}" for t in ("tls", "data", "policy")
                             if isinstance(raw.get(t), dict) for k in raw[t])])

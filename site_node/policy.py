@@ -117,12 +117,17 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
 
 
 def check_aggregation(spec: pb.RoundSpec, policy: PolicyConfig) -> None:
-    """The aggregation mode (dpfed.secure_round): "independent", or "secure" with a noise
-    threshold T this site accepts. Each site adds a 1/T share of one noise draw, and is
-    protected by a full draw only if at least T contributors are honest: the larger T, the
-    more this site trusts the others, so the policy caps it (``max_noise_threshold``; the
-    default 1 accepts only rounds where its own share is a full draw)."""
-    from dpfed.secure_round import AGGREGATIONS, MAX_SITE_ROWS, aggregation, is_secure
+    """The aggregation mode (dpfed.secure_round): "independent", or "secure" with parameters
+    this site accepts. Each site adds a 1/T share of one noise draw, and is protected by a
+    full draw only if at least T contributors are honest: the larger T, the more this site
+    trusts the others, so the policy caps it (``max_noise_threshold``; the default 1 accepts
+    only rounds where its own share is a full draw). The policy can also require the round to
+    tolerate at least ``min_colluders`` colluding sites (c: a larger c raises the Shamir
+    threshold and the floor T + c) and to unmask only sums of at least ``min_contributors``
+    contributions (compared with dpfed.secure_round.min_contributors(spec) = max(quorum,
+    T + c)). Every reason depends on the spec and the policy only, never on the data."""
+    from dpfed.secure_round import (AGGREGATIONS, MAX_SITE_ROWS, aggregation, is_secure,
+                                    min_contributors)
     if aggregation(spec) not in AGGREGATIONS:
         raise PolicyViolation(f"unknown aggregation {spec.aggregation!r}; this site knows "
                               f"{', '.join(AGGREGATIONS)}")
@@ -136,6 +141,15 @@ def check_aggregation(spec: pb.RoundSpec, policy: PolicyConfig) -> None:
                               f"policy.max_noise_threshold = {policy.max_noise_threshold}: its "
                               f"1/T noise share is a full draw only with at least T honest "
                               f"contributors")
+    if spec.colluders < policy.min_colluders:
+        raise PolicyViolation(f"the round tolerates c = {spec.colluders} colluding site(s), "
+                              f"fewer than this site's policy.min_colluders = "
+                              f"{policy.min_colluders}")
+    floor = min_contributors(spec)
+    if floor < policy.min_contributors:
+        raise PolicyViolation(f"the round may unmask a sum of {floor} contribution(s) "
+                              f"(max(quorum, T + c)), fewer than this site's "
+                              f"policy.min_contributors = {policy.min_contributors}")
     if t > 1 and not spec.site_key_ids:
         # The aggregator relays the other sites' identity keys; unpinned, it could stand in
         # for every other participant and see this site's input with only a 1/T share of

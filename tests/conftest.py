@@ -62,7 +62,9 @@ class Federation:
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.AggregatorStub(self.channel)
-        self.coordinator = Coordinator(self.address, self.coordinator_key, "coord")
+        # The coordinator's own record of the sites' keys: what a secure round's spec pins.
+        self.coordinator = Coordinator(self.address, self.coordinator_key, "coord",
+                                       site_keys={s: k.key_id for s, k in self.site_keys.items()})
 
     def stop(self):
         self.channel.close()

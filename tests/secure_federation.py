@@ -39,7 +39,8 @@ class SecureFed:
     one at ``address``; ``node(site)`` gives a SiteNode over the site's files."""
 
     def __init__(self, tmp: Path, n_sites: int = 4, *, rows: int = 120,
-                 max_noise_threshold: int | None = None, total_epsilon: float = 5.0):
+                 max_noise_threshold: int | None = None, total_epsilon: float = 5.0,
+                 policy_extra: dict | None = None):
         self.tmp = Path(tmp)
         self.sites = [f"site-{chr(97 + i)}" for i in range(n_sites)]
         self.coordinator_key = SigningKey.generate()
@@ -52,6 +53,7 @@ class SecureFed:
             write_data(self.tmp / f"{s}.csv", rows + 10 * i, seed=i + 1)
         self.max_t = max_noise_threshold or n_sites
         self.total_epsilon = total_epsilon
+        self.policy_extra = dict(policy_extra or {})   # more site.toml [policy] keys
         self.raw = {"listen": "127.0.0.1:0", "state_db": "agg.sqlite", "insecure": True,
                     "max_clock_skew_s": 300, "grace_s": 0.2, "skip_fit": True,
                     "sites": [{"site_id": s, "public_key": f"{s}.pub"} for s in self.sites],
@@ -75,7 +77,12 @@ class SecureFed:
 
     def coordinator(self):
         from coordinator.client import Coordinator
-        return Coordinator(self.address, self.coordinator_key, "coord", timeout_s=10)
+        return Coordinator(self.address, self.coordinator_key, "coord", timeout_s=10,
+                           site_keys=self.site_records())
+
+    def site_records(self) -> dict[str, str]:
+        """The coordinator's record of the sites' identity keys (site id -> key id)."""
+        return {s: k.key_id for s, k in self.site_keys.items()}
 
     def stub(self):
         return pb_grpc.AggregatorStub(grpc.insecure_channel(self.address))
@@ -100,7 +107,7 @@ max_epsilon_per_round = 2.0
 total_epsilon = {self.total_epsilon}
 min_n = 20
 max_noise_threshold = {self.max_t}
-""")
+""" + "".join(f"{k} = {v!r}\n" for k, v in self.policy_extra.items()))
         return path
 
     def node(self, site: str):

@@ -250,6 +250,13 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
                       quorum=sites, deadline_unix_ms=now + 600_000, created_unix_ms=now,
                       fit_method="laplace")
         spec = pb.RoundSpec(**{**fields, **(spec_fields or {})})
+        if spec.aggregation == "secure" and not spec.site_key_ids:
+            # What coordinator.client.Coordinator.pin_site_keys signs: the invited sites and
+            # their key ids from the coordinator's records (here: the keys made above).
+            invited = sorted(spec.sites or site_ids)
+            del spec.sites[:]
+            spec.sites.extend(invited)
+            spec.site_key_ids.update({s: site_keys[s].key_id for s in spec.sites})
         spec_envelope = coordinator.sign(spec)
         spec_digest = digest(spec_envelope.payload)
         secure = spec.aggregation == "secure"

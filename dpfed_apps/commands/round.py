@@ -25,14 +25,17 @@ coordinator.toml holds the connection so it need not be typed each time:
   aggregator = "127.0.0.1:50051"
   coordinator_id = "coordinator"
   signing_key = "keys/coordinator.key"
+  site_keys = "site-keys"    # secure rounds: <site_id>.pub of every site (the CA's public/sites/)
   [tls]                      # from `dpfed provision` (the coordinator kit has this file)
   ca_cert = "tls/ca.pem"
   cert = "tls/coordinator.pem"
   key = "tls/coordinator.key"
   (or --insecure / insecure = true: plaintext, local tests only)
 
-exit codes: 0 done (or started, without --wait), 2 bad spec or config, 3 round failed,
-            4 refused by the aggregator (key not registered), 5 aggregator unreachable
+exit codes: 0 done (or started, without --wait), 2 bad spec or config (also: a secure round
+            without site_keys), 3 round failed, 4 refused by the aggregator (key not
+            registered) or by the coordinator (a secure round's invited site has no record in
+            site_keys, or the aggregator lists another key for it), 5 aggregator unreachable
 """
 
 
@@ -43,6 +46,10 @@ def add_connection_args(p: argparse.ArgumentParser, *, signing: bool) -> None:
     if signing:
         p.add_argument("--key", help="coordinator's Ed25519 private key (dpfed keygen)")
         p.add_argument("--coordinator-id", help="coordinator id registered at the aggregator")
+        p.add_argument("--site-keys", metavar="DIR",
+                       help="the coordinator's record of the sites' identity keys, "
+                            "DIR/<site_id>.pub (the CA's public/sites/): secure rounds pin "
+                            "them (default: site_keys of --config)")
     p.add_argument("--insecure", action="store_true", help="plaintext gRPC (local tests only)")
 
 
@@ -51,8 +58,10 @@ class UsageError(Exception):
 
 
 # Every key coordinator.toml may have; anything else is an error naming the nearest one.
+# site_keys: the folder of the sites' <site_id>.pub (the CA's public/sites/), whose key ids a
+# secure round's spec pins (coordinator.client.Coordinator.pin_site_keys).
 COORDINATOR_KEYS = frozenset({"aggregator", "coordinator_id", "signing_key", "server_name",
-                              "insecure", "tls", "console"})   # [console]: dpfed console
+                              "insecure", "tls", "console", "site_keys"})   # [console]: dpfed console
 TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
 
 
@@ -83,13 +92,18 @@ def connect(args, *, signing: bool):
     address = args.aggregator or conf.get("aggregator")
     if not address:
         raise UsageError("give --aggregator HOST:PORT or a --config with `aggregator`")
-    key = coord_id = None
+    key = coord_id = site_keys = None
     if signing:
         key = args.key or (str(base / conf["signing_key"]) if "signing_key" in conf else None)
         coord_id = args.coordinator_id or conf.get("coordinator_id")
         if not key or not coord_id:
             raise UsageError("starting a round needs --key and --coordinator-id (or a --config "
                              "with signing_key and coordinator_id)")
+        site_keys = getattr(args, "site_keys", None)
+        if site_keys is None and "site_keys" in conf:
+            if not isinstance(conf["site_keys"], str) or not conf["site_keys"]:
+                raise UsageError("site_keys must be a path (a folder of <site_id>.pub files)")
+            site_keys = base / conf["site_keys"]
     insecure = args.insecure or conf.get("insecure", False) is True
     tls = None
     if not insecure:
@@ -108,8 +122,15 @@ def connect(args, *, signing: bool):
     else:
         from dpfed.transport import warn_plaintext
         warn_plaintext(command_prog(args).removeprefix("dpfed "))
+    if site_keys is not None:
+        from coordinator.client import load_site_keys
+        try:
+            site_keys = load_site_keys(site_keys)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     try:
-        return Coordinator(address, key, coord_id or "", tls, server_name=conf.get("server_name"))
+        return Coordinator(address, key, coord_id or "", tls, server_name=conf.get("server_name"),
+                           site_keys=site_keys)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load the signing key: {exc}") from None
 
@@ -163,6 +184,7 @@ def _exit_for_state(status) -> int:
 
 def start(args) -> int:
     import grpc
+    from coordinator.client import KeyPinError
     from coordinator.roundspec import RoundSpecError, build_round_spec
     spec_path = Path(args.spec)
     try:
@@ -182,6 +204,9 @@ def start(args) -> int:
                 status = coordinator.wait(status.round_id, timeout)
         except grpc.RpcError as exc:
             return rpc_exit_code(exc, args)
+        except KeyPinError as exc:   # nothing was signed
+            print(f"{command_prog(args)}: {exc}", file=sys.stderr)
+            return exc.exit_code
     if args.json:
         print(jsonsafe.dumps(_status_dict(status), indent=2))
     else:

@@ -250,10 +250,14 @@ class RoundStarter:
             spec.deadline_unix_ms += shift
             if spec.consent_deadline_unix_ms:
                 spec.consent_deadline_unix_ms += shift
+            from coordinator.client import KeyPinError
             try:
                 status = self.data.coordinator.start_round(spec)
             except grpc.RpcError as exc:
                 raise rpc_error(exc, self.data.address, what="round") from None
+            except KeyPinError as exc:   # a secure round whose key pins fail: nothing signed
+                raise ConsoleError(400, "The coordinator refused to sign the round",
+                                   str(exc)) from None
             preview.used_by = status.round_id
         log.info("round %s started from the console: eps %g, %d invited site(s), quorum %d",
                  status.round_id, spec.epsilon, len(preview.sites), preview.quorum)

@@ -72,6 +72,13 @@ class FederationLayout:
     def signing_key(self, name: str) -> Path:
         return self.kit(name) / "keys" / f"{name}.key"
 
+    @property
+    def site_keys(self) -> Path:
+        """The CA's record of every issued site's public signing key (<site_id>.pub): the
+        coordinator's source of a secure round's key pins (coordinator.client.load_site_keys)."""
+        from dpfed_apps.ca import SITE, public_dir
+        return public_dir(self.pki, SITE)
+
     def tls(self, name: str):
         """The TlsFiles (dpfed.transport) of a party's kit."""
         from dpfed_apps.ca import kit_tls
