@@ -16,7 +16,8 @@ from dpfed.secagg.errors import (AbortedRound, ForgedMessage, MalformedMessage, 
                                  WrongRound)
 from dpfed.secagg.messages import (AdvertisementBundle, EncryptedShare, KeyAdvertisement,
                                    MaskAttestation, MaskedInput, Phase, ShareDelivery,
-                                   ShareKeys, SurvivorList, SurvivorSignature, UnmaskRequest,
+                                   ShareKeys, SurvivorCertificate, SurvivorList,
+                                   SurvivorSignature, UnmaskRequest,
                                    UnmaskResponse)
 from dpfed.secagg.protocol import AggregatorSession, RoundConfig, SiteSession
 from dpfed.wire.signing import SigningKey
@@ -296,6 +297,12 @@ def _resign(r, msg, key=None):
     return dataclasses.replace(msg, signature=b"").signed_by(key or r.agg_key)
 
 
+def _with_survivors(r, req, survivors):
+    """``req`` naming another survivor set (the aggregator's certificate re-signed)."""
+    return dataclasses.replace(req, certificate=_resign(r, dataclasses.replace(
+        req.certificate, survivors=survivors)))
+
+
 @pytest.mark.parametrize("phase", SITE_PHASES)
 def test_site_rejects_forged_aggregator_messages(keys, phase):
     r = _site_round(keys, phase)
@@ -380,8 +387,8 @@ def test_site_rejects_out_of_phase_messages(keys, phase):
     r = _site_round(keys, phase)
     h = r.head("")
     wrong = {Phase.SHARE_KEYS: ShareDelivery(**h, recipient="s0", shares=()),
-             Phase.MASKED_INPUT: UnmaskRequest(**h, recipient="s0", survivors=("s0",),
-                                               confirmations=(), attestations=()),
+             Phase.MASKED_INPUT: UnmaskRequest(**h, recipient="s0", certificate=SurvivorCertificate(
+                 **h, survivors=("s0",), confirmations=()), confirmations=(), attestations=()),
              Phase.CONSISTENCY: ShareDelivery(**h, recipient="s0", shares=()),
              Phase.UNMASK: SurvivorList(**h, recipient="s0", survivors=IDS[:3])}[phase]
     with pytest.raises(OutOfPhase):
@@ -412,7 +419,8 @@ def test_site_rejects_unknown_sites(keys, phase):
             _site_call(r, phase, _resign(r, bad))
         return
     else:
-        stranger = SurvivorSignature(**h, digest=msg.confirmations[0].digest).signed_by(MALLORY)
+        stranger = SurvivorSignature(**h, digest=msg.all_confirmations()[0].digest
+                                     ).signed_by(MALLORY)
         bad = dataclasses.replace(msg, confirmations=(*msg.confirmations, stranger))
         with pytest.raises(UnsafeRequest, match="non-survivor"):
             _site_call(r, phase, _resign(r, bad))
@@ -444,7 +452,7 @@ def test_site_never_reveals_both_secrets_of_one_site(keys):
     req = _s0_input(r)
     s0 = r.sites["s0"]
     # another survivor set than the one s0 signed (s1 "dropped": its key share would go)
-    other = dataclasses.replace(req, survivors=tuple(s for s in req.survivors if s != "s1"))
+    other = _with_survivors(r, req, tuple(s for s in req.survivors if s != "s1"))
     with pytest.raises(UnsafeRequest, match="another survivor set"):
         s0.unmask(_resign(r, other))
     assert s0.phase == Phase.FAILED
@@ -464,7 +472,7 @@ def test_site_refuses_to_be_declared_dropped_or_to_answer_twice(keys):
     resp = s0.unmask(req)
     assert {o for o, _ in resp.seed_shares} == set(req.survivors) and resp.key_shares == ()
     # a second request, now claiming s1 dropped (asking for its key share), is never answered
-    second = dataclasses.replace(req, survivors=tuple(s for s in req.survivors if s != "s1"))
+    second = _with_survivors(r, req, tuple(s for s in req.survivors if s != "s1"))
     with pytest.raises(OutOfPhase):
         s0.unmask(_resign(r, second))
 
@@ -480,18 +488,22 @@ def test_site_refuses_too_few_survivors_or_confirmations(keys):
     # only one other survivor's signature: below the quorum of 3, whatever the list says
     with pytest.raises(TooFewSurvivors, match="quorum"):
         r.sites["s0"].unmask(_resign(r, dataclasses.replace(
-            req, confirmations=req.confirmations[:1])))
+            req, certificate=_resign(r, dataclasses.replace(
+                req.certificate, confirmations=req.certificate.confirmations[:1])),
+            confirmations=())))
     assert r.sites["s0"].phase == Phase.FAILED
 
 
 def test_site_refuses_a_forged_confirmation_or_missing_attestation(keys):
     r = _site_round(keys, Phase.UNMASK)
     req = _s0_input(r)
-    c = next(c for c in req.confirmations if c.sender != "s0")
+    c = next(c for c in req.all_confirmations() if c.sender != "s0")
     forged = dataclasses.replace(c, signature=b"").signed_by(MALLORY)
     with pytest.raises(ForgedMessage):
         r.sites["s0"].unmask(_resign(r, dataclasses.replace(
-            req, confirmations=tuple(forged if x is c else x for x in req.confirmations))))
+            req, confirmations=(), certificate=_resign(r, dataclasses.replace(
+                req.certificate, confirmations=tuple(
+                    forged if x is c else x for x in req.all_confirmations()))))))
     r = _site_round(keys, Phase.UNMASK)
     req = _s0_input(r)
     with pytest.raises(UnsafeRequest, match="attestation"):

@@ -28,14 +28,43 @@ def test_harary_graph_is_k_regular_symmetric_and_connected(K, k):
 
 def test_graph_is_deterministic_for_a_round_and_differs_between_rounds():
     ids = _ids(200)
-    a = RoundConfig("round-1", ids, 10, 30, 21, 100, 90)
-    b = RoundConfig("round-1", ids, 10, 30, 21, 100, 90)
-    c = RoundConfig("round-2", ids, 10, 30, 21, 100, 90)
+    a = RoundConfig("round-1", ids, 10, 30, 21, 100, 9)
+    b = RoundConfig("round-1", ids, 10, 30, 21, 100, 9)
+    c = RoundConfig("round-2", ids, 10, 30, 21, 100, 9)
     assert a.digest == b.digest and a.graph().edges() == b.graph().edges()
     assert a.graph().edges() != c.graph().edges()
+    # With a seed (the signed spec's, dpfed.secure_round.graph_seed) the graph is the seed's:
+    # another round id or configuration under the same seed gives the same graph, and only
+    # the coordinator, who signs the spec, chooses it.
+    seeded = RoundConfig("round-1", ids, 10, 30, 21, 100, 9, seed=b"s" * 32)
+    again = RoundConfig("round-2", ids, 10, 30, 21, 100, 8, seed=b"s" * 32)
+    other = RoundConfig("round-1", ids, 10, 30, 21, 100, 9, seed=b"t" * 32)
+    assert seeded.graph().edges() == again.graph().edges() != other.graph().edges()
+    assert seeded.digest != again.digest
     # the relabelling is a real permutation, not the identity ring
     ring = {(ids[i], ids[(i + 1) % 200]) for i in range(200)}
     assert len(ring & a.graph().edges()) < 40
+
+
+def test_a_sparse_round_needs_T_honest_survivors_among_a_sites_holders():
+    """T + c_k must fit in a site's k + 1 holders: an aggregator that drops the k sites around a
+    small arc of the ring could otherwise unmask that arc's sum alone."""
+    ids = _ids(200)
+    with pytest.raises(ParameterError, match="holders of a site"):
+        RoundConfig("round-1", ids, 10, 30, 21, 100, 90)
+    cfg = RoundConfig("round-1", ids, 10, 30, 21, 100, 25, colluders=20, corrupt_holders=6)
+    assert cfg.holder_floor == 31 and cfg.quorum == 111
+    with pytest.raises(ParameterError, match="threshold t"):
+        RoundConfig("round-1", ids, 10, 30, 6, 100, 9, colluders=20, corrupt_holders=6)
+
+
+def test_the_threshold_counts_the_specs_colluders():
+    """issue 19 item 2: with K = 5 and c = 1 the semi-malicious threshold is
+    floor((5 + 1)/2) + 1 = 4 (the default 10 % corrupt fraction gave c = 0 and t = 3)."""
+    cfg = RoundConfig.create("r", _ids(5), 4, min_contributors=4, noise_threshold=3,
+                             colluders=1)
+    assert (cfg.threshold, cfg.colluders, cfg.corrupt_holders, cfg.quorum) == (4, 1, 1, 4)
+    assert RoundConfig.create("r", _ids(5), 4, min_contributors=3).threshold == 3
 
 
 def test_degree_grows_like_log_K():

@@ -31,8 +31,8 @@ from hypothesis import strategies as st
 from dpfed.secagg import csprng
 from dpfed.secagg.errors import SecAggError, TooFewSurvivors, UnsafeRequest
 from dpfed.secagg.messages import (AdvertisementBundle, MaskAttestation, ShareDelivery,
-                                   SurvivorList, SurvivorSignature, UnmaskRequest,
-                                   survivors_digest)
+                                   SurvivorCertificate, SurvivorList, SurvivorSignature,
+                                   UnmaskRequest, survivors_digest)
 from dpfed.secagg.protocol import RoundConfig, SiteSession
 from dpfed.wire.signing import SigningKey
 
@@ -115,8 +115,8 @@ class Coalition:
         att = [self.attestation(w, survivors) for w in sorted(set(survivors)
                                                               & set(self.graph.holders(site)))
                if w != site]
-        req = UnmaskRequest(**self.head, recipient=site, survivors=survivors,
-                            confirmations=tuple(conf),
+        cert = SurvivorCertificate(**self.head, survivors=survivors, confirmations=tuple(conf))
+        req = UnmaskRequest(**self.head, recipient=site, certificate=cert, confirmations=(),
                             attestations=tuple(a for a in att if a is not None))
         try:
             resp = self.sites[site].unmask(req.to_bytes())

@@ -28,7 +28,8 @@ Types and phases (Bonawitz et al., CCS 2017, Figure 4, rounds 0-4):
 | ``MaskAttestation`` | (inside ``MaskedInput``) | 2 MASKED_INPUT | the sites u masked with (signed) |
 | ``SurvivorList`` | agg -> site | 3 CONSISTENCY | U3: every site whose masked input is in the sum |
 | ``SurvivorSignature`` | site -> agg | 3 CONSISTENCY | the site's signature on the digest of U3 |
-| ``UnmaskRequest`` | agg -> site | 4 UNMASK | U3, >= quorum signatures on it, the holders' attestations |
+| ``SurvivorCertificate`` | (inside ``UnmaskRequest``) | 4 UNMASK | U3 and a quorum's signatures on it |
+| ``UnmaskRequest`` | agg -> site | 4 UNMASK | the certificate, the holders' signatures and attestations |
 | ``UnmaskResponse`` | site -> agg | 4 UNMASK | b-shares of survivors, s-key shares of dropouts |
 
 Phases 3-4 are Bonawitz et al.'s ConsistencyCheck and Unmasking (section 4, active adversary),
@@ -53,7 +54,8 @@ from dpfed.secagg.shamir import Share
 __all__ = ["Phase", "AGGREGATOR", "MAGIC", "Message", "KeyAdvertisement",
            "AdvertisementBundle", "EncryptedShare", "ShareKeys", "ShareDelivery", "MaskedInput",
            "UnmaskRequest", "UnmaskResponse", "parse", "MESSAGE_TYPES", "SharePlaintext",
-           "MaskAttestation", "SurvivorList", "SurvivorSignature", "survivors_digest"]
+           "MaskAttestation", "SurvivorList", "SurvivorSignature", "SurvivorCertificate",
+           "survivors_digest"]
 
 MAGIC = b"DSA2"     # DSA2: consistency phase, attestations (issue 19)
 AGGREGATOR = ""
@@ -493,15 +495,42 @@ def _check_messages(items, cls, name):
 
 
 @dataclass(frozen=True, kw_only=True)
+class SurvivorCertificate(Message):
+    """The survivor set U3 and the ``SurvivorSignature`` messages of a quorum of its members on
+    it: one object for the whole round (built and encoded once), carried inside every
+    ``UnmaskRequest``."""
+
+    survivors: tuple[str, ...]
+    confirmations: tuple[SurvivorSignature, ...]
+
+    TYPE: ClassVar[int] = 11
+    PHASE: ClassVar[Phase] = Phase.UNMASK
+    FROM_SITE: ClassVar[bool] = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_ids(self.survivors, "survivors")
+        _check_messages(self.confirmations, SurvivorSignature, "confirmations")
+
+    def _write_body(self, w):
+        _write_ids(w, self.survivors)
+        _write_messages(w, self.confirmations)
+
+    @classmethod
+    def _read_body(cls, r):
+        return {"survivors": _read_ids(r), "confirmations": _read_messages(r, SurvivorSignature)}
+
+
+@dataclass(frozen=True, kw_only=True)
 class UnmaskRequest(Message):
-    """Aggregator -> one site that confirmed U3 (round 4, Unmasking): the survivor set U3 again,
-    the survivors' ``SurvivorSignature`` messages on it (at least the round's consensus quorum,
-    and every holder of the recipient that is in U3) and the ``MaskAttestation`` of every holder
-    of the recipient in U3. The recipient derives who survived and who dropped from these
-    signed lists; nothing in it is a count the aggregator writes."""
+    """Aggregator -> one site that confirmed U3 (round 4, Unmasking): the round's
+    ``SurvivorCertificate`` (U3 and a quorum's signatures on it), the signatures of the
+    recipient's surviving holders not already in it, and the ``MaskAttestation`` of every
+    holder of the recipient in U3. The recipient derives who survived and who dropped from
+    these signed lists; nothing in it is a count the aggregator writes."""
 
     recipient: str
-    survivors: tuple[str, ...]
+    certificate: SurvivorCertificate
     confirmations: tuple[SurvivorSignature, ...]
     attestations: tuple[MaskAttestation, ...]
 
@@ -513,19 +542,27 @@ class UnmaskRequest(Message):
         super().__post_init__()
         if not isinstance(self.recipient, str) or not self.recipient:
             raise MalformedMessage("recipient must be a non-empty string")
-        _check_ids(self.survivors, "survivors")
+        if not isinstance(self.certificate, SurvivorCertificate):
+            raise MalformedMessage("an unmask request carries a SurvivorCertificate")
         _check_messages(self.confirmations, SurvivorSignature, "confirmations")
         _check_messages(self.attestations, MaskAttestation, "attestations")
 
+    @property
+    def survivors(self) -> tuple[str, ...]:
+        return self.certificate.survivors
+
+    def all_confirmations(self) -> tuple[SurvivorSignature, ...]:
+        return self.certificate.confirmations + self.confirmations
+
     def _write_body(self, w):
-        w.text(self.recipient)
-        _write_ids(w, self.survivors)
+        w.text(self.recipient).blob(self.certificate.to_bytes())
         _write_messages(w, self.confirmations)
         _write_messages(w, self.attestations)
 
     @classmethod
     def _read_body(cls, r):
-        return {"recipient": r.text(), "survivors": _read_ids(r),
+        return {"recipient": r.text(),
+                "certificate": SurvivorCertificate.from_bytes(r.blob(MAX_VECTOR_BYTES)),
                 "confirmations": _read_messages(r, SurvivorSignature),
                 "attestations": _read_messages(r, MaskAttestation)}
 
@@ -583,7 +620,7 @@ class UnmaskResponse(Message):
 MESSAGE_TYPES = {cls.TYPE: cls for cls in (KeyAdvertisement, AdvertisementBundle, ShareKeys,
                                            ShareDelivery, MaskedInput, UnmaskRequest,
                                            UnmaskResponse, MaskAttestation, SurvivorList,
-                                           SurvivorSignature)}
+                                           SurvivorSignature, SurvivorCertificate)}
 
 
 def parse(data: bytes) -> Message:

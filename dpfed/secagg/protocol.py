@@ -68,8 +68,9 @@ from dpfed.secagg.keys import (DOMAIN, RoundKeys, identity_private_key, mask_see
 from dpfed.secagg.masks import commit_self_seed, expand, mask_input, new_self_seed, self_mask
 from dpfed.secagg.messages import (AGGREGATOR, AdvertisementBundle, KeyAdvertisement,
                                    MaskAttestation, MaskedInput, Message, Phase, ShareDelivery,
-                                   ShareKeys, SharePlaintext, EncryptedShare, SurvivorList,
-                                   SurvivorSignature, UnmaskRequest, UnmaskResponse, parse,
+                                   ShareKeys, SharePlaintext, EncryptedShare,
+                                   SurvivorCertificate, SurvivorList, SurvivorSignature,
+                                   UnmaskRequest, UnmaskResponse, parse,
                                    survivors_digest)
 from dpfed.secagg.shamir import Share, reconstruct, split
 
@@ -127,6 +128,11 @@ class RoundConfig:
         if self.threshold <= self.corrupt_holders:
             raise ParameterError(f"the Shamir threshold t = {self.threshold} must exceed the "
                                  f"{self.corrupt_holders} colluding holders a site may have")
+        if self.noise_threshold + self.corrupt_holders > self.degree + 1:
+            raise ParameterError(
+                f"T = {self.noise_threshold} plus c_k = {self.corrupt_holders} colluding holders "
+                f"exceeds the {self.degree + 1} holders of a site: with the sparse graph a site's "
+                f"own neighbourhood must hold T honest survivors (RoundConfig.holder_floor)")
         if not isinstance(self.seed, bytes) or len(self.seed) > 64:
             raise ParameterError("seed must be at most 64 bytes")
         object.__setattr__(self, "_digest", hashlib.sha256(DOMAIN + self.to_bytes()).digest())
@@ -433,8 +439,9 @@ class SiteSession(_Session):
             self._fail(UnsafeRequest("the unmask request names another survivor set than the "
                                      "one this site signed"))
         u3 = set(self._survivors)
+        self._check_round(msg.certificate)
         signers = {self.site_id}
-        for c in msg.confirmations:
+        for c in msg.all_confirmations():
             self._check_round(c)
             if c.sender not in u3 or c.digest != self._signed_digest:
                 self._fail(UnsafeRequest("a confirmation of another set or by a non-survivor"))
@@ -721,16 +728,21 @@ class AggregatorSession(_Session):
             if alive < t:
                 self._fail(TooFewSurvivors(f"only {alive} confirmed holders of {v!r}'s mask "
                                            f"key; threshold {t}"))
+        # One certificate for everyone (encoded once): U3 and the first quorum of signatures;
+        # each request adds the signatures of the recipient's own holders not already in it.
         first = sorted(u4)[:cfg.quorum]
-        quorum, in_quorum = tuple(signed[s] for s in first), set(first)
+        in_quorum = set(first)
+        certificate = self._sign(SurvivorCertificate(
+            **self._head(), survivors=self._survivors,
+            confirmations=tuple(signed[s] for s in first)))
         out = {}
         for r in sorted(u4):
             holders = set(self._graph.holders(r))
             extra = tuple(signed[s] for s in sorted((u4 & holders) - in_quorum))
             att = tuple(inputs[w].attestation for w in sorted(u3 & holders) if w != r)
             out[r] = self._sign(UnmaskRequest(**self._head(), recipient=r,
-                                              survivors=self._survivors,
-                                              confirmations=quorum + extra, attestations=att))
+                                              certificate=certificate,
+                                              confirmations=extra, attestations=att))
         self._requests = out
         self._dropped = dropped
         self._absent = set(self._participants[Phase.MASKED_INPUT]) - u3

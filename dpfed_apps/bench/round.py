@@ -86,8 +86,10 @@ def run_bench(sites: int, dim: int, *, channels: int = 4, workers: int = 16,
 
 def run_secure(sites: int, dim: int, *, dropouts: int = 0, workers: int = 16, seed: int = 0,
                connections: int | None = None, tls: bool = False) -> dict:
-    """One secure round (dpfed_apps/bench/secure_sites.py): T = the sites that release, the last
-    ``dropouts`` sites refuse in the release step after key agreement."""
+    """One secure round (dpfed_apps/bench/secure_sites.py): T = the sites that release (capped,
+    with the sparse graph, at the surviving holders a site is sure to keep: a site's own
+    neighbourhood must hold T survivors, RoundConfig.holder_floor), the last ``dropouts``
+    sites refuse in the release step after key agreement."""
     import asyncio
 
     from dpfed_apps.bench.secure_sites import plan_round, run_sites
@@ -97,11 +99,15 @@ def run_secure(sites: int, dim: int, *, dropouts: int = 0, workers: int = 16, se
 
     if tls:
         raise ValueError("--tls is not implemented for --aggregation secure (plaintext only)")
+    from dpfed.secagg.graph import choose_graph_parameters
+
     releasing = sites - dropouts
+    graph = choose_graph_parameters(sites, corrupt_sites=0)
+    noise_threshold = min(releasing, graph.surviving_holders - graph.corrupt_holders)
     t_setup = time.perf_counter()
     fed = start_federation(sites, dim, workers=workers, seed=seed,
                            config={"max_clock_skew_s": 3600},
-                           spec_fields=dict(aggregation="secure", noise_threshold=releasing,
+                           spec_fields=dict(aggregation="secure", noise_threshold=noise_threshold,
                                             max_site_rows=100, quorum=releasing))
     try:
         spec = fed.spec
@@ -126,7 +132,7 @@ def run_secure(sites: int, dim: int, *, dropouts: int = 0, workers: int = 16, se
         phases = {p.phase: round(p.seconds, 4) for p in status.phases}
         site_max = plan.site_max_s
         return {"aggregation": "secure", "sites": sites, "dim": dim, "dropouts": dropouts,
-                "noise_threshold": releasing, "degree": plan.config.degree,
+                "noise_threshold": noise_threshold, "degree": plan.config.degree,
                 "threshold": plan.config.threshold, "tls": False,
                 "round_s": round(out["round_s"], 4),
                 "phases_s": phases,
