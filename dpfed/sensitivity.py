@@ -343,7 +343,7 @@ def noise_calibration(d: int, epsilon: float, x_bound: float, y_bound: float,
 
 def expected_noise(d: int, epsilon: float, x_bound: float, y_bound: float, budget_split=None, *,
                    neighbouring: str = "add_remove", xtx_sensitivity: str = "exact",
-                   x_norm_bound: float | None = None) -> NoiseDescription:
+                   x_norm_bound: float | None = None, row_cap: bool = False) -> NoiseDescription:
     """The ``NoiseDescription`` one release carries (dpfed.noise): one Laplace draw of scale
     ``noise_calibration(...).xtx_scale`` etc. per coordinate of Sxx (upper triangle), Sxy and Syy,
     and under add/remove one discrete Laplace draw on the integer grid (grid 1.0) of scale
@@ -353,10 +353,10 @@ def expected_noise(d: int, epsilon: float, x_bound: float, y_bound: float, budge
     to a grid 2^k far below the sensitivity and pays for that with a scale larger by at most a
     relative ~1e-8 (site_node.laplace); the description does not carry that difference. Both the
     site (what it declares) and the aggregator (what it expects from the spec) compute this
-    same function, so the two agree exactly."""
+    same function, so the two agree exactly. ``row_cap``: as ``noise_calibration``."""
     cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
                             neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
-                            x_norm_bound=x_norm_bound)
+                            x_norm_bound=x_norm_bound, row_cap=row_cap)
     n_terms = () if cal.n_scale is None else (NoiseTerm("discrete_laplace", cal.n_scale, 1, 1.0),)
     return NoiseDescription(xtx=(NoiseTerm("laplace", cal.xtx_scale),),
                             xty=(NoiseTerm("laplace", cal.xty_scale),),

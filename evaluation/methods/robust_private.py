@@ -55,10 +55,12 @@ def secure_inputs(blocks, setting: PrivacySetting, noise_threshold: int | None =
         raise ValueError("every block must have the same number of columns d")
     k = len(shaped)
     t = k if noise_threshold is None else int(noise_threshold)
+    # row_cap: as a secure round does (dpfed.secure_round._calibration): a site may hold more
+    # rows than max_site_rows and keep that many, so a neighbour may be a replacement.
     cal = noise_calibration(d, setting.epsilon, setting.x_bound, setting.y_bound,
                             setting.budget_split, neighbouring=setting.neighbouring,
                             xtx_sensitivity=setting.xtx_sensitivity,
-                            x_norm_bound=setting.x_norm_bound)
+                            x_norm_bound=setting.x_norm_bound, row_cap=True)
     grid = calibrate(d=d, n_max=max(x.shape[0] for x, _ in shaped), n_sites=k,
                      x_bound=setting.x_bound, y_bound=setting.y_bound, calibration=cal,
                      noise_threshold=t)
