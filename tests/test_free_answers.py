@@ -232,3 +232,32 @@ def test_secure_calibration_prices_the_row_cap():
     plain = noise_calibration(3, 1.0, 0.5, 2.0, [0.30, 0.50, 0.05, 0.15])
     assert grid.real_noise_scales()["xty"] == pytest.approx(2 * plain.xty_scale, rel=1e-3)
     assert grid.real_noise_scales()["xtx"] == pytest.approx(plain.xtx_scale, rel=1e-3)
+
+
+def test_the_noisy_min_n_refusal_is_charged_once_and_never_redrawn(tmp_path):
+    """Add/remove: the only refusal that depends on the rows is decided on the noisy n of a
+    release already drawn; the ledger charges it, and every later ask (the same spec again,
+    the release notice, a consent, a restarted node) gets the stored refusal or a consent,
+    never a fresh draw and never a second charge."""
+    from site_node.policy import NOISY_MIN_N_REASON
+    from tests.test_site_node import _notice, make_spec
+
+    config, coordinator, _ = write_site(tmp_path, data_text=rows_text(3), policy="""
+max_epsilon_per_round = 200.0
+total_epsilon = 500.0
+min_n = 20
+""")
+    node = SiteNode(load_config(config))
+    envelope = coordinator.sign(make_spec(epsilon=100.0))   # noisy n: 3 +- 0.07
+    first = node.handle_round(envelope)
+    refusal = parse_canonical(first.payload, "dpfed.v1.Refusal")
+    assert refusal.reason == NOISY_MIN_N_REASON and refusal.epsilon_spent == 100.0
+    assert node.ledger.spent == pytest.approx(100.0)
+    same = first.SerializeToString()
+    assert node.handle_round(envelope).SerializeToString() == same
+    assert node.handle_notice(_notice(envelope, ["hospital-a"])).SerializeToString() == same
+    assert node.consent(envelope).payload_type == "dpfed.v1.PhaseMessage"
+    restarted = SiteNode(load_config(config))
+    assert restarted.handle_round(envelope).SerializeToString() == same
+    assert restarted.ledger.spent == pytest.approx(100.0)
+    assert len(restarted.ledger.releases()) == 1
