@@ -22,7 +22,7 @@ class ConfigError(ValueError):
 # nearest valid key (dpfed.configkeys).
 TOP_KEYS = frozenset({"listen", "state_db", "insecure", "tls", "max_clock_skew_s", "sites",
                       "coordinators", "max_workers", "max_streams", "max_concurrent_rpcs",
-                      "skip_fit", "grace_s"})
+                      "skip_fit", "grace_s", "signing_key"})
 TLS_KEYS = frozenset({"ca_cert", "cert", "key", "crl"})
 ENTRY_KEYS = {"sites": frozenset({"site_id", "public_key"}),
               "coordinators": frozenset({"coordinator_id", "public_key"})}
@@ -72,6 +72,11 @@ class AggregatorConfig:
     # Benchmarks only: close rounds at quorum without fitting, to time the federation alone.
     skip_fit: bool = False
     grace_s: float = 5.0
+    # The aggregator's Ed25519 identity key (its kit's keys/aggregator.key from `dpfed
+    # provision`): it signs every secure-aggregation message it sends, and the sites check
+    # the signature against the key id the coordinator pinned (RoundSpec.aggregator_key_id).
+    # None: no secure round can run (StartRound of a secure spec is refused).
+    signing_key: Path | None = None
 
 
 def _entries(items, id_key: str, base: Path, what: str) -> tuple[KeyEntry, ...]:
@@ -130,6 +135,21 @@ def _crl_path(raw: dict, base: Path, tls: TlsFiles | None) -> Path | None:
     return path
 
 
+def _signing_key_path(raw: dict, base: Path) -> Path | None:
+    """``signing_key``: the path of the aggregator's Ed25519 private key, optional."""
+    key = raw.get("signing_key")
+    if key is None:
+        return None
+    if not isinstance(key, str) or not key:
+        raise ConfigError("signing_key must be the path of the aggregator's Ed25519 private key "
+                          "(keys/aggregator.key of its kit from `dpfed provision`)")
+    path = base / key
+    if not path.is_file():
+        raise ConfigError(f"signing_key names {str(path)!r}, which does not exist (the "
+                          "aggregator kit's keys/aggregator.key from `dpfed provision`)")
+    return path
+
+
 def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
                      insecure: bool = False) -> AggregatorConfig:
     """``insecure``: the command line's --insecure (plaintext even with a [tls] table)."""
@@ -156,6 +176,7 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
         max_concurrent_rpcs=int(raw.get("max_concurrent_rpcs", 4096)),
         skip_fit=bool(raw.get("skip_fit", False)),
         grace_s=float(raw.get("grace_s", 5.0)),
+        signing_key=_signing_key_path(raw, base),
     )
 
 

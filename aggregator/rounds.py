@@ -92,9 +92,13 @@ def _noise_of(wire: bytes) -> dpnoise.NoiseDescription:
 
 class RoundManager(SecureSteps):
     def __init__(self, store: RoundStore, registry: Registry, *, max_clock_skew_s: float = 300.0,
-                 skip_fit: bool = False, clock=time.time):
+                 skip_fit: bool = False, clock=time.time, signing_key=None):
         self.store = store
         self.registry = registry
+        # The aggregator's identity key (dpfed.wire.signing.SigningKey, aggregator.toml
+        # signing_key): signs every secure-aggregation message it sends. None: secure rounds
+        # are refused at StartRound (aggregator.secure_rounds).
+        self.signing_key = signing_key
         self.max_clock_skew_ms = int(max_clock_skew_s * 1000)
         self.skip_fit = skip_fit
         self.clock = clock
@@ -220,6 +224,13 @@ class RoundManager(SecureSteps):
             except ValueError as exc:
                 problems.append(str(exc))
         invited = sorted(spec.sites) if spec.sites else self.registry.site_ids()
+        if secure_round.is_secure(spec):
+            unsigned = self._signing_problem(spec)
+            if unsigned and self.signing_key is None:
+                raise Rejected("FAILED_PRECONDITION", f"round {spec.round_id!r} refused: "
+                                                      f"{unsigned}")
+            if unsigned:
+                problems.append(unsigned)
         if not problems and secure_round.is_secure(spec) and spec.site_key_ids:
             # The coordinator's anchor of the identity keys relayed to the sites: it must name
             # the keys this aggregator has registered.

@@ -19,12 +19,21 @@ Each step ends when every site it waits for answered (or refused), or at its own
 soon as every needed secret has t shares. A step the secagg core cannot close (too few
 survivors, a share that fails its commitment) fails the round with the core's reason.
 
+Signatures: the aggregator signs every secagg message it sends (bundles, deliveries, survivor
+lists, unmask requests and the survivor certificate) with its identity key (aggregator.toml
+``signing_key``); the "keys" notice relays its public key beside the sites' (under the secagg
+sender id of the aggregator, ``dpfed.secagg.messages.AGGREGATOR``), and each site checks it
+against the key id the coordinator signed into the spec (``aggregator_key_id``) before it
+advertises anything, then verifies every later message with it. Without a signing key, or with
+another key than the spec pins, no secure round starts (``_signing_problem``).
+
 Durability: every message the session consumed is in the store before it is counted (the key
 and unmask messages in ``phase_messages``, the masked releases in ``contributions``), together
 with its nonce, in one group commit; a step change is one transaction (state, step, its
-deadline). The session's outputs are deterministic functions of what it consumed (the
-aggregator signs nothing), so ``_replay`` rebuilds it after a restart by feeding the stored
-messages through the same steps, and the sites are pushed the same notices again.
+deadline). The session's outputs are deterministic functions of what it consumed (Ed25519
+signatures are deterministic, RFC 8032), so ``_replay`` rebuilds it after a restart by feeding
+the stored messages through the same steps, and the sites are pushed the same notices again,
+byte for byte.
 """
 
 from __future__ import annotations
@@ -33,8 +42,8 @@ import logging
 
 from dpfed import secure_round
 from dpfed.secagg import errors as secagg_errors
-from dpfed.secagg.messages import (KeyAdvertisement, MaskedInput, ShareKeys, SurvivorSignature,
-                                   UnmaskResponse)
+from dpfed.secagg.messages import (AGGREGATOR, KeyAdvertisement, MaskedInput, ShareKeys,
+                                   SurvivorSignature, UnmaskResponse)
 from dpfed.secagg.protocol import AggregatorSession
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import canonical_bytes, parse_canonical
@@ -82,11 +91,35 @@ class SecureSteps:
                                                 f"are not registered at the aggregator")
         return {s: self.registry.sites[s].public_key for s in sites}
 
-    def _new_session(self, live: LiveRound, participants):
-        """(SecureRound, AggregatorSession) for ``participants``; SecureRoundError if
-        infeasible (too few for T + c or the quorum, a grid that would overflow)."""
+    def _signing_problem(self, spec) -> str:
+        """Why this aggregator cannot sign the secagg messages of secure ``spec`` with the key
+        the spec pins ("" if it can, or if the spec pins none: dpfed.secure_round.
+        secure_problems refuses that)."""
+        if self.signing_key is None:
+            return ("this aggregator has no signing key (signing_key in aggregator.toml): it "
+                    "signs every secure-aggregation message it sends, and the sites refuse "
+                    "unsigned ones, so it runs no secure round")
+        if spec.aggregator_key_id and spec.aggregator_key_id != self.signing_key.key_id:
+            return (f"aggregator_key_id names key {spec.aggregator_key_id}, but this aggregator "
+                    f"signs with key {self.signing_key.key_id} (signing_key in "
+                    f"aggregator.toml): the sites would refuse every message it sends")
+        return ""
+
+    def _new_session(self, live: LiveRound, participants, *, signing: bool = True):
+        """(SecureRound, AggregatorSession) for ``participants``, signing with the
+        aggregator's identity key; SecureRoundError if infeasible (too few for T + c or the
+        quorum, a grid that would overflow, no signing key or not the one the spec pins).
+        ``signing`` False: a session rebuilt only to compute a finished round's sum, which
+        sends nothing, so it needs no key."""
+        problem = self._signing_problem(live.spec) or (
+            "" if live.spec.aggregator_key_id else
+            "the spec pins no aggregator key (aggregator_key_id): the sites cannot check the "
+            "aggregator's signatures")
+        if problem and signing:
+            raise secure_round.SecureRoundError(problem)
         secure = secure_round.build(live.spec, participants)
-        return secure, AggregatorSession(secure.config, self._identity_keys(secure.sites))
+        return secure, AggregatorSession(secure.config, self._identity_keys(secure.sites),
+                                         signing_key=self.signing_key)
 
     def _step_deadline(self, live: LiveRound, step: str, now: int) -> int:
         """When ``step`` ends: its weight's share of the time left to the round's deadline,
@@ -157,10 +190,13 @@ class SecureSteps:
         if envelope is None:
             if step == ADVERTISE:
                 # Every participant's key: a site verifies survivors' signatures on the
-                # survivor set, any participant's (encoded once per step).
+                # survivor set, any participant's; and, under the secagg sender id of the
+                # aggregator, the key that signs every later notice body (encoded once per
+                # step; a site checks it against the spec's aggregator_key_id).
                 if live.keys_body is None:
                     live.keys_body = secure_round.encode_keys(
-                        self._identity_keys(sorted(live.participants)))
+                        {**self._identity_keys(sorted(live.participants)),
+                         AGGREGATOR: self.signing_key.public_key})
                 body = live.keys_body
             else:
                 body = live.outputs.get(site)
@@ -406,7 +442,8 @@ class SecureSteps:
         through the steps up to the stored one; with ``finish`` the sum too."""
         stored = live.stored
         step = stored.secure_step or ADVERTISE
-        live.secure, live.session = self._new_session(live, stored.participants)
+        live.secure, live.session = self._new_session(live, stored.participants,
+                                                      signing=not finish)
         live.participants = frozenset(stored.participants)
         session = live.session
         upto = SECURE_STEPS.index(step)

@@ -38,6 +38,20 @@ def pending_call_options(cfg: AggregatorConfig) -> list[tuple[str, int]]:
             ("grpc.server.max_pending_requests_hard_limit", 2 * cfg.max_concurrent_rpcs)]
 
 
+def load_signing_key(config: AggregatorConfig):
+    """The aggregator's identity key (aggregator.toml ``signing_key``), or None without one
+    (then it runs no secure round). ConfigError when the file is not an Ed25519 private key."""
+    if config.signing_key is None:
+        return None
+    from aggregator.config import ConfigError
+    from dpfed.wire.signing import SigningKey
+    try:
+        return SigningKey.load(config.signing_key)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ConfigError(f"signing_key {str(config.signing_key)!r}: not an Ed25519 private "
+                          f"key ({exc})") from None
+
+
 class AggregatorServer:
     """The aggregator's gRPC server on grpc.aio, driven from ordinary threads: ``start``,
     ``stop`` and ``wait`` block like the thread-pool server's, while the asyncio event loop
@@ -50,6 +64,7 @@ class AggregatorServer:
         # grpc.aio.ServerInterceptor (tests/test_shutdown.py)
         self.interceptors = tuple(interceptors)
         self.registry = Registry.from_config(config)
+        self.signing_key = load_signing_key(config)
         self.store: RoundStore | None = None
         self.manager: RoundManager | None = None
         self.server: grpc.aio.Server | None = None
@@ -78,7 +93,7 @@ class AggregatorServer:
         Path(cfg.state_db).parent.mkdir(parents=True, exist_ok=True)
         self.store = RoundStore(cfg.state_db)
         self.manager = RoundManager(self.store, self.registry, max_clock_skew_s=cfg.max_clock_skew_s,
-                                    skip_fit=cfg.skip_fit)
+                                    skip_fit=cfg.skip_fit, signing_key=self.signing_key)
         self.manager.recover()
         self._executor = futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
                                                     thread_name_prefix="grpc")
@@ -93,8 +108,11 @@ class AggregatorServer:
             self.store.close()
             raise
         log.info("aggregator listening on port %d with %d site(s) and %d coordinator(s) "
-                 "registered; state in %s", self.port, len(self.registry.sites),
-                 len(self.registry.coordinator_keys), cfg.state_db)
+                 "registered; state in %s; %s", self.port, len(self.registry.sites),
+                 len(self.registry.coordinator_keys), cfg.state_db,
+                 f"signs secure-aggregation messages with key {self.signing_key.key_id}"
+                 if self.signing_key is not None else
+                 "no signing_key: secure rounds are refused")
         return self.port
 
     async def _start(self) -> int:

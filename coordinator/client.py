@@ -21,7 +21,8 @@ FINAL_STATES = (pb.RoundStatus.DONE, pb.RoundStatus.FAILED)
 class KeyPinError(ValueError):
     """The coordinator refuses to sign a secure round spec: it cannot pin an invited site's
     identity key from its own records, or the aggregator reports another key than the record
-    (docs/security.md, "Identity keys relayed by the aggregator"). ``str`` names the site(s);
+    (docs/security.md, "Identity keys relayed by the aggregator"), or it has no record of the
+    aggregator's own identity key. ``str`` names the site(s) or the aggregator's key;
     ``exit_code`` is what ``dpfed round start`` exits with (dpfed.exitcodes)."""
 
     def __init__(self, message: str, exit_code: int = exitcodes.REFUSED):
@@ -49,11 +50,24 @@ def load_site_keys(folder: str | Path) -> dict[str, str]:
     return records
 
 
+def load_aggregator_key(path: str | Path) -> str:
+    """The coordinator's record of the aggregator's identity key: the key id of the Ed25519
+    public key in ``path``, the CA's ``public/aggregator.pub`` (what ``dpfed provision``
+    records when it issues the aggregator) or a copy of it. ValueError says what is wrong."""
+    path = Path(path)
+    try:
+        return key_id(load_public_key(path))
+    except (OSError, ValueError, TypeError) as exc:
+        raise ValueError(f"aggregator_key: {path} is not an Ed25519 public key (expected the "
+                         f"CA's public/aggregator.pub from `dpfed provision`): {exc}") from None
+
+
 class Coordinator:
     def __init__(self, address: str, signing_key: SigningKey | str | Path | None,
                  coordinator_id: str, tls: TlsFiles | None = None, *, timeout_s: float = 30.0,
                  server_name: str | None = None,
-                 site_keys: Mapping[str, str] | str | Path | None = None):
+                 site_keys: Mapping[str, str] | str | Path | None = None,
+                 aggregator_key=None):
         if signing_key is not None and not isinstance(signing_key, SigningKey):
             signing_key = SigningKey.load(signing_key)
         self.signing_key = signing_key
@@ -63,6 +77,15 @@ class Coordinator:
         if site_keys is not None and not isinstance(site_keys, Mapping):
             site_keys = load_site_keys(site_keys)
         self.site_records = None if site_keys is None else dict(site_keys)
+        # The coordinator's own record of the aggregator's identity key (its key id): the pin
+        # of a secure round's aggregator_key_id. The key id itself (str), the Path of a .pub
+        # file (load_aggregator_key) or an Ed25519 public key; None: no record, so no secure
+        # round can be signed.
+        if isinstance(aggregator_key, Path):
+            aggregator_key = load_aggregator_key(aggregator_key)
+        elif aggregator_key is not None and not isinstance(aggregator_key, str):
+            aggregator_key = key_id(aggregator_key)
+        self.aggregator_record = aggregator_key or None
         self.coordinator_id = coordinator_id
         self.timeout_s = timeout_s
         # Mutual TLS with the federation's CA (dpfed provision); ``server_name``: the name in
@@ -92,9 +115,11 @@ class Coordinator:
         """Sign and start ``spec``. quorum 0 (round.toml without a quorum) means every invited
         site: the sites listed, or every site registered at the aggregator (asked here). A
         secure spec first gets its invited sites and their key pins from the coordinator's
-        records (``pin_site_keys``; KeyPinError: nothing is signed)."""
+        records (``pin_site_keys``), and the aggregator's key pin from its record
+        (``pin_aggregator_key``; KeyPinError: nothing is signed)."""
         if spec.aggregation == "secure":
             spec = self.pin_site_keys(spec)
+            spec = self.pin_aggregator_key(spec)
         if spec.quorum == 0:
             spec = pb.RoundSpec.FromString(spec.SerializeToString())
             spec.quorum = len(spec.sites) or len(self.list_sites())
@@ -145,6 +170,28 @@ class Coordinator:
         spec.sites.extend(sites)
         spec.site_key_ids.clear()
         spec.site_key_ids.update({s: records[s] for s in sites})
+        return spec
+
+    def pin_aggregator_key(self, spec: pb.RoundSpec) -> pb.RoundSpec:
+        """A copy of the secure ``spec`` that pins the aggregator's identity key id from the
+        coordinator's own record (``aggregator_key_id``): the aggregator signs every
+        secure-aggregation message it sends with that key, and each site refuses a round whose
+        "keys" notice relays another one (docs/security.md). A coordinator without the record
+        raises KeyPinError with exit 2 (coordinator.toml needs ``aggregator_key``); a spec
+        that already pins another key id than the record raises it with exit 4."""
+        record = self.aggregator_record
+        if record is None:
+            raise KeyPinError(f"refusing to sign secure round {spec.round_id!r}: a secure round "
+                              f"pins the aggregator's identity key from the coordinator's own "
+                              f"record, and this coordinator has none: set aggregator_key in "
+                              f"coordinator.toml (or --aggregator-key) to the CA's "
+                              f"public/aggregator.pub from `dpfed provision`", exitcodes.USAGE)
+        if spec.aggregator_key_id and spec.aggregator_key_id != record:
+            raise KeyPinError(f"refusing to sign secure round {spec.round_id!r}: the spec pins "
+                              f"aggregator key {spec.aggregator_key_id}, the coordinator's "
+                              f"record is {record}")
+        spec = pb.RoundSpec.FromString(spec.SerializeToString())
+        spec.aggregator_key_id = record
         return spec
 
     def status(self, round_id: str) -> pb.RoundStatus:

@@ -128,6 +128,10 @@ def secure_problems(spec, invited: int) -> list[str]:
     missing = sorted(s for s in set(spec.sites) if not spec.site_key_ids.get(s))
     if missing:
         problems.append(f"site_key_ids lists no key for invited site(s) {', '.join(missing)}")
+    if not spec.aggregator_key_id:
+        problems.append("a secure round must pin the aggregator's identity key "
+                        "(aggregator_key_id, from the coordinator's own record): the sites "
+                        "verify its signature on every secure-aggregation message it sends")
     if not problems and invited >= 2:
         try:
             _calibration(spec, invited)

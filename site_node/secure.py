@@ -4,7 +4,7 @@ After consent (``SiteNode.consent``, as for any round) the aggregator pushes one
 ``PhaseNotice`` per step, each carrying the coordinator-signed spec (verified again here)
 and what the step needs in ``body``:
 
-    "keys"        participants + the identity keys of this site's holders
+    "keys"        participants + the identity keys of the participants and the aggregator
                   -> build the RoundConfig, SiteSession.advertise()   -> SendPhase("advertise")
     "share_keys"  AdvertisementBundle -> SiteSession.share_keys()   -> SendPhase("share_keys")
     "release"     ShareDelivery -> fixed-point statistics + this site's 1/T noise share
@@ -26,9 +26,12 @@ storing the answer) gets the same answer body again under a fresh nonce.
 What this site checks on its own, whatever the aggregator says: the spec's signature and the
 site policy (``policy.max_noise_threshold``: the largest T it accepts), that it is a
 participant and the participants make a feasible round, that every relayed identity key
-matches the key id the coordinator signed into the spec (``site_key_ids``, when given), and
-everything the secagg core checks (signed adverts, authenticated shares, at least t holders,
-never revealing both secrets of a site, at least max(T + c, quorum) contributions).
+matches the key id the coordinator signed into the spec (``site_key_ids``, when given), that
+the aggregator's relayed key matches ``aggregator_key_id`` (a secure spec without it is
+refused) and then that every later notice body carries that key's valid signature
+(``SiteSession(aggregator_key=...)``), and everything the secagg core checks (signed adverts,
+authenticated shares, at least t holders, never revealing both secrets of a site, at least
+max(T + c, quorum) contributions).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from dpfed import secure_round
 from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
 from dpfed.secagg.errors import SecAggError
+from dpfed.secagg.messages import AGGREGATOR
 from dpfed.secagg.protocol import SiteSession
 from dpfed.sensitivity import row_norm_bound
 from dpfed.statistics import validate_shapes
@@ -60,6 +64,13 @@ log = logging.getLogger(__name__)
 ANSWER_PHASE = {"keys": "advertise", "share_keys": "share_keys", "confirm": "confirm",
                 "unmask": "unmask"}
 NOTICE_PHASES = ("keys", "share_keys", "release", "confirm", "unmask")
+# Fixed reasons of a "keys" notice refused for the aggregator's key (sent before this site
+# advertised anything).
+NO_AGGREGATOR_PIN = ("the spec pins no aggregator key (aggregator_key_id): this site cannot "
+                     "check the aggregator's signatures on the secure-aggregation messages")
+NO_AGGREGATOR_KEY = "the key notice relays no aggregator key"
+WRONG_AGGREGATOR_KEY = ("the key notice relays another aggregator key than the one the "
+                        "coordinator signed (aggregator_key_id)")
 # Steps after this site's masked release: a refusal message would be refused (the site is
 # accounted as released); it says why in its own log and answers nothing.
 AFTER_RELEASE = ("confirm", "unmask")
@@ -189,11 +200,20 @@ class SecureSite:
         if outside:
             return self._refuse(spec, spec_digest, f"the key notice names sites the spec does "
                                                    f"not invite: {', '.join(outside[:5])}")
+        if not spec.aggregator_key_id:
+            return self._refuse(spec, spec_digest, NO_AGGREGATOR_PIN)
         try:
             secure = secure_round.build(spec, participants)
             keys = secure_round.decode_keys(notice.body)
         except secure_round.SecureRoundError as exc:
             return self._refuse(spec, spec_digest, str(exc))
+        # The aggregator's identity key, relayed under its secagg sender id: it must be the
+        # one the coordinator pinned, and it signs every later notice body of the round.
+        aggregator_key = keys.pop(AGGREGATOR, None)
+        if aggregator_key is None:
+            return self._refuse(spec, spec_digest, NO_AGGREGATOR_KEY)
+        if key_id(aggregator_key) != spec.aggregator_key_id:
+            return self._refuse(spec, spec_digest, WRONG_AGGREGATOR_KEY)
         holders = secure.config.graph().holders(node.site_id)
         # Every participant's key: survivors' signatures on the survivor set are checked
         # against them (each pinned by the coordinator in site_key_ids).
@@ -213,7 +233,8 @@ class SecureSite:
                                     f"key ids the coordinator signed (site_key_ids) for "
                                     f"{', '.join(wrong[:5])}")
         session = SiteSession(secure.config, node.site_id, node.signing_key,
-                              {h: keys[h] for h in participants})
+                              {h: keys[h] for h in participants},
+                              aggregator_key=aggregator_key)
         body = session.advertise().to_bytes()
         state = _SecureState(spec, spec_digest, secure, session)
         state.answered["keys"] = body

@@ -40,10 +40,13 @@ class Federation:
         self.tmp = tmp_path
         self.site_keys = {s: SigningKey.generate() for s in self.SITES}
         self.coordinator_key = SigningKey.generate()
-        for name, key in [*self.site_keys.items(), ("coordinator", self.coordinator_key)]:
+        # The aggregator's identity key (signing_key): signs its secure-aggregation messages.
+        self.aggregator_key = SigningKey.generate()
+        for name, key in [*self.site_keys.items(), ("coordinator", self.coordinator_key),
+                          ("aggregator", self.aggregator_key)]:
             key.save(tmp_path / f"{name}.key", tmp_path / f"{name}.pub")
         self.raw = {"listen": "127.0.0.1:0", "state_db": "agg.sqlite", "insecure": True,
-                    "max_clock_skew_s": 60, "grace_s": 0.5,
+                    "max_clock_skew_s": 60, "grace_s": 0.5, "signing_key": "aggregator.key",
                     "sites": [{"site_id": s, "public_key": f"{s}.pub"} for s in self.SITES],
                     "coordinators": [{"coordinator_id": "coord", "public_key": "coordinator.pub"}],
                     **config}
@@ -62,9 +65,11 @@ class Federation:
         self.address = f"127.0.0.1:{self.port}"
         self.channel = grpc.insecure_channel(self.address)
         self.stub = pb_grpc.AggregatorStub(self.channel)
-        # The coordinator's own record of the sites' keys: what a secure round's spec pins.
+        # The coordinator's own record of the sites' and the aggregator's keys: what a secure
+        # round's spec pins.
         self.coordinator = Coordinator(self.address, self.coordinator_key, "coord",
-                                       site_keys={s: k.key_id for s, k in self.site_keys.items()})
+                                       site_keys={s: k.key_id for s, k in self.site_keys.items()},
+                                       aggregator_key=self.aggregator_key.key_id)
 
     def stop(self):
         self.channel.close()

@@ -45,6 +45,10 @@ class SecureFed:
         self.sites = [f"site-{chr(97 + i)}" for i in range(n_sites)]
         self.coordinator_key = SigningKey.generate()
         self.coordinator_key.save(self.tmp / "coord.key", self.tmp / "coord.pub")
+        # The aggregator's identity key (aggregator.toml signing_key): it signs every secagg
+        # message it sends; the coordinator pins its key id from aggregator.pub.
+        self.aggregator_key = SigningKey.generate()
+        self.aggregator_key.save(self.tmp / "aggregator.key", self.tmp / "aggregator.pub")
         self.site_keys = {}
         for i, s in enumerate(self.sites):
             key = SigningKey.generate()
@@ -56,6 +60,7 @@ class SecureFed:
         self.policy_extra = dict(policy_extra or {})   # more site.toml [policy] keys
         self.raw = {"listen": "127.0.0.1:0", "state_db": "agg.sqlite", "insecure": True,
                     "max_clock_skew_s": 300, "grace_s": 0.2, "skip_fit": True,
+                    "signing_key": "aggregator.key",
                     "sites": [{"site_id": s, "public_key": f"{s}.pub"} for s in self.sites],
                     "coordinators": [{"coordinator_id": "coord", "public_key": "coord.pub"}]}
         self.server = None
@@ -78,7 +83,8 @@ class SecureFed:
     def coordinator(self):
         from coordinator.client import Coordinator
         return Coordinator(self.address, self.coordinator_key, "coord", timeout_s=10,
-                           site_keys=self.site_records())
+                           site_keys=self.site_records(),
+                           aggregator_key=self.aggregator_key.key_id)
 
     def site_records(self) -> dict[str, str]:
         """The coordinator's record of the sites' identity keys (site id -> key id)."""

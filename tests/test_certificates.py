@@ -99,7 +99,7 @@ def private_key_pems(parties: dict[str, Path]) -> list[bytes]:
 def test_csr_flow_the_ca_never_holds_a_party_private_key(csr_federation):
     out, parties = csr_federation
     secrets = private_key_pems(parties)
-    assert len(secrets) == 2 * len(SITES) + 2 + 1   # TLS + signing per site and coordinator, aggregator TLS
+    assert len(secrets) == 2 * len(SITES) + 2 + 2   # TLS + signing key per party
     key_files = [p.relative_to(out) for p in out.rglob("*.key")]
     assert key_files == [Path("ca/ca.key")]          # no kit in the CA's folder holds a key
     for path in (p for p in out.rglob("*") if p.is_file()):
@@ -119,6 +119,11 @@ def test_csr_flow_the_ca_never_holds_a_party_private_key(csr_federation):
         assert (parties["aggregator"] / "keys" / f"{name}.pub").read_bytes() == \
             (parties[name] / "keys" / f"{name}.pub").read_bytes()
         assert own.key_id
+    # The aggregator's identity key (it signs its secure-aggregation messages) is its own too,
+    # and the CA records its public half for the coordinators' pin.
+    from coordinator.client import load_aggregator_key
+    own = SigningKey.load(parties["aggregator"] / "keys" / "aggregator.key")
+    assert load_aggregator_key(out / "public" / "aggregator.pub") == own.key_id
 
 
 def test_requests_are_checked(tmp_path):

@@ -7,7 +7,9 @@ round.toml lists none) and pins each one's identity key id from its record (``si
 CA's public/sites/ folder of <site_id>.pub files). ListSites is asked only to compare: a site
 whose listed key id differs from the record, or a site without a record, makes the coordinator
 refuse to sign (KeyPinError naming the site; `dpfed round start` exits 4), and nothing reaches
-the aggregator.
+the aggregator. The aggregator's own identity key (it signs every secure-aggregation message it
+sends) is pinned the same way, from ``aggregator_key`` (the CA's public/aggregator.pub) into
+``aggregator_key_id`` (issue 19, item 7).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import tomllib
 
 import pytest
 
-from coordinator.client import Coordinator, KeyPinError, load_site_keys
+from coordinator.client import Coordinator, KeyPinError, load_aggregator_key, load_site_keys
 from dpfed import exitcodes
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import parse_canonical
@@ -55,8 +57,12 @@ def _records(keys):
     return {s: k.key_id for s, k in keys.items()}
 
 
-def _coordinator(stub, records):
-    c = Coordinator("127.0.0.1:1", SigningKey.generate(), "coord", site_keys=records)
+AGGREGATOR_KEY = SigningKey.generate()
+
+
+def _coordinator(stub, records, aggregator=AGGREGATOR_KEY.public_key):
+    c = Coordinator("127.0.0.1:1", SigningKey.generate(), "coord", site_keys=records,
+                    aggregator_key=aggregator)
     c.stub = stub
     return c
 
@@ -128,6 +134,51 @@ def test_secure_spec_names_its_sites_sorted_and_pins_the_records():
     assert dict(first.site_key_ids) == records
     assert list(second.sites) == ["site-a", "site-c"]
     assert dict(second.site_key_ids) == {s: records[s] for s in ("site-a", "site-c")}
+    assert first.aggregator_key_id == second.aggregator_key_id == AGGREGATOR_KEY.key_id
+
+
+def test_a_coordinator_without_the_aggregator_record_signs_no_secure_round():
+    """No record of the aggregator's identity key: no secure round is signed (exit 2, naming
+    aggregator_key), an independent one still is and pins nothing."""
+    keys = _keys()
+    stub = StubAggregator(_records(keys))
+    with _coordinator(stub, _records(keys), aggregator=None) as c:
+        with pytest.raises(KeyPinError, match="aggregator_key") as info:
+            c.start_round(_secure_spec())
+        assert info.value.exit_code == exitcodes.USAGE and stub.started == []
+        c.start_round(_secure_spec(aggregation="", noise_threshold=0, max_site_rows=0,
+                                   quorum=1))
+    assert len(stub.started) == 1 and not stub.signed_spec().aggregator_key_id
+
+
+def test_a_spec_that_already_pins_another_aggregator_key_is_refused():
+    keys = _keys()
+    records = _records(keys)
+    stub = StubAggregator(records)
+    other = SigningKey.generate().key_id
+    with _coordinator(stub, records) as c:
+        with pytest.raises(KeyPinError, match=other) as info:
+            c.start_round(_secure_spec(aggregator_key_id=other))
+        assert info.value.exit_code == exitcodes.REFUSED
+        c.start_round(_secure_spec(aggregator_key_id=AGGREGATOR_KEY.key_id))   # the record
+    assert len(stub.started) == 1
+
+
+def test_load_aggregator_key_reads_the_cas_public_record(tmp_path):
+    """The record is dpfed provision's public/aggregator.pub, the public half of the kit's
+    keys/aggregator.key (the aggregator.toml signing_key)."""
+    from dpfed_apps.ca import aggregator_key_path, project_from_dict, provision
+    provision(project_from_dict({"federation": "pins", "sites": list(SITES),
+                                 "coordinators": ["coord"],
+                                 "aggregator": {"address": "127.0.0.1:50051"}}), tmp_path)
+    kit_key = SigningKey.load(tmp_path / "aggregator" / "keys" / "aggregator.key")
+    assert load_aggregator_key(aggregator_key_path(tmp_path)) == kit_key.key_id
+    c = Coordinator("127.0.0.1:1", SigningKey.generate(), "coord",
+                    aggregator_key=aggregator_key_path(tmp_path))
+    assert c.aggregator_record == kit_key.key_id
+    c.close()
+    with pytest.raises(ValueError, match="aggregator_key"):
+        load_aggregator_key(tmp_path / "nowhere.pub")
 
 
 def test_a_spec_that_already_pins_another_key_than_the_record_is_refused():
@@ -247,11 +298,27 @@ def test_round_start_with_honest_records_pins_them_and_the_aggregator_accepts(
                       f'signing_key = "coordinator.key"\nsite_keys = "site-keys"\n'
                       f"insecure = true\n")
     spec = _secure_round_toml(tmp_path / "round.toml")
+    # Without aggregator_key: no record of the aggregator's key, nothing signed (exit 2).
+    assert main(["round", "start", "--spec", str(spec), "--config", str(config)]) == 2
+    assert "aggregator_key" in capsys.readouterr().err
+    assert federation.manager.list_rounds(0, "").rounds == []
+    config.write_text(config.read_text() + 'aggregator_key = "aggregator.pub"\n')
     assert main(["round", "start", "--spec", str(spec), "--config", str(config)]) == 0
     capsys.readouterr()
     stored = federation.manager._rounds["sec-cli"].spec
     assert list(stored.sites) == list(SITES) and stored.quorum == 3
     assert dict(stored.site_key_ids) == {s: k.key_id for s, k in federation.site_keys.items()}
+    assert stored.aggregator_key_id == federation.aggregator_key.key_id
+    # --aggregator-key names the same record on the command line.
+    spec = tmp_path / "round2.toml"
+    spec.write_text((tmp_path / "round.toml").read_text().replace('"sec-cli"', '"sec-cli-2"'))
+    assert main(["round", "start", "--spec", str(spec), "--aggregator", federation.address,
+                 "--key", str(federation.tmp / "coordinator.key"), "--coordinator-id", "coord",
+                 "--insecure", "--site-keys", str(tmp_path / "site-keys"),
+                 "--aggregator-key", str(federation.tmp / "aggregator.pub")]) == 0
+    capsys.readouterr()
+    assert federation.manager._rounds["sec-cli-2"].spec.aggregator_key_id == \
+        federation.aggregator_key.key_id
     # An unknown key of coordinator.toml is still an error naming the nearest valid one.
     config.write_text(config.read_text() + 'site_key = "x"\n')
     assert main(["round", "start", "--spec", str(spec), "--config", str(config)]) == 2

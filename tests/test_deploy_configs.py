@@ -74,6 +74,11 @@ def test_aggregator_config_loads_with_tls_and_registers_everyone(deployed):
     registry = Registry.from_config(config)
     assert registry.site_ids() == list(HOSPITALS)
     assert len(registry.coordinator_keys) == 1
+    # Its identity key (signs its secure-aggregation messages) is the one the CA recorded.
+    from aggregator.server import load_signing_key
+    from coordinator.client import load_aggregator_key
+    _, out = deployed
+    assert load_signing_key(config).key_id == load_aggregator_key(out / "public/aggregator.pub")
 
 
 @pytest.mark.parametrize("hospital", HOSPITALS)

@@ -76,6 +76,7 @@ def test_report_and_kit_contents(federation):
     agg = out / "aggregator"
     assert {str(p.relative_to(agg)) for p in agg.rglob("*") if p.is_file()} == {
         "START.md", "aggregator.toml", "tls/ca.pem", "tls/aggregator.pem", "tls/aggregator.key", "tls/crl.pem",
+        "keys/aggregator.key", "keys/aggregator.pub",
         "keys/hospital-a.pub", "keys/hospital-b.pub", "keys/coordinator.pub"}
     coord = out / "coordinators" / "coordinator"
     assert {str(p.relative_to(coord)) for p in coord.rglob("*") if p.is_file()} == {
@@ -84,6 +85,9 @@ def test_report_and_kit_contents(federation):
     # The aggregator holds the same public signing keys the parties were given.
     assert (agg / "keys/hospital-a.pub").read_bytes() == (site / "keys/hospital-a.pub").read_bytes()
     assert (site / "keys/coordinator.pub").read_bytes() == (coord / "keys/coordinator.pub").read_bytes()
+    # The CA records the public half of the aggregator's identity key (the coordinators' pin).
+    assert (out / "public/aggregator.pub").read_bytes() == \
+        (agg / "keys/aggregator.pub").read_bytes()
 
 
 def test_certificates_name_their_party_and_chain_to_the_ca(federation):
@@ -113,8 +117,8 @@ def test_certificates_name_their_party_and_chain_to_the_ca(federation):
 def test_private_keys_are_owner_only(federation):
     _, out, _ = federation
     keys = [p for p in out.rglob("*.key")]
-    # CA, 4 TLS keys, 3 signing keys
-    assert len(keys) == 8
+    # CA, 4 TLS keys, 4 signing keys (the aggregator's signs its secure-aggregation messages)
+    assert len(keys) == 9
     for key in keys:
         assert mode(key) == 0o600, key
         assert mode(key.parent) == 0o700, key.parent
@@ -135,6 +139,9 @@ def test_templates_parse_with_the_real_loaders(federation):
     assert site.policy.total_epsilon == 8.0
     agg = load_aggregator(out / "aggregator/aggregator.toml")
     assert not agg.insecure and agg.tls.cert.name == "aggregator.pem"
+    from aggregator.server import load_signing_key
+    from coordinator.client import load_aggregator_key
+    assert load_signing_key(agg).key_id == load_aggregator_key(out / "public/aggregator.pub")
     assert Registry.from_config(agg).site_ids() == ["hospital-a", "hospital-b"]
     coord = tomllib.loads((out / "coordinators/coordinator/coordinator.toml").read_text())
     assert coord["coordinator_id"] == "coordinator" and "insecure" not in coord

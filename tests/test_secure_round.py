@@ -414,11 +414,13 @@ def test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay(tmp_pat
 
 def test_the_aggregator_refuses_infeasible_secure_specs(federation):
     """Secure with one site, T above the invited sites, T + c above them, no row bound, no
-    invited sites named, an invited site without a pinned key, or secure fields on an
-    independent round: refused at StartRound with the reason."""
+    invited sites named, an invited site without a pinned key, no pinned aggregator key or
+    another than the aggregator's, or secure fields on an independent round: refused at
+    StartRound with the reason."""
     pins = {s: k.key_id for s, k in federation.site_keys.items()}
     base = dict(aggregation="secure", noise_threshold=2, max_site_rows=1000,
-                sites=sorted(pins), site_key_ids=pins)
+                sites=sorted(pins), site_key_ids=pins,
+                aggregator_key_id=federation.aggregator_key.key_id)
     cases = [
         (dict(base, sites=["site-a"], quorum=1), "needs at least 2 sites"),
         (dict(base, sites=[]), "must name its invited sites"),
@@ -433,6 +435,9 @@ def test_the_aggregator_refuses_infeasible_secure_specs(federation):
         (dict(aggregation="pooled"), "aggregation must be one of"),
         (dict(base, site_key_ids={"site-a": "0" * 32, "site-b": "0" * 32, "site-c": "0" * 32}),
          "which is registered with key"),
+        (dict(base, aggregator_key_id=""), "must pin the aggregator's identity key"),
+        (dict(base, aggregator_key_id="0" * 32),
+         f"but this aggregator signs with key {federation.aggregator_key.key_id}"),
     ]
     for i, (fields, reason) in enumerate(cases):
         spec = federation.spec(round_id=f"bad-{i}", **fields)

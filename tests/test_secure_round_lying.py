@@ -3,7 +3,9 @@ policy, ledger debit, SecureSite) over real gRPC.
 
 A real aggregator runs the round up to the confirm step; the test then plays the aggregator
 that lies: it rewrites each site's pushed "confirm" notice (what the aggregator decides each
-site sees) to the survivor lists of the attack and hands them to the real SiteNodes. Before
+site sees) to the survivor lists of the attack, signed with the aggregator's own identity key
+(a lying aggregator signs its lies: the signature is evidence, not a consistency check), and
+hands them to the real SiteNodes. Before
 issue 19 every honest site answered the unmask requests of this attack and one site's input
 came out with a 1/T share of its noise (docs/secure_aggregation.md, "A lying aggregator")."""
 
@@ -18,11 +20,12 @@ from dpfed.wire.canonical import canonical_bytes, parse_canonical
 from tests.secure_federation import EPSILON, SecureFed, SiteDriver, notice_phase, wait_state
 
 
-def _rewritten(notice_envelope: pb.SignedEnvelope, survivors) -> pb.SignedEnvelope:
+def _rewritten(notice_envelope: pb.SignedEnvelope, survivors, key) -> pb.SignedEnvelope:
     notice = parse_canonical(notice_envelope.payload, "dpfed.v1.PhaseNotice")
     genuine = parse(notice.body)
     assert isinstance(genuine, SurvivorList)
-    notice.body = dataclasses.replace(genuine, survivors=tuple(sorted(survivors))).to_bytes()
+    notice.body = dataclasses.replace(genuine, survivors=tuple(sorted(survivors))
+                                      ).signed_by(key).to_bytes()
     return pb.SignedEnvelope(payload=canonical_bytes(notice),
                              payload_type=notice_envelope.payload_type)
 
@@ -44,7 +47,8 @@ def test_isolation_attack_on_real_sites_reveals_nothing_and_says_why(tmp_path, c
         views = {u: {u}} | {w: {u, w} for w in fed.sites[1:]}
         caplog.clear()
         with caplog.at_level(logging.ERROR, logger="site_node.secure"):
-            answers = {s: drivers[s].answer(_rewritten(pushed[s], views[s])) for s in fed.sites}
+            answers = {s: drivers[s].answer(_rewritten(pushed[s], views[s], fed.aggregator_key))
+                       for s in fed.sites}
         # No site signed a lying survivor set, so no unmask request can ever be answered;
         # each says why in its own log (the aggregator gets no refusal: the sites released).
         assert answers == {s: None for s in fed.sites}

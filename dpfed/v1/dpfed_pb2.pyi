@@ -44,7 +44,7 @@ class NoiseDescription(_message.Message):
     def __init__(self, xtx: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., xty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., yty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., n: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ...) -> None: ...
 
 class RoundSpec(_message.Message):
-    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity", "consent_deadline_unix_ms", "aggregation", "noise_threshold", "max_site_rows", "colluders", "site_key_ids")
+    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity", "consent_deadline_unix_ms", "aggregation", "noise_threshold", "max_site_rows", "colluders", "site_key_ids", "aggregator_key_id")
     class SiteKeyIdsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -78,6 +78,7 @@ class RoundSpec(_message.Message):
     MAX_SITE_ROWS_FIELD_NUMBER: _ClassVar[int]
     COLLUDERS_FIELD_NUMBER: _ClassVar[int]
     SITE_KEY_IDS_FIELD_NUMBER: _ClassVar[int]
+    AGGREGATOR_KEY_ID_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     coordinator_id: str
     target: str
@@ -104,7 +105,8 @@ class RoundSpec(_message.Message):
     max_site_rows: int
     colluders: int
     site_key_ids: _containers.ScalarMap[str, str]
-    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ..., consent_deadline_unix_ms: _Optional[int] = ..., aggregation: _Optional[str] = ..., noise_threshold: _Optional[int] = ..., max_site_rows: _Optional[int] = ..., colluders: _Optional[int] = ..., site_key_ids: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    aggregator_key_id: str
+    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ..., consent_deadline_unix_ms: _Optional[int] = ..., aggregation: _Optional[str] = ..., noise_threshold: _Optional[int] = ..., max_site_rows: _Optional[int] = ..., colluders: _Optional[int] = ..., site_key_ids: _Optional[_Mapping[str, str]] = ..., aggregator_key_id: _Optional[str] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce", "noise", "masked")

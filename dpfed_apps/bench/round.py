@@ -113,7 +113,8 @@ def run_secure(sites: int, dim: int, *, dropouts: int = 0, workers: int = 16, se
         spec = fed.spec
         drop = fed.site_ids[releasing:]
         t_plan = time.perf_counter()
-        plan = plan_round(spec, digest(fed.spec_envelope.payload), fed.site_keys, drop, seed)
+        plan = plan_round(spec, digest(fed.spec_envelope.payload), fed.site_keys, drop, seed,
+                          aggregator_key=fed.aggregator_key)
         plan_s = time.perf_counter() - t_plan
         setup_s = time.perf_counter() - t_setup
         server_cpu0, client_cpu0 = process_cpu_s(fed.proc.pid), time.process_time()

@@ -11,14 +11,15 @@ computing 1000 sites' key shares in series (tens of CPU seconds, docs/secure_agg
 would time this machine, not the federation. So, as dpfed_apps.bench.round pre-signs independent
 releases, every site message is computed and signed *before the clock starts*, by running the
 whole protocol in memory with the same RoundConfig and dropouts: the aggregator's outputs are
-deterministic functions of what it received (it signs nothing), so the real aggregator pushes
-exactly the bundles, deliveries, survivor lists and unmask requests the in-memory run
-produced, and the sites'
-precomputed answers are the ones they would compute. Each pushed body is compared with the
-precomputed one (a mismatch fails the benchmark). Reported beside the measured wall time:
-per step the slowest site's compute time (measured in the precomputation), and
-``critical_path_s`` = measured round time + the sum over steps of the slowest site, i.e. the
-latency of a deployment whose sites compute in parallel.
+deterministic functions of what it received (it signs them with its identity key, and Ed25519
+signatures are deterministic; the in-memory run signs with the same key), so the real
+aggregator pushes exactly the bundles, deliveries, survivor lists and unmask requests the
+in-memory run produced, and the sites' precomputed answers are the ones they would compute
+(each in-memory site verifies the aggregator's signatures, as a SiteNode does). Each pushed
+body is compared with the precomputed one (a mismatch fails the benchmark). Reported beside
+the measured wall time: per step the slowest site's compute time (measured in the
+precomputation), and ``critical_path_s`` = measured round time + the sum over steps of the
+slowest site, i.e. the latency of a deployment whose sites compute in parallel.
 
 Dropouts announce themselves with a Refusal in the release step, so the step ends when every
 site answered; a silent dropout makes the round wait for the step's deadline instead (a
@@ -71,10 +72,13 @@ def _release_vector(calibration, d: int, n: int, rng) -> np.ndarray:
     return calibration.release(upper, n)
 
 
-def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], seed: int = 0
-               ) -> SecurePlan:
+def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], seed: int = 0,
+               *, aggregator_key=None) -> SecurePlan:
     """Run the round in memory (sites and an AggregatorSession, every message through its
-    bytes) and sign each site's envelopes; see the module docstring."""
+    bytes) and sign each site's envelopes; see the module docstring. ``aggregator_key``: the
+    real aggregator's identity key (SigningKey, its signing_key), which signs every
+    aggregator message here as there."""
+    from dpfed.secagg.messages import AGGREGATOR
     from dpfed import secure_round
     from dpfed.noise import to_proto
     from dpfed.secagg.messages import parse
@@ -102,7 +106,8 @@ def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], see
         consents={s: phase_msg(s, "consent") for s in sites},
         answers={s: {} for s in sites}, expected={s: {} for s in sites},
         dropouts=sorted(dropouts), config=config)
-    agg = AggregatorSession(config, public)
+    agg = AggregatorSession(config, public, signing_key=aggregator_key)
+    agg_public = None if aggregator_key is None else aggregator_key.public_key
     sessions = {}
     times: dict[str, list[float]] = {k: [] for k in ("keys", "share_keys", "release", "confirm",
                                                      "unmask")}
@@ -113,9 +118,10 @@ def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], see
         times[step].append(time.perf_counter() - t0)
         return out
 
-    everyone = secure_round.encode_keys(public)
+    everyone = secure_round.encode_keys(
+        public if agg_public is None else {**public, AGGREGATOR: agg_public})
     for s in sites:
-        sessions[s] = SiteSession(config, s, site_keys[s], public)
+        sessions[s] = SiteSession(config, s, site_keys[s], public, aggregator_key=agg_public)
         plan.expected[s]["keys"] = everyone
         advert = timed("keys", lambda: sessions[s].advertise().to_bytes())
         agg.receive(parse(advert))

@@ -118,6 +118,7 @@ class Federation:
     _channels: list = field(default_factory=list)
     site_keys: dict = field(default_factory=dict)          # site id -> SigningKey
     spec: object = None                                    # the pb.RoundSpec
+    aggregator_key: object = None     # SigningKey: signs the aggregator's secagg messages
 
     @property
     def tls(self) -> bool:
@@ -192,13 +193,16 @@ def _plaintext_parties(site_ids: list[str], folder: Path, raw_extra: dict):
     from dpfed.wire.signing import SigningKey, public_key_pem
     site_keys = {s: SigningKey.generate() for s in site_ids}
     coordinator = SigningKey.generate()
+    aggregator = SigningKey.generate()     # signs the aggregator's secure-aggregation messages
+    aggregator.save(folder / "aggregator.key")
     raw = {"listen": "127.0.0.1:0", "state_db": "bench.sqlite", "insecure": True,
+           "signing_key": "aggregator.key",
            "sites": [{"site_id": s, "public_key": public_key_pem(k.public_key).decode()}
                      for s, k in site_keys.items()],
            "coordinators": [{"coordinator_id": BENCH_COORDINATOR,
                              "public_key": public_key_pem(coordinator.public_key).decode()}],
            **raw_extra}
-    return raw, folder, site_keys, coordinator
+    return raw, folder, site_keys, coordinator, aggregator
 
 
 def _provisioned_parties(site_ids: list[str], folder: Path, raw_extra: dict):
@@ -216,7 +220,8 @@ def _provisioned_parties(site_ids: list[str], folder: Path, raw_extra: dict):
                  for s in site_ids}
     coordinator = SigningKey.load(kit_dir(root, "coordinator", BENCH_COORDINATOR) / "keys"
                                   / f"{BENCH_COORDINATOR}.key")
-    return raw, kit, site_keys, coordinator
+    aggregator = SigningKey.load(kit / raw["signing_key"])
+    return raw, kit, site_keys, coordinator, aggregator
 
 
 def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers: int = 16,
@@ -235,7 +240,7 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
     folder = Path(tempfile.mkdtemp(prefix="dpfed-bench-"))
     raw_extra = {"skip_fit": True, "max_workers": workers, "grace_s": 0, **(config or {})}
     make = _provisioned_parties if tls else _plaintext_parties
-    raw, base_dir, site_keys, coordinator = make(site_ids, folder, raw_extra)
+    raw, base_dir, site_keys, coordinator, aggregator = make(site_ids, folder, raw_extra)
     ctx = mp.get_context("spawn")
     port_queue, stop_event = ctx.Queue(), ctx.Event()
     proc = ctx.Process(target=aggregator_process, args=(raw, str(base_dir), port_queue,
@@ -257,6 +262,9 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
             del spec.sites[:]
             spec.sites.extend(invited)
             spec.site_key_ids.update({s: site_keys[s].key_id for s in spec.sites})
+        if spec.aggregation == "secure" and not spec.aggregator_key_id:
+            # ... and Coordinator.pin_aggregator_key: the aggregator's key id from its record.
+            spec.aggregator_key_id = aggregator.key_id
         spec_envelope = coordinator.sign(spec)
         spec_digest = digest(spec_envelope.payload)
         secure = spec.aggregation == "secure"
@@ -270,4 +278,5 @@ def start_federation(sites: int, dim: int, *, round_id: str = "bench-1", workers
         raise
     return Federation(proc, stop_event, f"127.0.0.1:{port}", round_id, site_ids, spec_envelope,
                       contributions, folder, folder / "federation" if tls else None,
-                      consents=consents, site_keys=site_keys, spec=spec)
+                      consents=consents, site_keys=site_keys, spec=spec,
+                      aggregator_key=aggregator)

@@ -17,7 +17,8 @@ URIs, checks of their own TLS files, the reader of the CA's revocation list) is 
 from dpfed.identity import AGGREGATOR, COORDINATOR, KINDS, SITE
 from dpfed_apps.ca.authority import CertificateAuthority
 from dpfed_apps.ca.kits import ProvisionReport, provision
-from dpfed_apps.ca.layout import CRL_NAME, crl_path, kit_dir, kit_tls, public_dir
+from dpfed_apps.ca.layout import (CRL_NAME, aggregator_key_path, crl_path, kit_dir, kit_tls,
+                                  public_dir)
 from dpfed_apps.ca.project import (CA_DAYS, DEFAULT_CERT_DAYS, DEFAULT_POLICY, Project,
                                    ProvisionError, load_project, project_from_dict)
 from dpfed_apps.ca.records import issued_certificates, renew, revoke
@@ -25,7 +26,8 @@ from dpfed_apps.ca.requests import (CSR_SUFFIX, Request, load_request, make_requ
                                     request_for_existing_key)
 
 __all__ = ["AGGREGATOR", "COORDINATOR", "KINDS", "SITE", "CertificateAuthority",
-           "ProvisionReport", "provision", "CRL_NAME", "crl_path", "kit_dir", "kit_tls",
+           "ProvisionReport", "provision", "CRL_NAME", "aggregator_key_path", "crl_path",
+           "kit_dir", "kit_tls",
            "public_dir", "CA_DAYS", "DEFAULT_CERT_DAYS", "DEFAULT_POLICY", "Project",
            "ProvisionError", "load_project", "project_from_dict", "issued_certificates", "renew",
            "revoke", "CSR_SUFFIX", "Request", "load_request", "make_request",

@@ -23,7 +23,7 @@ from dpfed.identity import AGGREGATOR, COORDINATOR, SITE, identity_uri
 from dpfed.wire.signing import SigningKey, public_key_pem
 from dpfed_apps.ca.authority import (CertificateAuthority, cert_pem, make_private_dir, write_crl,
                                      write_private)
-from dpfed_apps.ca.layout import CRL_NAME, crl_path, kit_dir, public_dir
+from dpfed_apps.ca.layout import CRL_NAME, aggregator_key_path, crl_path, kit_dir, public_dir
 from dpfed_apps.ca.project import Project, ProvisionError
 from dpfed_apps.ca.records import record_issued
 from dpfed_apps.ca.requests import Request
@@ -117,14 +117,22 @@ def _issue_party(ca: CertificateAuthority, project: Project, out: Path, kind: st
 def _issue_aggregator(ca: CertificateAuthority, project: Project, out: Path,
                       sites: list[str], coordinators: list[str],
                       request: Request | None = None) -> Path:
+    """The aggregator's kit. Like every party it has an Ed25519 identity key: it signs the
+    aggregator's secure-aggregation messages, which the sites verify against the key id the
+    coordinator pins from public/aggregator.pub (docs/security.md)."""
     kit = _KitBuilder(kit_dir(out, AGGREGATOR, AGGREGATOR))
     names = dict(dns_names=project.hostnames, ip_addresses=project.ip_addresses)
     if request is None:
         tls_key, tls_cert = ca.issue(AGGREGATOR, AGGREGATOR, days=project.cert_days, **names)
         kit.write("tls/aggregator.key", tls_key, private=True)
+        signing = SigningKey.generate()
+        pub = public_key_pem(signing.public_key)
+        signing.save(kit.tmp / "keys" / "aggregator.key", kit.tmp / "keys" / "aggregator.pub")
     else:
         tls_cert = ca.issue_for_key(AGGREGATOR, AGGREGATOR, request.tls_public_key,
                                     days=project.cert_days, **names)
+        pub = request.signing_public_pem
+        kit.write("keys/aggregator.pub", pub)
     kit.write("tls/aggregator.pem", tls_cert)
     kit.write("tls/ca.pem", cert_pem(ca.cert))
     if crl_path(out).exists():
@@ -139,6 +147,7 @@ def _issue_aggregator(ca: CertificateAuthority, project: Project, out: Path,
         federation=project.federation, listen=project.listen, names=names,
         address=project.aggregator_address, port=project.listen.rsplit(":", 1)[1]))
     (out / "public" / "aggregator.pem").write_bytes(tls_cert)
+    aggregator_key_path(out).write_bytes(pub)
     record_issued(out, AGGREGATOR, AGGREGATOR, tls_cert)
     return kit.commit()
 

@@ -2,8 +2,10 @@
 
     DIR/ca/ca.key, ca.pem         the federation CA (ECDSA P-256; key 0600, folder 0700)
     DIR/public/                   every public thing: ca.pem, crl.pem, sites/<id>.pub|.pem,
-                                  coordinators/<id>.pub|.pem, issued/ (what was issued, and to whom)
-    DIR/aggregator/               kit: aggregator.toml, START.md, tls/, keys/*.pub
+                                  coordinators/<id>.pub|.pem, aggregator.pub|.pem,
+                                  issued/ (what was issued, and to whom)
+    DIR/aggregator/               kit: aggregator.toml, START.md, tls/, keys/ (its signing
+                                  key and the parties' *.pub)
     DIR/sites/<site_id>/          kit: site.toml, START.md, tls/, keys/
     DIR/coordinators/<id>/        kit: coordinator.toml, START.md, tls/, keys/
 """
@@ -41,6 +43,12 @@ def current_cert_path(out: Path, kind: str, party_id: str) -> Path:
     if kind == AGGREGATOR:
         return out / "public" / "aggregator.pem"
     return public_dir(out, kind) / f"{party_id}.pem"
+
+
+def aggregator_key_path(out: Path) -> Path:
+    """The CA's record of the aggregator's Ed25519 identity key (it signs the aggregator's
+    secure-aggregation messages): what a coordinator's ``aggregator_key`` names."""
+    return out / "public" / "aggregator.pub"
 
 
 def crl_path(out: Path) -> Path:

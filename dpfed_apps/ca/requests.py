@@ -43,7 +43,8 @@ def make_request(kind: str, party_id: str, folder: str | Path, *, force: bool = 
     plus the request to send to the CA. Writes, in ``folder`` (a kit-shaped folder):
 
         tls/<id>.key            TLS private key (0600)          stays here
-        keys/<id>.key, .pub     Ed25519 signing key (0600), public half (not the aggregator)
+        keys/<id>.key, .pub     Ed25519 signing key (0600), public half (the aggregator's
+                                signs its secure-aggregation messages)
         request/<id>.csr        X.509 CSR naming dpfed://<kind>/<id>   send to the CA
         request/<id>.pub        the signing key's public half           send to the CA
     """
@@ -53,8 +54,7 @@ def make_request(kind: str, party_id: str, folder: str | Path, *, force: bool = 
     folder = Path(folder)
     tls_key_path = folder / "tls" / f"{party_id}.key"
     sign_key_path = folder / "keys" / f"{party_id}.key"
-    # The aggregator signs nothing (it relays and sums): it has a TLS key only.
-    for path in (tls_key_path, sign_key_path)[:1 if kind == AGGREGATOR else 2]:
+    for path in (tls_key_path, sign_key_path):
         if path.exists() and not force:
             raise ProvisionError(f"{path} exists: a request for the key already there is "
                                  "`dpfed csr ... --reuse-key`; --force makes new keys")
@@ -64,8 +64,6 @@ def make_request(kind: str, party_id: str, folder: str | Path, *, force: bool = 
     key = ec.generate_private_key(ec.SECP256R1())
     write_private(tls_key_path, private_pem(key))
     csr_path = write_csr(kind, party_id, key, folder / "request")
-    if kind == AGGREGATOR:
-        return {"tls_key": tls_key_path, "signing_key": None, "csr": csr_path, "pub": None}
     signing = SigningKey.generate()
     signing.save(sign_key_path, folder / "keys" / f"{party_id}.pub")
     pub = folder / "request" / f"{party_id}.pub"
@@ -123,7 +121,7 @@ def load_request(csr_path: str | Path, pub_path: str | Path | None = None,
     if not isinstance(key, ec.EllipticCurvePublicKey) or not isinstance(key.curve, ec.SECP256R1):
         raise ProvisionError(f"{csr_path}: the TLS key must be ECDSA P-256")
     pub = b""
-    if need_pub and kind != AGGREGATOR:
+    if need_pub:
         pub_path = Path(pub_path) if pub_path else csr_path.with_name(f"{party_id}.pub")
         try:
             pub = pub_path.read_bytes()

@@ -26,6 +26,7 @@ coordinator.toml holds the connection so it need not be typed each time:
   coordinator_id = "coordinator"
   signing_key = "keys/coordinator.key"
   site_keys = "site-keys"    # secure rounds: <site_id>.pub of every site (the CA's public/sites/)
+  aggregator_key = "aggregator.pub"   # secure rounds: the CA's public/aggregator.pub
   [tls]                      # from `dpfed provision` (the coordinator kit has this file)
   ca_cert = "tls/ca.pem"
   cert = "tls/coordinator.pem"
@@ -33,9 +34,10 @@ coordinator.toml holds the connection so it need not be typed each time:
   (or --insecure / insecure = true: plaintext, local tests only)
 
 exit codes: 0 done (or started, without --wait), 2 bad spec or config (also: a secure round
-            without site_keys), 3 round failed, 4 refused by the aggregator (key not
-            registered) or by the coordinator (a secure round's invited site has no record in
-            site_keys, or the aggregator lists another key for it), 5 aggregator unreachable
+            without site_keys or aggregator_key), 3 round failed, 4 refused by the
+            aggregator (key not registered) or by the coordinator (a secure round's invited
+            site has no record in site_keys, or the aggregator lists another key for it),
+            5 aggregator unreachable
 """
 
 
@@ -50,6 +52,10 @@ def add_connection_args(p: argparse.ArgumentParser, *, signing: bool) -> None:
                        help="the coordinator's record of the sites' identity keys, "
                             "DIR/<site_id>.pub (the CA's public/sites/): secure rounds pin "
                             "them (default: site_keys of --config)")
+        p.add_argument("--aggregator-key", metavar="FILE",
+                       help="the coordinator's record of the aggregator's identity key (the "
+                            "CA's public/aggregator.pub): secure rounds pin it (default: "
+                            "aggregator_key of --config)")
     p.add_argument("--insecure", action="store_true", help="plaintext gRPC (local tests only)")
 
 
@@ -59,9 +65,12 @@ class UsageError(Exception):
 
 # Every key coordinator.toml may have; anything else is an error naming the nearest one.
 # site_keys: the folder of the sites' <site_id>.pub (the CA's public/sites/), whose key ids a
-# secure round's spec pins (coordinator.client.Coordinator.pin_site_keys).
+# secure round's spec pins (coordinator.client.Coordinator.pin_site_keys); aggregator_key:
+# the aggregator's public key file (the CA's public/aggregator.pub), whose key id it pins
+# (Coordinator.pin_aggregator_key).
 COORDINATOR_KEYS = frozenset({"aggregator", "coordinator_id", "signing_key", "server_name",
-                              "insecure", "tls", "console", "site_keys"})   # [console]: dpfed console
+                              "insecure", "tls", "console", "site_keys",
+                              "aggregator_key"})   # [console]: dpfed console
 TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
 
 
@@ -92,7 +101,7 @@ def connect(args, *, signing: bool):
     address = args.aggregator or conf.get("aggregator")
     if not address:
         raise UsageError("give --aggregator HOST:PORT or a --config with `aggregator`")
-    key = coord_id = site_keys = None
+    key = coord_id = site_keys = aggregator_key = None
     if signing:
         key = args.key or (str(base / conf["signing_key"]) if "signing_key" in conf else None)
         coord_id = args.coordinator_id or conf.get("coordinator_id")
@@ -104,6 +113,11 @@ def connect(args, *, signing: bool):
             if not isinstance(conf["site_keys"], str) or not conf["site_keys"]:
                 raise UsageError("site_keys must be a path (a folder of <site_id>.pub files)")
             site_keys = base / conf["site_keys"]
+        aggregator_key = getattr(args, "aggregator_key", None)
+        if aggregator_key is None and "aggregator_key" in conf:
+            if not isinstance(conf["aggregator_key"], str) or not conf["aggregator_key"]:
+                raise UsageError("aggregator_key must be a path (the aggregator's .pub file)")
+            aggregator_key = base / conf["aggregator_key"]
     insecure = args.insecure or conf.get("insecure", False) is True
     tls = None
     if not insecure:
@@ -128,9 +142,15 @@ def connect(args, *, signing: bool):
             site_keys = load_site_keys(site_keys)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    if aggregator_key is not None:
+        from coordinator.client import load_aggregator_key
+        try:
+            aggregator_key = load_aggregator_key(aggregator_key)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     try:
         return Coordinator(address, key, coord_id or "", tls, server_name=conf.get("server_name"),
-                           site_keys=site_keys)
+                           site_keys=site_keys, aggregator_key=aggregator_key)
     except (OSError, ValueError) as exc:
         raise UsageError(f"cannot load the signing key: {exc}") from None
 

@@ -79,6 +79,13 @@ class FederationLayout:
         from dpfed_apps.ca import SITE, public_dir
         return public_dir(self.pki, SITE)
 
+    @property
+    def aggregator_key(self) -> Path:
+        """The CA's record of the aggregator's public identity key: the coordinator's source
+        of a secure round's aggregator_key_id (coordinator.client.load_aggregator_key)."""
+        from dpfed_apps.ca import aggregator_key_path
+        return aggregator_key_path(self.pki)
+
     def tls(self, name: str):
         """The TlsFiles (dpfed.transport) of a party's kit."""
         from dpfed_apps.ca import kit_tls
@@ -161,6 +168,8 @@ def write_federation(layout: FederationLayout, problem: Problem, split: Split, *
         "listen": address,
         "state_db": str(layout.aggregator_db),
         "max_clock_skew_s": 300,
+        # Its kit's identity key: signs every secure-aggregation message it sends.
+        "signing_key": str(layout.signing_key("aggregator")),
         "tls": _tls_table(layout, "aggregator"),
         "sites": [{"site_id": n, "public_key": str(agg_keys / f"{n}.pub")} for n in names],
         "coordinators": [{"coordinator_id": COORDINATOR_ID,

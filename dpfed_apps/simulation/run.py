@@ -160,12 +160,13 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     try:
         with federation:
             federation.start(timeout_s=options.startup_timeout_s, stop_after_keys=dropping)
-            # site_keys: the CA's record of the sites' identity keys, which a secure round's
-            # spec pins (never the aggregator's ListSites).
+            # site_keys, aggregator_key: the CA's record of the sites' and the aggregator's
+            # identity keys, which a secure round's spec pins (never the aggregator's word).
             coordinator = Coordinator(federation.address,
                                       SigningKey.load(layout.signing_key(COORDINATOR_ID)),
                                       COORDINATOR_ID, layout.tls(COORDINATOR_ID),
-                                      site_keys=layout.site_keys)
+                                      site_keys=layout.site_keys,
+                                      aggregator_key=layout.aggregator_key)
             federation.wait_sites_connected(coordinator, options.startup_timeout_s)
             spec = build_round_spec(config, base_dir=layout.root)
             progress(f"starting round: target {problem.target}, eps {options.epsilon} per site, "
