@@ -428,9 +428,10 @@ class SecureSteps:
 
     def _unmask(self, live: LiveRound) -> None:
         """finish() the session and keep the decoded sum as the round's running total (n
-        clamped at 0: post-processing)."""
+        clamped at 0: post-processing). A sum that may have wrapped modulo 2^64 (more rows
+        than the grid holds) raises SumOutOfRange: the round fails with its message."""
         result = live.session.finish()
-        upper, n = live.secure.calibration.decode(result.vector)
+        upper, n = live.secure.decode_sum(result.vector)
         running = aggregate.RunningTotal(live.stored.dim)
         running.add_rows(upper[None, :], max(0, int(round(n))))
         live.running = running

@@ -8,8 +8,10 @@ fixed-point grid and noise calibration (``dpfed.secagg.calibration.GridCalibrati
 the noise description every masked contribution declares and the unmasked sum carries.
 
 Spec fields (protos/dpfed/v1/dpfed.proto, RoundSpec 22-26): ``aggregation`` ("independent"
-default, "secure"); ``noise_threshold`` T; ``max_site_rows`` (public bound on a site's rows:
-fixed-point overflow and the float-error term of the grid sensitivity); ``colluders`` c;
+default, "secure"); ``noise_threshold`` T; ``max_site_rows`` (public bound on a site's rows
+that sizes the fixed-point grid, nothing else: sites encode exact integer statistics of all
+their usable rows, ``dpfed.secagg.exact``, so no row count enters the sensitivity, and a sum
+that outgrew the grid is refused after unmasking, ``SecureRound.decode_sum``); ``colluders`` c;
 ``site_key_ids`` (site -> key id of its identity key, the coordinator's anchor for the keys the
 aggregator relays). The sum must hold at least ``min_contributors`` = max(quorum, T + c)
 contributions before anything is unmasked.
@@ -74,17 +76,16 @@ def vector_length(d: int) -> int:
 
 def _calibration(spec, n_sites: int) -> GridCalibration:
     d = len(spec.feature_names)
-    # row_cap: a site with more usable rows than max_site_rows keeps max_site_rows of them
-    # (site_node.rows), so under add/remove a neighbour may be a replacement
-    # (dpfed.sensitivity.capped_relation). n is private, so that is possible in every round.
+    # The round's own relation: a site uses every usable row (no cap), and its statistics are
+    # exact integers (statistics="exact": no float-error term, so max_site_rows only sizes
+    # the grid; site_node.secure, dpfed.secagg.exact).
     cal = noise_calibration(d, spec.epsilon, spec.x_bound, spec.y_bound,
                             list(spec.budget_split), neighbouring=spec.neighbouring or "add_remove",
                             xtx_sensitivity=spec.xtx_sensitivity or "exact",
-                            x_norm_bound=row_norm_bound(spec.preprocessing.normalize_rows),
-                            row_cap=True)
+                            x_norm_bound=row_norm_bound(spec.preprocessing.normalize_rows))
     return calibrate(d=d, n_max=int(spec.max_site_rows), n_sites=n_sites, x_bound=spec.x_bound,
                      y_bound=spec.y_bound, calibration=cal,
-                     noise_threshold=int(spec.noise_threshold))
+                     noise_threshold=int(spec.noise_threshold), statistics="exact")
 
 
 def secure_problems(spec, invited: int) -> list[str]:
@@ -170,6 +171,17 @@ class SecureRound:
         """What one masked contribution declares: per noisy part one 1/T share of a discrete
         Laplace draw on that part's grid (module docstring)."""
         return self._shares(1)
+
+    def decode_sum(self, vector) -> tuple:
+        """(upper values, n) of the unmasked sum ``vector``, refused (``SumOutOfRange``, a
+        SecAggError) when it may have wrapped modulo 2^64 or is implausible: its noisy n
+        beyond the rows the grid holds (``GridCalibration.row_capacity``, a multiple of the
+        invited sites x max_site_rows), or an entry beyond its bound given n. A site never
+        refuses for having more rows than max_site_rows; this is where a federation that
+        outgrew it is caught, after the DP release (post-processing)."""
+        upper, n = self.calibration.decode(vector)
+        self.calibration.check_sum(upper, n, bound_name="max_site_rows")
+        return upper, n
 
     def sum_noise(self, contributors: int) -> NoiseDescription:
         """The noise of the unmasked sum of ``contributors`` inputs: C shares of 1/T draw (the

@@ -50,14 +50,6 @@ large entries (~0.7-0.9), that keeps the signal the box clipping at 0.3 flattene
 (docs/evaluation.md). ``xtx_sensitivity="paper"`` keeps the paper's d(d+1) Bx^2 for Sxx.
 ``tests/test_sensitivity.py`` checks the new bounds by brute force.
 
-**Row cap** (``row_cap``). A secure round bounds each site's rows by the public
-``max_site_rows`` m; a site with more usable rows keeps m of them by a keyed order of the rows'
-contents (site_node.rows) instead of refusing (a refusal would answer "n > m" for free). Adding
-one row can then push another out: under add/remove a neighbour is an addition, a removal or a
-replacement (n unchanged), so Sxx, Sxy and Syy take the replace-one values of the tables above
-(``capped_relation``; box: only Sxy changes, d Bx By -> 2 d Bx By; with the row-norm bound Sxx
-too) and n keeps sensitivity 1.
-
 Imports nothing from the roles (site_node, aggregator, coordinator): both the site (to draw
 noise) and the aggregator (to check the noise a contribution declares) compute from here.
 """
@@ -77,7 +69,7 @@ __all__ = ["NEIGHBOURING", "XTX_SENSITIVITIES", "DEFAULT_BUDGET_SPLIT",
            "check_xtx_rule", "validate_privacy_parameters", "xtx_sensitivity",
            "xtx_sensitivity_tight", "xty_sensitivity", "yty_sensitivity", "n_sensitivity",
            "NoiseCalibration", "noise_calibration", "expected_noise", "row_norm_bound",
-           "coordinate_bound", "check_norm_bound", "capped_relation"]
+           "coordinate_bound", "check_norm_bound"]
 
 NEIGHBOURING = ("add_remove", "replace_one")
 XTX_SENSITIVITIES = ("exact", "paper")
@@ -140,19 +132,18 @@ def coordinate_bound(d, x_bound, x_norm_bound=None):
 
 
 def xtx_sensitivity(d, x_bound, *, rule: str = "exact", x_norm_bound=None,
-                    neighbouring: str = "add_remove", row_cap: bool = False):
+                    neighbouring: str = "add_remove"):
     """L1 sensitivity of the upper triangle of X^T X: ``"exact"`` d(d+1)/2 Bx^2 under either
     relation, ``"paper"`` d(d+1) Bx^2 (Honkela et al. 2018, twice that). With a row-norm
     bound R (``x_norm_bound``) and the exact rule: d(d+1)/2 t^2 under add/remove and
     min(d(d+1)/2 Bx^2, d(d+1) t^2) under replace-one, t = ``coordinate_bound`` (module
-    docstring). ``row_cap``: the release keeps at most a public number of rows
-    (``capped_relation``). ``x_bound`` may be a numpy array (vectorised, for dpfed.bounds)."""
+    docstring). ``x_bound`` may be a numpy array (vectorised, for dpfed.bounds)."""
     check_xtx_rule(rule)
     factor = 1.0 if rule == "paper" else 0.5
     box = factor * d * (d + 1) * (x_bound * x_bound)
     if x_norm_bound is None or rule == "paper":
         return box
-    neighbouring = capped_relation(neighbouring, row_cap)
+    check_neighbouring(neighbouring)
     t = coordinate_bound(d, x_bound, x_norm_bound)
     ball = 0.5 * d * (d + 1) * (t * t)
     return ball if neighbouring == "add_remove" else np.minimum(box, 2.0 * ball)
@@ -178,31 +169,12 @@ _xtx_replace_one_proof = xtx_sensitivity_tight
 
 
 def xty_sensitivity(d, x_bound, y_bound, *, neighbouring: str = "add_remove",
-                    x_norm_bound=None, row_cap: bool = False):
+                    x_norm_bound=None):
     """L1 sensitivity of X^T y: d Bx By under add/remove, 2 d Bx By under replace-one; with a
-    row-norm bound, Bx replaced by t = ``coordinate_bound`` (||v||_1 <= d t). ``row_cap``:
-    the release keeps at most a public number of rows (``capped_relation``: 2 d Bx By)."""
-    neighbouring = capped_relation(neighbouring, row_cap)
+    row-norm bound, Bx replaced by t = ``coordinate_bound`` (||v||_1 <= d t)."""
+    check_neighbouring(neighbouring)
     factor = 1.0 if neighbouring == "add_remove" else 2.0
     return factor * d * coordinate_bound(d, x_bound, x_norm_bound) * y_bound
-
-
-def capped_relation(neighbouring: str, row_cap: bool) -> str:
-    """The relation whose Sxx, Sxy and Syy sensitivities bound a release that keeps at most a
-    public number m of its usable rows, chosen by a keyed order of the rows' own contents
-    (``row_cap``; a secure round's ``max_site_rows``, site_node.rows).
-
-    Under add/remove, adding a row whose key ranks among the m smallest pushes the m-th kept
-    row out, and removing a kept row lets the (m+1)-th in: the kept rows then differ by a
-    *replacement* (n unchanged), otherwise by one addition or removal, or not at all. So each
-    part's sensitivity is the larger of its add/remove and replace-one values, which is the
-    replace-one value (box: Sxx and Syy unchanged, Sxy d Bx By -> 2 d Bx By; with the row-norm
-    bound also Sxx, d(d+1)/2 t^2 -> min(d(d+1)/2 Bx^2, d(d+1) t^2)); n keeps its add/remove
-    sensitivity 1 (``n_sensitivity`` is not affected). Under replace-one a replacement of a
-    used row stays one replacement of kept rows: nothing changes. Brute force:
-    tests/test_sensitivity.py::test_row_cap_sensitivity_brute_force."""
-    check_neighbouring(neighbouring)
-    return "replace_one" if row_cap else neighbouring
 
 
 def yty_sensitivity(y_bound, *, neighbouring: str = "add_remove"):
@@ -297,13 +269,9 @@ class NoiseCalibration:
 def noise_calibration(d: int, epsilon: float, x_bound: float, y_bound: float,
                       budget_split=None, *, neighbouring: str = "add_remove",
                       xtx_sensitivity: str = "exact",
-                      x_norm_bound: float | None = None,
-                      row_cap: bool = False) -> NoiseCalibration:
+                      x_norm_bound: float | None = None) -> NoiseCalibration:
     """Sensitivities and per-part epsilons of one release (module docstring's tables).
     ``x_norm_bound``: the row-norm bound R the release enforces, or None (box only).
-    ``row_cap``: the release keeps at most a public number of rows by a keyed order (secure
-    rounds' ``max_site_rows``): Sxx, Sxy and Syy take the sensitivities of
-    ``capped_relation`` (n keeps the relation's own).
 
     ``budget_split=None`` takes the relation's default (``default_budget_split``). Raises
     ValueError on an unknown relation or rule, a split of the wrong length, or parameters whose
@@ -320,11 +288,11 @@ def noise_calibration(d: int, epsilon: float, x_bound: float, y_bound: float,
     norm = check_norm_bound(x_norm_bound)
     # The parameter ``xtx_sensitivity`` shadows the function of that name: use globals.
     sxx = float(globals()["xtx_sensitivity"](d, x_bound, rule=rule, x_norm_bound=norm,
-                                             neighbouring=neighbouring, row_cap=row_cap))
+                                             neighbouring=neighbouring))
     n_sens = n_sensitivity(neighbouring)
     cal = NoiseCalibration(
         sxx, float(xty_sensitivity(d, x_bound, y_bound, neighbouring=neighbouring,
-                                   x_norm_bound=norm, row_cap=row_cap)),
+                                   x_norm_bound=norm)),
         yty_sensitivity(y_bound, neighbouring=neighbouring),
         split[0] * epsilon, split[1] * epsilon, split[2] * epsilon,
         n_sens, None if n_sens is None else split[3] * epsilon, neighbouring, rule, norm)
@@ -343,7 +311,7 @@ def noise_calibration(d: int, epsilon: float, x_bound: float, y_bound: float,
 
 def expected_noise(d: int, epsilon: float, x_bound: float, y_bound: float, budget_split=None, *,
                    neighbouring: str = "add_remove", xtx_sensitivity: str = "exact",
-                   x_norm_bound: float | None = None, row_cap: bool = False) -> NoiseDescription:
+                   x_norm_bound: float | None = None) -> NoiseDescription:
     """The ``NoiseDescription`` one release carries (dpfed.noise): one Laplace draw of scale
     ``noise_calibration(...).xtx_scale`` etc. per coordinate of Sxx (upper triangle), Sxy and Syy,
     and under add/remove one discrete Laplace draw on the integer grid (grid 1.0) of scale
@@ -353,10 +321,10 @@ def expected_noise(d: int, epsilon: float, x_bound: float, y_bound: float, budge
     to a grid 2^k far below the sensitivity and pays for that with a scale larger by at most a
     relative ~1e-8 (site_node.laplace); the description does not carry that difference. Both the
     site (what it declares) and the aggregator (what it expects from the spec) compute this
-    same function, so the two agree exactly. ``row_cap``: as ``noise_calibration``."""
+    same function, so the two agree exactly."""
     cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
                             neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
-                            x_norm_bound=x_norm_bound, row_cap=row_cap)
+                            x_norm_bound=x_norm_bound)
     n_terms = () if cal.n_scale is None else (NoiseTerm("discrete_laplace", cal.n_scale, 1, 1.0),)
     return NoiseDescription(xtx=(NoiseTerm("laplace", cal.xtx_scale),),
                             xty=(NoiseTerm("laplace", cal.xty_scale),),

@@ -29,7 +29,6 @@ a Refusal (columns and kinds only, no row numbers). Only the debug switch
 from __future__ import annotations
 
 import csv
-import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,9 +94,6 @@ class RoundData:
     # Rows left out by the row-wise rules (module docstring), other than a missing target:
     # a count for the site's own log, never sent.
     left_out: int = 0
-    # SHA-256 of each used row's full record (every column, in file order), when asked for:
-    # what site_node.rows orders rows by. Never leaves the site.
-    digests: tuple[bytes, ...] | None = None
 
     @property
     def n(self) -> int:
@@ -216,28 +212,13 @@ def _number(value) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _record_digest(table: Table, row: int) -> bytes:
-    """SHA-256 of row ``row``'s full record: every column in file order, each cell
-    length-prefixed with its type (site_node.rows orders rows by it). It depends on that
-    row alone, never on the round's columns."""
-    h = hashlib.sha256()
-    for values in table.columns.values():
-        v = values[row]
-        cell = (v if isinstance(v, str) else f"{type(v).__name__}:{v!r}").encode(
-            "utf-8", errors="surrogatepass")
-        h.update(len(cell).to_bytes(8, "big"))
-        h.update(cell)
-    return h.digest()
-
-
 def select_round_data(table: Table, features: list[str], target: str,
-                      config: DataConfig, *, digests: bool = False) -> RoundData:
+                      config: DataConfig) -> RoundData:
     """x (features in the given order) and y (target) for one round, as float arrays.
 
     Rows with a missing target are dropped; rows with any other problem are left out, one row
     at a time (module docstring), and counted in ``left_out``. Only a fault of the file or of
-    the columns the round asks for raises DataError. ``digests``: also return each used row's
-    record digest (``RoundData.digests``).
+    the columns the round asks for raises DataError.
     """
     names = {name: config.column_for(name) for name in [*features, target]}
     missing = [n for n, c in names.items() if c not in table.columns]
@@ -277,8 +258,7 @@ def select_round_data(table: Table, features: list[str], target: str,
     x = np.array(xs, dtype=np.float64).reshape(len(keep), len(features))
     return RoundData(x=x, y=np.array(ys, dtype=np.float64),
                      dropped_missing_target=dropped_missing_target, rows=tuple(keep),
-                     first_line=table.first_line, left_out=len(left_out),
-                     digests=tuple(_record_digest(table, i) for i in keep) if digests else None)
+                     first_line=table.first_line, left_out=len(left_out))
 
 
 def _rows_with_id_problems(table: Table, id_column: str) -> set[int]:
@@ -322,11 +302,10 @@ def _check_ids(table: Table, id_column: str, log_ids: bool = False) -> None:
         seen[key] = i
 
 
-def load_round_data(config: DataConfig, features: list[str], target: str, *,
-                    digests: bool = False) -> RoundData:
+def load_round_data(config: DataConfig, features: list[str], target: str) -> RoundData:
     """Read the data file and select one round's columns (see select_round_data)."""
     return select_round_data(read_table(config.path, config.format, config.max_bytes),
-                             list(features), target, config, digests=digests)
+                             list(features), target, config)
 
 
 def describe(config: DataConfig) -> dict:

@@ -125,13 +125,6 @@ class SiteNode:
     def site_id(self) -> str:
         return self.config.site_id
 
-    @property
-    def row_order_key(self) -> bytes:
-        """The site's secret for ordering its rows when a round caps their number
-        (site_node.rows.row_order_key: derived from the signing key, never sent)."""
-        from site_node.rows import row_order_key
-        return row_order_key(self.signing_key)
-
     # -- signed messages this site sends ---------------------------------------------------
     def hello(self) -> pb.SignedEnvelope:
         """The signed SiteHello: it declares the ledger's total budget (the aggregator refuses
@@ -322,8 +315,8 @@ class SiteNode:
                 site_policy.check_n(data.n, self.config.policy)
             if secure_round.is_secure(spec):
                 # A secure round: the site releases only a masked input, in the secure
-                # release step (site_node.secure), where it keeps at most max_site_rows rows
-                # (site_node.rows); never an independent release for a secure spec.
+                # release step (site_node.secure), of all its usable rows (max_site_rows only
+                # sizes the grid); never an independent release for a secure spec.
                 if release:
                     raise site_policy.PolicyViolation(
                         "this is a secure round: the site releases only its masked input, in "

@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
+from dpfed.secagg.exact import ExactAccumulator, ExactStatistics, quantize, quantum_exponents
 from dpfed.statistics import (Statistics, exact_statistics, non_finite_error,
                               validate_shapes)
 from dpfed.sensitivity import (check_neighbouring, check_norm_bound, check_xtx_rule,
@@ -28,7 +29,7 @@ from dpfed.sensitivity import (check_neighbouring, check_norm_bound, check_xtx_r
 from site_node.laplace import add_count_noise, add_laplace_noise
 
 __all__ = ["release_statistics", "release_many", "exact_statistics", "clip", "clipped_statistics",
-           "ReleaseInfo"]
+           "exact_clipped_statistics", "ReleaseInfo"]
 
 # Rows per block of the fused clip + accumulate pass: about 1 MiB of clipped features, so the
 # block stays in the per-core L2 cache between clipping it and multiplying it.
@@ -158,6 +159,36 @@ def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
         xty += zb.T @ ub
         yty += float(ub @ ub)
     return xtx, xty, yty
+
+
+def exact_clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
+                             x_norm_bound: float | None = None) -> ExactStatistics:
+    """The exact statistics a site encodes in a secure round (``dpfed.secagg.exact``): the
+    rows clipped (and projected into the row-norm ball) as ``clipped_statistics`` does, then
+    every value quantised toward zero to the round's public power-of-two grid and X^T X, X^T y,
+    y^T y summed exactly in integers. Any number of rows (no cap, no refusal on n); within
+    the quantisation (a relative 2^-20 of the bounds per value) of ``clipped_statistics``.
+    Checks finiteness block by block as ``clipped_statistics`` does. Zero rows give zeros."""
+    x, y = _data_shapes(x, y)
+    n, d = x.shape
+    qx, qy = quantum_exponents(x_bound, y_bound, x_norm_bound)
+    acc = ExactAccumulator(d, qx, qy)
+    rows = max(64, min(max(n, 1), _BLOCK_BYTES // (8 * d)))
+    bx = np.empty((rows, d))
+    by = np.empty(rows)
+    for start in range(0, n, rows):
+        stop = min(n, start + rows)
+        xs, ys = x[start:stop], y[start:stop]
+        error = non_finite_error(xs, ys, row_offset=start)
+        if error is not None:
+            raise error
+        zb, ub = bx[:stop - start], by[:stop - start]
+        np.clip(xs, -x_bound, x_bound, out=zb)
+        np.clip(ys, -y_bound, y_bound, out=ub)
+        if x_norm_bound is not None:
+            project_rows(zb, x_norm_bound)
+        acc.add(quantize(zb, qx), quantize(ub, qy))
+    return acc.result()
 
 
 class ReleaseInfo(dict):

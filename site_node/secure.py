@@ -40,8 +40,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
-import numpy as np
-
 from dpfed import secure_round
 from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
@@ -49,14 +47,13 @@ from dpfed.secagg.errors import SecAggError
 from dpfed.secagg.messages import AGGREGATOR
 from dpfed.secagg.protocol import SiteSession
 from dpfed.sensitivity import row_norm_bound
-from dpfed.statistics import validate_shapes
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import digest
 from dpfed.wire.signing import key_id
 from site_node import policy as site_policy
 from site_node.data import DataError, load_round_data
 from site_node.ledger import BudgetExhausted, RoundConflict
-from site_node.release import clipped_statistics
+from site_node.release import exact_clipped_statistics
 
 log = logging.getLogger(__name__)
 
@@ -255,8 +252,7 @@ class SecureSite:
                                    spent=node.ledger.spent,
                                    total=node.ledger.total_epsilon or 0.0, now_ms=now_ms())
             neighbouring, _ = site_policy.round_mechanism(spec)
-            data = load_round_data(node.config.data, list(spec.feature_names), spec.target,
-                                   digests=True)
+            data = load_round_data(node.config.data, list(spec.feature_names), spec.target)
         except site_policy.PolicyViolation as exc:
             return self._refuse(spec, spec_digest, str(exc))
         except DataError as exc:
@@ -265,32 +261,25 @@ class SecureSite:
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
                                       source=spec.public_source or "coordinator")
-        # Row-wise rules, then the row cap: at most max_site_rows rows, chosen by the site's
-        # keyed order (site_node.rows; priced by dpfed.sensitivity.capped_relation), never a
-        # refusal that would say how many rows the site has.
+        # Row-wise rules only: every usable row is used, however many (no cap, and never a
+        # refusal that would say how many rows the site has). The statistics are exact
+        # integers of the quantised rows (dpfed.secagg.exact): no float error to bound, so
+        # max_site_rows only sizes the fixed-point grid.
         from site_node.node import RELEASE_FAILED, log_left_out
-        from site_node.rows import finite_after_preprocessing, keep_at_most
-        usable = np.flatnonzero(finite_after_preprocessing(preprocessing, data.x, data.y))
-        log_left_out(rid, spec.target, data, data.n - usable.size)
-        kept = usable[keep_at_most(int(spec.max_site_rows), node.row_order_key, rid,
-                                   [data.digests[i] for i in usable])]
-        if kept.size < usable.size:
-            log.info("round %s: kept %d of %d usable rows (max_site_rows, keyed order)", rid,
-                     kept.size, usable.size)
-        n, d = int(kept.size), len(spec.feature_names)
+        from site_node.rows import finite_after_preprocessing
+        usable = finite_after_preprocessing(preprocessing, data.x, data.y)
+        log_left_out(rid, spec.target, data, int((~usable).sum()))
         try:
-            x, y = preprocessing.apply(data.x[kept], data.y[kept])
-            sxx, sxy, syy = (clipped_statistics(*validate_shapes(x, y), spec.x_bound,
-                                                spec.y_bound, row_norm_bound(pre.normalize_rows))
-                             if n else (np.zeros((d, d)), np.zeros(d), 0.0))
+            x, y = preprocessing.apply(data.x[usable], data.y[usable])
+            stats = exact_clipped_statistics(x, y, spec.x_bound, spec.y_bound,
+                                             row_norm_bound(pre.normalize_rows))
         except (NonFiniteRow, ValueError) as exc:   # not reached: such rows were left out
             log.error("refused round %s: pre-processing or statistics failed: %s", rid, exc)
             return self._refuse(spec, spec_digest, RELEASE_FAILED)
-        upper = np.concatenate([sxx[np.triu_indices(d)], sxy, [syy]])
         calibration = state.secure.calibration
         try:
-            encoded = calibration.encode(upper, n)
-            vector = calibration.release(upper, n)   # + this site's 1/T noise share
+            encoded = calibration.encode_exact(stats)
+            vector = calibration.release_exact(stats)   # + this site's 1/T noise share
             if self.on_release is not None:
                 self.on_release(rid, encoded, vector)
             masked = state.session.masked_input(notice.body, vector)

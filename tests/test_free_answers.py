@@ -2,8 +2,9 @@
 
 A site's answers before anything is debited (consent, refusals) depend on public inputs only:
 the signed spec, the site's policy and its budget. The row count is never compared with a
-spec field (a secure round's max_site_rows caps the rows by a keyed order instead:
-site_node.rows), and a problem in a row leaves that row out instead of refusing.
+spec field (a secure round's max_site_rows only sizes the fixed-point grid: a site encodes
+the exact statistics of all its usable rows, dpfed.secagg.exact), and a problem in a row
+leaves that row out instead of refusing.
 """
 
 from __future__ import annotations
@@ -16,9 +17,7 @@ import pytest
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import parse_canonical
 from site_node.config import load_config
-from site_node.data import load_round_data
 from site_node.node import SiteNode
-from site_node.rows import keep_at_most, row_order_key, row_tags
 from tests.test_site_node import FEATURES, TARGET, write_site
 
 POLICY = """
@@ -142,51 +141,17 @@ def test_a_binary_search_over_signed_specs_learns_nothing_about_n(tmp_path):
         assert answers == reference, name
 
 
-def test_the_keyed_row_order_is_deterministic_and_depends_only_on_the_round_id(tmp_path):
-    """The rows a capped round keeps are chosen by HMAC tags of each row's own record under
-    a key derived from the site's signing key and the round id: the same after a restart,
-    the same whatever else the spec says (features, target, epsilon, bounds, max_site_rows:
-    a larger cap keeps a superset), different for another round id or another site key."""
-    config, _, _ = write_site(tmp_path, policy=POLICY, data_text=rows_text(60))
-    node = SiteNode(load_config(config))
-    key = node.row_order_key
-    assert key == SiteNode(load_config(config)).row_order_key == row_order_key(node.signing_key)
-    assert len(key) == 32 and key not in node.signing_key.private_key.private_bytes_raw()
-
-    def file_rows_kept(round_id, features, target, m):
-        data = load_round_data(node.config.data, features, target, digests=True)
-        return {data.rows[i] for i in keep_at_most(m, key, round_id, data.digests)}
-
-    a = file_rows_kept("r-1", FEATURES, TARGET, 25)
-    assert len(a) == 25
-    assert a == file_rows_kept("r-1", FEATURES, TARGET, 25)                 # deterministic
-    assert a == file_rows_kept("r-1", ["g3", "g1"], TARGET, 25)             # other features
-    assert a == file_rows_kept("r-1", ["g1", "g2"], "g3", 25)               # other target
-    assert a < file_rows_kept("r-1", FEATURES, TARGET, 26)                  # nested in m
-    assert a != file_rows_kept("r-2", FEATURES, TARGET, 25)                 # another round
-    data = load_round_data(node.config.data, FEATURES, TARGET, digests=True)
-    other = row_order_key(type(node.signing_key).generate())
-    assert set(keep_at_most(25, other, "r-1", data.digests)) != \
-        set(keep_at_most(25, key, "r-1", data.digests))                    # another site
-    # A row's tag is of its own record: rows added before it change neither its digest nor
-    # its tag, so they can push out at most one kept row (dpfed.sensitivity.capped_relation).
-    tags = dict(zip(data.digests, row_tags(key, "r-1", data.digests)))
-    text = node.config.data.path.read_text().split("\n")
-    node.config.data.path.write_text("\n".join([text[0], "new1,0.1,0.2,0.3,1.0",
-                                                 "new2,0.3,0.2,0.1,-1.0", *text[1:]]))
-    more = load_round_data(node.config.data, FEATURES, TARGET, digests=True)
-    assert more.n == data.n + 2
-    assert all(tags[dg] == tag for dg, tag in zip(more.digests, row_tags(key, "r-1",
-                                                                        more.digests))
-               if dg in tags)
-    assert set(tags) < set(more.digests)
-
-
-def test_a_secure_site_with_more_rows_than_max_site_rows_keeps_that_many(tmp_path):
+def test_a_secure_site_with_more_rows_than_max_site_rows_releases_all_of_them(tmp_path):
     """A real secure round over gRPC with max_site_rows = 125 and sites of 120, 130 and 140
-    rows: every site consents and releases its masked input (no refusal), and the n inside
-    each input is min(rows, 125)."""
-    from tests.secure_federation import SecureFed
+    rows: every site consents and releases (no refusal: the sites above the bound answer
+    exactly as the one below it), each site's input holds the exact statistics of *all* its
+    rows (no cap: n = 120, 130, 140, and the encoding is bit for bit
+    ``encode_exact(exact_clipped_statistics(every row))``), and the round completes."""
+    from dpfed.preprocess import Preprocessing
+    from dpfed.sensitivity import row_norm_bound
+    from site_node.data import load_round_data
+    from site_node.release import exact_clipped_statistics
+    from tests.secure_federation import SecureFed, wait_state
 
     fed = SecureFed(tmp_path, 3)
     fed.start_aggregator()
@@ -198,40 +163,63 @@ def test_a_secure_site_with_more_rows_than_max_site_rows_keeps_that_many(tmp_pat
             fed.node(s).secure.on_release = hook
         fed.start_clients()
         coordinator = fed.coordinator()
-        coordinator.start_round(fed.spec(t=2, quorum=3, rows=125))
-        # Every site released its masked input (the steps after the release are not what
-        # this test is about).
-        deadline = time.monotonic() + 40
-        while len(seen) < len(fed.sites) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        status = fed.manager.status("sec-1")
-        assert sorted(seen) == fed.sites, status.message
-        assert list(status.refusals) == []
+        spec = fed.spec(t=2, quorum=3, rows=125)
+        coordinator.start_round(spec)
+        status = wait_state(fed.manager, "sec-1", (pb.RoundStatus.DONE, pb.RoundStatus.FAILED),
+                            timeout=40)
+        assert status.state == pb.RoundStatus.DONE, status.message
+        assert sorted(seen) == fed.sites and list(status.refusals) == []
         calibration = fed.manager._rounds["sec-1"].secure.calibration
         ns = {s: round(calibration.decode(seen[s])[1]) for s in fed.sites}
-        assert ns == {"site-a": 120, "site-b": 125, "site-c": 125}
+        assert ns == {"site-a": 120, "site-b": 130, "site-c": 140}
+        pre = spec.preprocessing
+        preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows)
+        for s in fed.sites:
+            node = fed.node(s)
+            data = load_round_data(node.config.data, list(spec.feature_names), spec.target)
+            x, y = preprocessing.apply(data.x, data.y)
+            stats = exact_clipped_statistics(x, y, spec.x_bound, spec.y_bound,
+                                             row_norm_bound(pre.normalize_rows))
+            assert stats.n == ns[s]
+            assert np.array_equal(seen[s], calibration.encode_exact(stats))
+        total = fed.manager.aggregated_statistics("sec-1")
+        assert abs(total.n - 390) < 40 * calibration.grid_noise["n"]
     finally:
         fed.stop()
 
 
-def test_secure_calibration_prices_the_row_cap():
-    """The grid noise of every secure round is calibrated with the row-cap sensitivities
-    (dpfed.sensitivity.capped_relation): twice the add/remove Sxy noise."""
+def test_secure_calibration_is_the_plain_relation_with_exact_statistics():
+    """No row cap, so no price for it: the grid noise of a secure round is calibrated with
+    the round's own add/remove sensitivities (Sxy d t By, not 2 d t By) and no floating-point
+    error term (``statistics="exact"``: grid sensitivity ceil(s Delta) + m), and it does not
+    depend on max_site_rows (which only sizes the grid)."""
+    import math
+
     from dpfed import secure_round
     from dpfed.secagg.calibration import calibrate
     from dpfed.sensitivity import noise_calibration
 
     s = spec("r", preprocessing=pb.Preprocessing(x_mean=[0.0] * 3, normalize_rows=False))
     grid = secure_round.build(s, SITES).calibration
-    for row_cap, same in ((True, True), (False, False)):
-        cal = noise_calibration(3, 1.0, 0.5, 2.0, [0.30, 0.50, 0.05, 0.15], row_cap=row_cap)
-        other = calibrate(d=3, n_max=100, n_sites=len(SITES), x_bound=0.5, y_bound=2.0,
-                          calibration=cal, noise_threshold=2)
-        # (grid units can agree when the fixed-point scale halves: compare real units)
-        assert (other.real_noise_scales() == grid.real_noise_scales()) is same
+    assert grid.statistics == "exact"
     plain = noise_calibration(3, 1.0, 0.5, 2.0, [0.30, 0.50, 0.05, 0.15])
-    assert grid.real_noise_scales()["xty"] == pytest.approx(2 * plain.xty_scale, rel=1e-3)
-    assert grid.real_noise_scales()["xtx"] == pytest.approx(plain.xtx_scale, rel=1e-3)
+    for part, m in (("xtx", 6), ("xty", 3), ("yty", 1)):
+        delta = getattr(plain, f"{part}_sensitivity")
+        assert grid.grid_sensitivities[part] == math.ceil(delta * grid.scales[part]) + m
+    assert grid.real_noise_scales()["xty"] == pytest.approx(plain.xty_scale, rel=1e-4)
+    assert grid.real_noise_scales()["xtx"] == pytest.approx(plain.xtx_scale, rel=1e-4)
+    same = calibrate(d=3, n_max=100, n_sites=len(SITES), x_bound=0.5, y_bound=2.0,
+                     calibration=plain, noise_threshold=2, statistics="exact")
+    assert same.grid_noise == grid.grid_noise
+    for rows in (1, 10 ** 6, 10 ** 9):      # max_site_rows moves neither scales nor noise
+        other = secure_round.build(spec("r", max_site_rows=rows, preprocessing=s.preprocessing),
+                                   SITES).calibration
+        assert other.grid_noise == grid.grid_noise and other.scales == grid.scales
+    # The float option keeps its error term, which grows with n_max.
+    floats = [calibrate(d=3, n_max=m, n_sites=len(SITES), x_bound=0.5, y_bound=2.0,
+                        calibration=plain, noise_threshold=2).grid_sensitivities["xtx"]
+              for m in (100, 10 ** 9)]
+    assert floats[0] >= grid.grid_sensitivities["xtx"] and floats[1] > floats[0]
 
 
 def test_the_noisy_min_n_refusal_is_charged_once_and_never_redrawn(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 
 from dpfed.secagg import calibration as cal_mod
 from dpfed.secagg import fixedpoint as fp
-from dpfed.secagg.errors import TooFewSurvivors
+from dpfed.secagg.errors import ParameterError, TooFewSurvivors
 from dpfed.secagg.protocol import RoundConfig
 from dpfed.secagg.simulate import run_round
 from dpfed.sensitivity import expected_noise, noise_calibration
@@ -120,3 +120,54 @@ def test_end_to_end_release_through_the_protocol():
     b_real = g.layout.per_entry(g.real_noise_scales())
     assert np.all(np.abs(np.append(upper, n) - np.append(truth_upper, truth_n)) < 40 * b_real)
     assert n == round(n)
+
+
+def test_exact_statistics_are_a_named_option_without_the_float_error_term():
+    """``statistics="exact"`` (sites encode exact integer statistics, dpfed.secagg.exact): the
+    grid sensitivity is ceil(s Delta) + m with no float-error term, whatever n_max; the
+    default ``"float"`` keeps E, which grows with n_max. A calibration without E refuses
+    float sums; an unknown option is refused."""
+    d = 4
+    nc = noise_calibration(d, 1.0, 1.0, 1.0)
+    sizes = fp.StatisticsLayout(d).sizes
+    exact_grids = [cal_mod.calibrate(d=d, n_max=m, n_sites=8, x_bound=1.0, y_bound=1.0,
+                                     calibration=nc, noise_threshold=8, statistics="exact")
+                   for m in (200, 10 ** 9)]
+    float_grids = [cal_mod.calibrate(d=d, n_max=m, n_sites=8, x_bound=1.0, y_bound=1.0,
+                                     calibration=nc, noise_threshold=8)
+                   for m in (200, 10 ** 9)]
+    for g in exact_grids:
+        assert g.statistics == "exact"
+        for p in ("xtx", "xty", "yty"):
+            assert g.grid_sensitivities[p] == \
+                math.ceil(getattr(nc, f"{p}_sensitivity") * g.scales[p]) + sizes[p]
+    assert exact_grids[0].grid_noise == exact_grids[1].grid_noise
+    assert float_grids[0].statistics == "float"
+    assert float_grids[1].grid_sensitivities["xtx"] > float_grids[0].grid_sensitivities["xtx"] \
+        >= exact_grids[0].grid_sensitivities["xtx"]
+    with pytest.raises(ParameterError, match="no floating-point error term"):
+        exact_grids[0].encode(np.zeros(exact_grids[0].layout.length - 1), 3)
+    with pytest.raises(ParameterError, match="statistics must be one of"):
+        cal_mod.calibrate(d=d, n_max=200, n_sites=8, x_bound=1.0, y_bound=1.0,
+                          calibration=nc, noise_threshold=8, statistics="approximate")
+
+
+def test_release_exact_is_the_exact_encoding_plus_a_share():
+    from site_node.release import exact_clipped_statistics
+
+    d, T = 3, 4
+    nc = noise_calibration(d, 2.0, 1.0, 1.0)
+    g = cal_mod.calibrate(d=d, n_max=100, n_sites=T, x_bound=1.0, y_bound=1.0,
+                          calibration=nc, noise_threshold=T, statistics="exact")
+    rng = np.random.default_rng(11)
+    stats = [exact_clipped_statistics(rng.normal(size=(30, d)), rng.normal(size=30), 1.0, 1.0)
+             for _ in range(T)]
+    total = fp.wrap_sum(g.release_exact_many(stats))
+    clean = fp.wrap_sum(g.encode_exact(s) for s in stats)
+    noise = fp.to_signed(total - clean)
+    assert np.any(noise != 0) and np.all(np.abs(noise) < 60 * g.noise_vector + 1)
+    one = g.release_exact(stats[0])
+    assert not np.array_equal(one, g.encode_exact(stats[0]))
+    upper, n = g.decode(total)
+    g.check_sum(upper, n)                                       # an honest sum passes
+    assert g.row_capacity() >= T * 100

@@ -150,3 +150,30 @@ def test_layout_pack_and_unpack():
     assert parts["n"][0] == 7 and parts["yty"][0] == 9.0
     per = lay.per_entry({"xtx": 1.0, "xty": 2.0, "yty": 3.0, "n": 4.0})
     assert list(per) == [1.0] * 6 + [2.0] * 3 + [3.0, 4.0]
+
+
+def test_sum_error_bound_is_named_and_zero_for_exact_statistics():
+    assert fp.STATISTICS == ("float", "exact")
+    assert fp.sum_error_bound("exact", 10 ** 9, 4.0) == 0.0
+    assert fp.sum_error_bound("float", 1000, 4.0) == fp.float_sum_error_bound(1000, 4.0) > 0
+    with pytest.raises(ParameterError):
+        fp.sum_error_bound("approximate", 10, 1.0)
+
+
+def test_encode_integers_wraps_modulo_2_64_without_refusing():
+    ints = [0, 5, -5, 2 ** 63, 2 ** 64 + 7, -(2 ** 70) - 1]
+    enc = fp.encode_integers(ints)
+    assert enc.dtype == np.uint64
+    assert [int(v) for v in enc] == [v % 2 ** 64 for v in ints]
+    assert fp.to_signed(enc).tolist()[:3] == [0, 5, -5]
+
+
+def test_row_capacity_is_the_largest_row_count_that_cannot_wrap():
+    s, bound, k, draws, b = 2.0 ** 20, 0.25, 10, 2, 1e6
+    cap = fp.row_capacity(scale=s, row_bound=bound, n_sites=k, noise_draws=draws, grid_noise=b)
+    worst = lambda rows: s * rows * bound + k / 2 + fp.TAIL_SCALES * draws * b  # noqa: E731
+    assert worst(cap) < 2 ** 63 <= worst(cap * (1 + 1e-9) + 10)
+    assert fp.row_capacity(scale=s, row_bound=bound, n_sites=k, noise_draws=draws,
+                           grid_noise=None) >= cap
+    assert fp.row_bounds(x_bound=0.5, y_bound=2.0) == {"xtx": 0.25, "xty": 1.0, "yty": 4.0,
+                                                       "n": 1.0}

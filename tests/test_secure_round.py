@@ -466,7 +466,8 @@ def test_too_few_consents_for_T_fail_the_secure_round_before_keys(federation):
 def test_a_site_refuses_T_above_its_policy_and_never_its_rows(tmp_path):
     """policy.max_noise_threshold caps T (a site's 1/T share is a full draw only with T honest
     contributors); a site with more rows than max_site_rows consents all the same (issue 19:
-    it keeps max_site_rows of them at release, site_node.rows; a refusal would say n > m)."""
+    it uses all of them at release, max_site_rows only sizes the grid; a refusal would say
+    n > m)."""
     fed = SecureFed(tmp_path, 3, max_noise_threshold=2, rows=120)
     node = fed.node("site-a")
     pins = {s: k.key_id for s, k in fed.site_keys.items()}

@@ -128,18 +128,6 @@ def test_bytes_that_are_not_utf8_leave_out_their_row_only(tmp_path):
     assert data.left_out == 1
 
 
-def test_digests_depend_on_the_row_alone(tmp_path):
-    cfg = data_config(write(tmp_path, CSV), id_column="id")
-    a = load_round_data(cfg, ["g1", "g2"], "drug", digests=True)
-    b = load_round_data(cfg, ["g2"], "drug", digests=True)
-    assert a.digests == b.digests and len(set(a.digests)) == a.n
-    moved = CSV.replace("1,0.5,1.0,2.0\n", "") + "1,0.5,1.0,2.0\n"
-    c = load_round_data(data_config(write(tmp_path, moved, "m.csv"), id_column="id"),
-                        ["g1", "g2"], "drug", digests=True)
-    assert set(c.digests) == set(a.digests)        # position does not matter
-    assert load_round_data(cfg, ["g1"], "drug").digests is None
-
-
 def test_id_problems_are_errors_for_the_local_check_only(tmp_path):
     """`dpfed site check` (describe) still tells the operator about repeated ids."""
     with pytest.raises(DataError, match="duplicate id"):

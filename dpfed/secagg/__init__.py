@@ -6,11 +6,13 @@ discrete Laplace draw, masked so that the aggregator learns only the sum (Bonawi
 module:
 
 - ``fixedpoint``: real statistics <-> integers mod 2^64, the scale and the grid sensitivity;
+- ``exact``: a site's exact statistics (quantised rows, integer sums), encoded with one
+  rounding and no floating-point error term;
 - ``dlaplace``: the distributed discrete Laplace law, its CSPRNG sampler and the noise facts of
   a sum (``dpfed.noise`` terms);
 - ``calibration``: the per-part grid calibration a round derives from public numbers
-  (``calibrate`` -> ``GridCalibration.release`` at sites, ``decode``/``noise_description`` at
-  the aggregator);
+  (``calibrate`` -> ``GridCalibration.release_exact`` at sites, ``decode``/``check_sum``/
+  ``noise_description`` at the aggregator);
 - ``csprng``: uniforms and normals from os.urandom;
 - ``keys``: per-round X25519 key pairs, HKDF key agreement, identity signatures;
 - ``masks``: ChaCha20 mask expansion and the masked input;

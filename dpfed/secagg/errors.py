@@ -11,7 +11,7 @@ from __future__ import annotations
 
 __all__ = ["SecAggError", "ParameterError", "MalformedMessage", "ForgedMessage",
            "ReplayedMessage", "WrongRound", "OutOfPhase", "UnknownSender", "TooFewSurvivors",
-           "UnsafeRequest", "ReconstructionError", "AbortedRound"]
+           "UnsafeRequest", "ReconstructionError", "AbortedRound", "SumOutOfRange"]
 
 
 class SecAggError(Exception):
@@ -69,3 +69,10 @@ class ReconstructionError(SecAggError):
 
 class AbortedRound(SecAggError):
     """The session has failed before and refuses to do anything further."""
+
+
+class SumOutOfRange(SecAggError):
+    """An unmasked sum that cannot be the sum of the round's statistics: its decoded n is
+    beyond what the fixed-point grid holds without wrapping (more rows than the round's public
+    row bound allows for), or an entry is beyond its bound given that n. The sum is not
+    used (``dpfed.secagg.calibration.GridCalibration.check_sum``)."""

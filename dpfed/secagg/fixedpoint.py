@@ -10,7 +10,9 @@ by s. This is the encoding of Bonawitz et al. (CCS 2017, section 3: inputs in Z_
 distributed discrete Gaussian / Skellam papers (Kairouz et al., ICML 2021, section 4 "modular
 clipping"; Agarwal et al. 2021), with two simplifications that the bounds below make safe: no
 random rotation and no modular clipping, because every entry of every statistic is bounded by
-public numbers, so overflow is *refused* up front instead of handled.
+public numbers times the number of rows, so a grid sized for a public row bound cannot
+overflow (a grid that could is refused up front), and a federation with more rows than that
+bound is detected after decoding (``row_capacity``, below).
 
 Scale choice (``choose_scale``), per part of the statistics (Sxx triangle, Sxy, Syy, n), from
 public numbers only:
@@ -23,13 +25,25 @@ public numbers only:
 2. *No overflow.* The true sum of an entry is bounded by a public M (K * n_max * Bx^2 for Sxx,
    ...; ``part_bounds``) and its noise by ``TAIL_SCALES`` = 40 scales per draw (P(|DL| > 40 b)
    ~ e^-40 ~ 4e-18 per entry and draw). We require s*M + K/2 + 40 * draws * s * b < 2^63, so the
-   decoded signed value is the true integer sum; otherwise ``ParameterError``.
+   decoded signed value is the true integer sum when every site holds at most n_max rows;
+   otherwise ``ParameterError``.
 
 A power-of-two s makes ``v * s`` exact in floating point, so the only rounding is the one
 ``np.rint`` performs (|error| <= 1/2 grid unit), and decoding ``int / s`` is exact below 2^53.
 
 Sensitivity in grid units (``grid_sensitivity``): see its docstring; the noise must be calibrated
-to it, not to s times the real sensitivity.
+to it, not to s times the real sensitivity. How a site computes the statistics it encodes is a
+named option of the calibration (``STATISTICS``): ``"float"`` (float64 sums: their summation
+error, ``float_sum_error_bound`` over the public ``n_max`` rows, enters the grid sensitivity as
+E) or ``"exact"`` (integer sums of quantised rows, ``dpfed.secagg.exact``: E = 0, and nothing
+about a site's row count enters the calibration). Secure rounds use ``"exact"``.
+
+``n_max`` (a secure round's ``max_site_rows``) then only sizes the grid: a federation whose
+rows exceed it cannot make a site refuse (the exact encoding is reduced modulo 2^64 without a
+check, ``encode_integers``: DP on the integers, then post-processing); at worst its sum wraps,
+which ``row_capacity`` lets the aggregator detect from the decoded n (its scale is 1, it never
+wraps): the grid holds ``row_capacity`` rows in all without any part wrapping, a multiple
+("headroom") of the K * n_max it was sized for.
 """
 
 from __future__ import annotations
@@ -43,9 +57,10 @@ import numpy as np
 from dpfed.secagg.errors import ParameterError
 
 __all__ = ["MODULUS", "TAIL_SCALES", "ROUNDING_RATIO", "MAX_GRID_NOISE_SCALE", "PARTS",
-           "StatisticsLayout", "encode", "decode", "to_signed", "add_signed", "wrap_sum",
-           "choose_scale", "choose_scales", "part_bounds", "grid_sensitivity",
-           "float_sum_error_bound", "is_power_of_two"]
+           "STATISTICS", "StatisticsLayout", "encode", "encode_integers", "decode", "to_signed",
+           "add_signed", "wrap_sum", "choose_scale", "choose_scales", "part_bounds",
+           "row_bounds", "row_capacity", "grid_sensitivity", "float_sum_error_bound",
+           "sum_error_bound", "is_power_of_two"]
 
 MODULUS = 2 ** 64
 _HALF = 2 ** 63
@@ -57,6 +72,9 @@ ROUNDING_RATIO = 2.0 ** -20
 #: far below 2^53, where float64 still represents every integer).
 MAX_GRID_NOISE_SCALE = 2.0 ** 40
 PARTS = ("xtx", "xty", "yty", "n")
+#: How a site computes the statistics it encodes (module docstring): float64 sums, with the
+#: summation-error term E in the grid sensitivity, or exact integer sums (E = 0).
+STATISTICS = ("float", "exact")
 
 
 @dataclass(frozen=True)
@@ -133,6 +151,14 @@ def encode(values, scale) -> np.ndarray:
     if g.size and float(np.max(np.abs(g))) >= _HALF:
         raise ParameterError("a value overflows the 64-bit fixed-point range at this scale")
     return g.astype(np.int64).view(np.uint64)
+
+
+def encode_integers(ints) -> np.ndarray:
+    """Integers (Python ints of any size, already on the grid) reduced modulo 2^64, as
+    ``np.uint64``. No range check, by design: used for exact statistics
+    (``dpfed.secagg.exact``), whose encoding must not depend on whether the site's own rows
+    fit the public bound (module docstring)."""
+    return np.array([int(v) % MODULUS for v in ints], dtype=np.uint64)
 
 
 def to_signed(encoded) -> np.ndarray:
@@ -218,6 +244,22 @@ def part_bounds(*, d: int, n_max: int, n_sites: int, x_bound: float, y_bound: fl
             "yty": rows * y_bound ** 2, "n": rows}
 
 
+def row_bounds(*, x_bound: float, y_bound: float) -> dict[str, float]:
+    """Bound on |entry| that one clipped row adds to each part: Bx^2, Bx By, By^2, 1."""
+    return {"xtx": x_bound ** 2, "xty": x_bound * y_bound, "yty": y_bound ** 2, "n": 1.0}
+
+
+def row_capacity(*, scale: float, row_bound: float, n_sites: int, noise_draws: float,
+                 grid_noise: float | None, tail: float = TAIL_SCALES) -> int:
+    """How many rows in all (over every site) a part's sum holds without wrapping: the
+    largest N with s N B + n_sites/2 + tail * noise_draws * b_grid < 2^63 (the condition
+    ``choose_scale`` checks for N = K n_max; B = ``row_bounds``; n_sites/2: each site's
+    rounding). ``choose_scale`` guarantees at least K n_max."""
+    noise = 0.0 if grid_noise is None else tail * noise_draws * float(grid_noise)
+    room = _HALF * (1 - 2.0 ** -40) - n_sites / 2.0 - noise
+    return max(0, int(math.floor(room / (float(scale) * float(row_bound)))))
+
+
 def choose_scales(*, d: int, n_max: int, n_sites: int, x_bound: float, y_bound: float,
                   noise_scales: Mapping[str, float | None], noise_threshold: int,
                   rounding_ratio: float = ROUNDING_RATIO) -> dict[str, float]:
@@ -259,6 +301,18 @@ def float_sum_error_bound(n_terms: int, max_abs_term: float) -> float:
     margin for the second-order terms (valid while n u << 1)."""
     u = 2.0 ** -53
     return 1.01 * n_terms * u * n_terms * max_abs_term + 1.01 * u * n_terms * max_abs_term
+
+
+def sum_error_bound(statistics: str, n_terms: int, max_abs_term: float) -> float:
+    """E per entry for the named way a site computes its statistics (``STATISTICS``):
+    ``float_sum_error_bound`` for float64 sums, 0 for exact integer sums
+    (``dpfed.secagg.exact``: the statistic is an exact function of the quantised rows)."""
+    if statistics == "exact":
+        return 0.0
+    if statistics == "float":
+        return float_sum_error_bound(n_terms, max_abs_term)
+    raise ParameterError(f"statistics must be one of {', '.join(STATISTICS)}, got "
+                         f"{statistics!r}")
 
 
 def grid_sensitivity(real_l1_sensitivity: float, scale: float, n_entries: int, *,

@@ -63,13 +63,14 @@ class SecurePlan:
     config: object = None
 
 
-def _release_vector(calibration, d: int, n: int, rng) -> np.ndarray:
-    """A release-shaped input: clipped-looking statistics on the grid plus a noise share."""
+def _release_vector(calibration, spec, d: int, n: int, rng) -> np.ndarray:
+    """A release-shaped input: the exact statistics of clipped rows on the grid plus a noise
+    share (``release_exact``, as a site of a secure round)."""
+    from site_node.release import exact_clipped_statistics
     a = rng.uniform(-1, 1, size=(n, d)) * 0.5
     y = rng.uniform(-1, 1, size=n)
-    sxx = a.T @ a
-    upper = np.concatenate([sxx[np.triu_indices(d)], a.T @ y, [float(y @ y)]])
-    return calibration.release(upper, n)
+    return calibration.release_exact(exact_clipped_statistics(a, y, spec.x_bound,
+                                                              spec.y_bound))
 
 
 def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], seed: int = 0,
@@ -145,7 +146,7 @@ def plan_round(spec, spec_digest: str, site_keys: dict, dropouts: list[str], see
                 reason="benchmark dropout after key agreement", timestamp_unix_ms=now,
                 nonce=secrets.token_hex(16))).SerializeToString()
             continue
-        x = _release_vector(calibration, d, 100, rng)
+        x = _release_vector(calibration, spec, d, 100, rng)
         inputs[s] = x
         masked = timed("release", lambda: sessions[s].masked_input(body, x).to_bytes())
         agg.receive(parse(masked))

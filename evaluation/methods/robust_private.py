@@ -15,11 +15,12 @@ K independent release noises (``Statistics.noise``) and fits the public part wit
 exact likelihood.
 
 With ``PrivacySetting.aggregation == "secure"`` (issue 10, method.md section 10) the sum is
-what a secure round hands the aggregator instead (``secure_sum``): each site's clipped
-statistics on the fixed-point grid plus its 1/T share of distributed discrete Laplace noise
-(``dpfed.secagg.calibration``, the code the round protocol runs), summed modulo 2^64 and
-decoded. With T = K (every site honest) the sum carries ONE discrete Laplace draw at the
-grid-calibrated scale, and its ``Statistics.noise`` says so
+what a secure round hands the aggregator instead (``secure_sum``): each site's exact clipped
+statistics (quantised rows, integer sums: ``site_node.release.exact_clipped_statistics``, as a
+site of a secure round computes them) on the fixed-point grid plus its 1/T share of
+distributed discrete Laplace noise (``dpfed.secagg.calibration``, the code the round protocol
+runs), summed modulo 2^64 and decoded. With T = K (every site honest) the sum carries ONE
+discrete Laplace draw at the grid-calibrated scale, and its ``Statistics.noise`` says so
 (``GridCalibration.noise_description(K)``).
 """
 
@@ -36,17 +37,19 @@ from dpfed.sensitivity import noise_calibration
 from dpfed.statistics import Statistics, clipped_exact_statistics, exact_statistics, validate_shapes
 from evaluation.methods.base import PrivacySetting, TrainingData, split_rows, validate_posterior
 from evaluation.methods.posterior_fit import posterior_beta
-from site_node.release import clipped_statistics, release_many
+from site_node.release import exact_clipped_statistics, release_many
 
 
 def secure_inputs(blocks, setting: PrivacySetting, noise_threshold: int | None = None
                   ) -> tuple[GridCalibration, list[np.ndarray]]:
     """The grid calibration of a secure round of ``len(blocks)`` = K sites and each site's
-    input x_u (``GridCalibration.release``: its clipped Sxx upper triangle, Sxy, Syy and n in
-    fixed point, plus its noise share), i.e. exactly what each site hands
-    ``dpfed.secagg.protocol.SiteSession.masked_input``. ``noise_threshold`` T defaults to K
-    (every site honest). All public inputs: eps, bounds, split, relation, K, the largest
-    site's rows (n_max) and T."""
+    input x_u (``GridCalibration.release_exact``: the exact statistics of its clipped,
+    quantised rows, Sxx upper triangle, Sxy, Syy and n, in fixed point, plus its noise share),
+    i.e. exactly what each site hands ``dpfed.secagg.protocol.SiteSession.masked_input``.
+    ``noise_threshold`` T defaults to K (every site honest). All public inputs: eps, bounds,
+    split, relation, K, the largest site's rows (n_max, which only sizes the grid) and T;
+    the calibration is the one of ``dpfed.secure_round._calibration`` (the round's relation,
+    ``statistics="exact"``)."""
     shaped = [validate_shapes(x, y) for x, y in blocks]
     if len(shaped) < 2:
         raise ValueError("secure aggregation needs at least 2 sites (K = 1 is independent)")
@@ -55,23 +58,17 @@ def secure_inputs(blocks, setting: PrivacySetting, noise_threshold: int | None =
         raise ValueError("every block must have the same number of columns d")
     k = len(shaped)
     t = k if noise_threshold is None else int(noise_threshold)
-    # row_cap: as a secure round does (dpfed.secure_round._calibration): a site may hold more
-    # rows than max_site_rows and keep that many, so a neighbour may be a replacement.
     cal = noise_calibration(d, setting.epsilon, setting.x_bound, setting.y_bound,
                             setting.budget_split, neighbouring=setting.neighbouring,
                             xtx_sensitivity=setting.xtx_sensitivity,
-                            x_norm_bound=setting.x_norm_bound, row_cap=True)
+                            x_norm_bound=setting.x_norm_bound)
     grid = calibrate(d=d, n_max=max(x.shape[0] for x, _ in shaped), n_sites=k,
                      x_bound=setting.x_bound, y_bound=setting.y_bound, calibration=cal,
-                     noise_threshold=t)
-    iu = np.triu_indices(d)
-    sites = []
-    for x, y in shaped:
-        sxx, sxy, syy = clipped_statistics(x, y, setting.x_bound, setting.y_bound,
-                                           setting.x_norm_bound)
-        sites.append((np.concatenate([sxx[iu], sxy, [syy]]), x.shape[0]))
+                     noise_threshold=t, statistics="exact")
+    sites = [exact_clipped_statistics(x, y, setting.x_bound, setting.y_bound,
+                                      setting.x_norm_bound) for x, y in shaped]
     # Each site's release with its own share, the K shares drawn in one CSPRNG call.
-    return grid, grid.release_many(sites)
+    return grid, grid.release_exact_many(sites)
 
 
 def decode_secure_sum(grid: GridCalibration, vector, contributors: int) -> Statistics:

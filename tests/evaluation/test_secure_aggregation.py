@@ -59,10 +59,9 @@ def test_secure_sum_is_the_exact_sum_plus_one_discrete_laplace_draw():
     k, d, reps = 10, 3, 300
     blocks, setting = _blocks(k, 50, d), _setting(k=k)
     exact, n = _exact(blocks, setting)
-    # a single site's release, calibrated for the secure rounds' row cap (max_site_rows:
-    # dpfed.sensitivity.capped_relation; box only here, so Sxy's scale is twice add/remove's)
-    one = expected_noise(d, 2.0, 0.5, 0.8, row_cap=True)
-    assert one.xty[0].scale == pytest.approx(2 * expected_noise(d, 2.0, 0.5, 0.8).xty[0].scale)
+    # a single site's release: the secure rounds' calibration is the plain add/remove one
+    # (every usable row is used, no cap; exact statistics, so no float-error term)
+    one = expected_noise(d, 2.0, 0.5, 0.8)
     secure = [secure_sum(blocks, setting) for _ in range(reps)]
     assert all(secure[0].noise.draws(p) == 1 for p in ("xtx", "xty", "yty", "n"))
     noise = np.stack([s.upper_values() - exact for s in secure])
@@ -112,6 +111,7 @@ def test_skipping_the_masks_is_exact():
     blocks, setting = _blocks(k, 30, d, seed=3), _setting(k=k)
     grid, inputs = secure_inputs(blocks, setting)
     assert grid.noise_threshold == k
+    assert grid.statistics == "exact"        # what a site of a secure round encodes
     ids = tuple(f"site{i}" for i in range(k))
     config = RoundConfig.create("secevel", ids, grid.layout.length, min_contributors=k,
                                 noise_threshold=k)
