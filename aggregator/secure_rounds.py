@@ -202,9 +202,12 @@ class SecureSteps:
                 body = live.outputs.get(site)
                 if body is None:
                     return None
+            # The signed spec travels with the "keys" notice only; later steps name its
+            # digest (the site keeps the spec it verified with the round's state).
             notice = pb.PhaseNotice(
                 round_id=live.stored.round_id, phase=STEP_NOTICE[step],
-                spec_envelope=live.stored.spec_envelope,
+                spec_envelope=live.stored.spec_envelope if step == ADVERTISE else b"",
+                spec_digest=live.stored.spec_digest,
                 participants=sorted(live.participants) if step == ADVERTISE else [],
                 deadline_unix_ms=live.stored.phase_deadline_ms, body=body)
             envelope = pb.SignedEnvelope(payload=canonical_bytes(notice),

@@ -207,6 +207,12 @@ class SiteNode:
         except Exception:  # noqa: BLE001 - a malformed notice is answered by nothing
             log.warning("ignored a malformed release notice from the aggregator")
             return None
+        if not notice.spec_envelope and notice.spec_digest:
+            # A later step of a secure round: the spec was verified at its "keys" notice.
+            if self.blocked:
+                return None
+            with self._lock:
+                return self.secure.handle_by_digest(notice)
         if notice.phase != "release" or notice.body:
             return self._secure_notice(notice, spec_envelope)
         if self.site_id not in notice.participants:

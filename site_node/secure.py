@@ -79,6 +79,9 @@ class _SecureState:
     spec_digest: str
     secure: secure_round.SecureRound
     session: SiteSession
+    # The coordinator-signed spec as verified at the "keys" notice: later notices name only
+    # its digest.
+    spec_envelope: pb.SignedEnvelope | None = None
     # Notice phase -> the body this site answered with (resent on a repeated notice).
     answered: dict[str, bytes] = field(default_factory=dict)
 
@@ -114,6 +117,30 @@ class SecureSite:
             del self._rounds[rid]
 
     # -- one notice -------------------------------------------------------------------------
+    def handle_by_digest(self, notice: pb.PhaseNotice) -> pb.SignedEnvelope | None:
+        """A notice after "keys" names its spec by digest only (under the node's lock): the
+        spec this site verified and kept with the round's state, or, for a "release" notice
+        after a restart, the stored release of that spec; otherwise nothing to answer."""
+        from site_node.node import now_ms
+        rid, phase = notice.round_id, notice.phase
+        self.forget_finished(now_ms())
+        state = self._rounds.get(rid)
+        if state is not None and state.spec_envelope is not None:
+            if state.spec_digest != notice.spec_digest:
+                log.warning("ignored a %s notice for round %s naming another spec", phase[:32],
+                            rid)
+                return None
+            return self.handle(notice, state.spec_envelope, state.spec)
+        stored = self.node.ledger.get_release(rid)
+        if phase == "release" and stored is not None and stored.spec_digest == notice.spec_digest:
+            log.info("round %s: already released; resending the stored masked release", rid)
+            return self.node.fresh_envelope(stored)
+        log.warning("round %s: %s notice, but this site holds no key state for the round (it "
+                    "restarted, or missed the key step): it drops out of the round%s", rid,
+                    phase[:32], "" if stored is None else
+                    "; its masked release stands and the other holders' shares unmask it")
+        return None
+
     def handle(self, notice: pb.PhaseNotice, spec_envelope: pb.SignedEnvelope,
                spec: pb.RoundSpec) -> pb.SignedEnvelope | None:
         """The answer to ``notice`` of the verified secure ``spec`` (under the node's lock):
@@ -135,7 +162,7 @@ class SecureSite:
                 return None if stored is None else self.node.fresh_envelope(stored)
             return self._message(spec, spec_digest, ANSWER_PHASE[phase], state.answered[phase])
         if phase == "keys":
-            return self._keys(notice, spec, spec_digest)
+            return self._keys(notice, spec, spec_digest, spec_envelope)
         if phase == "release":
             stored = self.node.ledger.get_release(rid)
             if stored is not None:
@@ -174,8 +201,8 @@ class SecureSite:
         state.answered[phase] = body
         return self._message(spec, spec_digest, ANSWER_PHASE[phase], body)
 
-    def _keys(self, notice: pb.PhaseNotice, spec: pb.RoundSpec,
-              spec_digest: str) -> pb.SignedEnvelope:
+    def _keys(self, notice: pb.PhaseNotice, spec: pb.RoundSpec, spec_digest: str,
+              spec_envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
         """The "keys" notice: check the participants and relayed keys, open the session,
         advertise this round's public keys."""
         node = self.node
@@ -234,6 +261,7 @@ class SecureSite:
                               aggregator_key=aggregator_key)
         body = session.advertise().to_bytes()
         state = _SecureState(spec, spec_digest, secure, session)
+        state.spec_envelope = spec_envelope
         state.answered["keys"] = body
         self._rounds[spec.round_id] = state
         log.info("round %s: key agreement with %d holder(s) of %d participant(s) (T = %d, "

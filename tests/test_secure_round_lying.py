@@ -67,3 +67,31 @@ def test_isolation_attack_on_real_sites_reveals_nothing_and_says_why(tmp_path, c
         for d in drivers.values():
             d.close()
         fed.stop()
+
+
+def test_later_notices_name_the_spec_by_digest_and_another_digest_is_ignored(tmp_path):
+    """After "keys" a notice carries the spec's digest, not the ~100 kB spec: the site answers
+    only for the spec it verified at "keys"; a notice naming another spec gets nothing."""
+    fed = SecureFed(tmp_path, 3)
+    fed.start_aggregator()
+    drivers = {}
+    try:
+        drivers = {s: SiteDriver(fed, s) for s in fed.sites}
+        fed.coordinator().start_round(fed.spec(t=2, quorum=2, deadline_s=30))
+        for phase in ("consent", "keys"):
+            for d in drivers.values():
+                assert d.step()[0] == phase
+        pushed = drivers["site-a"].next()
+        notice = parse_canonical(pushed.payload, "dpfed.v1.PhaseNotice")
+        assert notice.phase == "share_keys" and not notice.spec_envelope
+        assert notice.spec_digest == fed.manager.status("sec-1").spec_digest
+        notice.spec_digest = "0" * 64
+        other = pb.SignedEnvelope(payload=canonical_bytes(notice),
+                                  payload_type=pushed.payload_type)
+        assert drivers["site-a"].answer(other) is None
+        answer = drivers["site-a"].answer(pushed)
+        assert answer is not None and answer.payload_type == "dpfed.v1.PhaseMessage"
+    finally:
+        for d in drivers.values():
+            d.close()
+        fed.stop()

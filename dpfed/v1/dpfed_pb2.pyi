@@ -169,20 +169,22 @@ class PhaseMessage(_message.Message):
     def __init__(self, round_id: _Optional[str] = ..., site_id: _Optional[str] = ..., spec_digest: _Optional[str] = ..., phase: _Optional[str] = ..., body: _Optional[bytes] = ..., timestamp_unix_ms: _Optional[int] = ..., nonce: _Optional[str] = ...) -> None: ...
 
 class PhaseNotice(_message.Message):
-    __slots__ = ("round_id", "phase", "spec_envelope", "participants", "deadline_unix_ms", "body")
+    __slots__ = ("round_id", "phase", "spec_envelope", "participants", "deadline_unix_ms", "body", "spec_digest")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     PHASE_FIELD_NUMBER: _ClassVar[int]
     SPEC_ENVELOPE_FIELD_NUMBER: _ClassVar[int]
     PARTICIPANTS_FIELD_NUMBER: _ClassVar[int]
     DEADLINE_UNIX_MS_FIELD_NUMBER: _ClassVar[int]
     BODY_FIELD_NUMBER: _ClassVar[int]
+    SPEC_DIGEST_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     phase: str
     spec_envelope: bytes
     participants: _containers.RepeatedScalarFieldContainer[str]
     deadline_unix_ms: int
     body: bytes
-    def __init__(self, round_id: _Optional[str] = ..., phase: _Optional[str] = ..., spec_envelope: _Optional[bytes] = ..., participants: _Optional[_Iterable[str]] = ..., deadline_unix_ms: _Optional[int] = ..., body: _Optional[bytes] = ...) -> None: ...
+    spec_digest: str
+    def __init__(self, round_id: _Optional[str] = ..., phase: _Optional[str] = ..., spec_envelope: _Optional[bytes] = ..., participants: _Optional[_Iterable[str]] = ..., deadline_unix_ms: _Optional[int] = ..., body: _Optional[bytes] = ..., spec_digest: _Optional[str] = ...) -> None: ...
 
 class SiteHello(_message.Message):
     __slots__ = ("site_id", "timestamp_unix_ms", "nonce", "software_version", "total_epsilon", "trusted_coordinator_key_ids")
