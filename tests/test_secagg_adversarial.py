@@ -17,7 +17,7 @@ from dpfed.secagg.errors import (AbortedRound, ForgedMessage, MalformedMessage, 
 from dpfed.secagg.messages import (AdvertisementBundle, EncryptedShare, KeyAdvertisement,
                                    MaskAttestation, MaskedInput, Phase, ShareDelivery,
                                    ShareKeys, SurvivorCertificate, SurvivorList,
-                                   SurvivorSignature, UnmaskRequest,
+                                   SurvivorSignature, UnmaskRequest, survivors_digest,
                                    UnmaskResponse)
 from dpfed.secagg.protocol import AggregatorSession, RoundConfig, SiteSession
 from dpfed.wire.signing import SigningKey
@@ -298,9 +298,12 @@ def _resign(r, msg, key=None):
 
 
 def _with_survivors(r, req, survivors):
-    """``req`` naming another survivor set (the aggregator's certificate re-signed)."""
+    """``req`` naming another survivor set: the aggregator's certificate for that set, with
+    the sites' signatures (on the set they did sign) carried over, re-signed by it."""
+    d = survivors_digest(r.cfg.round_id, r.cfg.digest, survivors)
+    moved = tuple(dataclasses.replace(c, digest=d) for c in req.certificate.confirmations)
     return dataclasses.replace(req, certificate=_resign(r, dataclasses.replace(
-        req.certificate, survivors=survivors)))
+        req.certificate, survivors=survivors, confirmations=moved)))
 
 
 @pytest.mark.parametrize("phase", SITE_PHASES)

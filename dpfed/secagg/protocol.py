@@ -728,21 +728,18 @@ class AggregatorSession(_Session):
             if alive < t:
                 self._fail(TooFewSurvivors(f"only {alive} confirmed holders of {v!r}'s mask "
                                            f"key; threshold {t}"))
-        # One certificate for everyone (encoded once): U3 and the first quorum of signatures;
-        # each request adds the signatures of the recipient's own holders not already in it.
-        first = sorted(u4)[:cfg.quorum]
-        in_quorum = set(first)
+        # One certificate for everyone (encoded once): U3 and a quorum of signatures on it,
+        # which is all a site needs besides its surviving holders' attestations.
         certificate = self._sign(SurvivorCertificate(
             **self._head(), survivors=self._survivors,
-            confirmations=tuple(signed[s] for s in first)))
+            confirmations=tuple(signed[s] for s in sorted(u4)[:cfg.quorum])))
         out = {}
         for r in sorted(u4):
             holders = set(self._graph.holders(r))
-            extra = tuple(signed[s] for s in sorted((u4 & holders) - in_quorum))
             att = tuple(inputs[w].attestation for w in sorted(u3 & holders) if w != r)
             out[r] = self._sign(UnmaskRequest(**self._head(), recipient=r,
-                                              certificate=certificate,
-                                              confirmations=extra, attestations=att))
+                                              certificate=certificate, confirmations=(),
+                                              attestations=att))
         self._requests = out
         self._dropped = dropped
         self._absent = set(self._participants[Phase.MASKED_INPUT]) - u3
