@@ -87,8 +87,12 @@ def test_evaluate_resumes_after_sigint(tmp_path):
             "1373", "--repeats", "8", "--repeats-per-task", "1", "--sizes", "0,100,200,300",
             "--sites", "1,3", "--epsilons", "1,2", "--methods", "robust_private,nonprivate",
             "--workers", "1", "--out", str(out), "--json"]
+    # A suite started as a background job (`python -m pytest &`) runs with SIGINT ignored,
+    # and an ignored signal stays ignored across exec: give the child Ctrl-C's default
+    # disposition, as a terminal would, so the test does not depend on how it was started.
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=tmp_path)
+                            cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     journal = out / "tasks.jsonl"
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
