@@ -132,18 +132,15 @@ def clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: fl
     return np.triu(xtx) + np.triu(xtx, 1).T, xty, yty
 
 
-def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
-                row_offset: int, x_norm_bound: float | None = None
-                ) -> tuple[np.ndarray, np.ndarray, float]:
-    """The blocked clip + accumulate loop over ``x``, ``y`` (rows numbered from
-    ``row_offset`` in error messages); xtx is summed in full (not yet mirrored)."""
+def _clipped_blocks(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
+                    row_offset: int, x_norm_bound: float | None = None):
+    """Blocks of the rows clipped to the bounds (and projected into the row-norm ball),
+    checked for non-finite values block by block (rows numbered from ``row_offset`` in error
+    messages). The yielded arrays are reused buffers: consume each before the next."""
     n, d = x.shape
-    rows = max(64, min(n, _BLOCK_BYTES // (8 * d)))
+    rows = max(64, min(max(n, 1), _BLOCK_BYTES // (8 * d)))
     bx = np.empty((rows, d))
     by = np.empty(rows)
-    xtx = np.zeros((d, d))
-    xty = np.zeros(d)
-    yty = 0.0
     for start in range(0, n, rows):
         stop = min(n, start + rows)
         xs, ys = x[start:stop], y[start:stop]
@@ -155,6 +152,19 @@ def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
         np.clip(ys, -y_bound, y_bound, out=ub)
         if x_norm_bound is not None:
             project_rows(zb, x_norm_bound)
+        yield zb, ub
+
+
+def _accumulate(x: np.ndarray, y: np.ndarray, x_bound: float, y_bound: float,
+                row_offset: int, x_norm_bound: float | None = None
+                ) -> tuple[np.ndarray, np.ndarray, float]:
+    """The blocked clip + accumulate loop over ``x``, ``y``; xtx is summed in full (not yet
+    mirrored)."""
+    d = x.shape[1]
+    xtx = np.zeros((d, d))
+    xty = np.zeros(d)
+    yty = 0.0
+    for zb, ub in _clipped_blocks(x, y, x_bound, y_bound, row_offset, x_norm_bound):
         xtx += zb.T @ zb  # numpy uses BLAS syrk for a.T @ a
         xty += zb.T @ ub
         yty += float(ub @ ub)
@@ -170,23 +180,10 @@ def exact_clipped_statistics(x: np.ndarray, y: np.ndarray, x_bound: float, y_bou
     the quantisation (a relative 2^-20 of the bounds per value) of ``clipped_statistics``.
     Checks finiteness block by block as ``clipped_statistics`` does. Zero rows give zeros."""
     x, y = _data_shapes(x, y)
-    n, d = x.shape
+    d = x.shape[1]
     qx, qy = quantum_exponents(x_bound, y_bound, x_norm_bound)
     acc = ExactAccumulator(d, qx, qy)
-    rows = max(64, min(max(n, 1), _BLOCK_BYTES // (8 * d)))
-    bx = np.empty((rows, d))
-    by = np.empty(rows)
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        xs, ys = x[start:stop], y[start:stop]
-        error = non_finite_error(xs, ys, row_offset=start)
-        if error is not None:
-            raise error
-        zb, ub = bx[:stop - start], by[:stop - start]
-        np.clip(xs, -x_bound, x_bound, out=zb)
-        np.clip(ys, -y_bound, y_bound, out=ub)
-        if x_norm_bound is not None:
-            project_rows(zb, x_norm_bound)
+    for zb, ub in _clipped_blocks(x, y, x_bound, y_bound, 0, x_norm_bound):
         acc.add(quantize(zb, qx), quantize(ub, qy))
     return acc.result()
 
