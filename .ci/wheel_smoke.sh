@@ -80,24 +80,34 @@ smoke_all() {
     smoke_console
 }
 
-# The console (in [all]) from the wheel: its templates and static files are installed; with no
-# aggregator running its pages say so (503) instead of failing.
+# The console (in [all]) from the wheel: its templates and static files are installed; it
+# prints its access token once with its URL and refuses every page without it (also on
+# loopback); with the token and no aggregator running its pages say so (503) instead of failing.
 smoke_console() {
     make_federation "$(free_port)"
     local port
     port=$(free_port)
     dpfed console --config fed/coordinators/coordinator/coordinator.toml --port "$port" \
-        --log-level ERROR >/dev/null &
+        --log-level ERROR >console.out &
     local pid=$!
     local ok=1
     for _ in $(seq 30); do
         if python - "$port" <<'PY' 2>/dev/null
-import sys, urllib.error, urllib.request
+import re, sys, urllib.error, urllib.request
 base = f"http://127.0.0.1:{sys.argv[1]}"
-assert "Start a round" in urllib.request.urlopen(base + "/rounds/new", timeout=5).read().decode()
-assert b"--accent" in urllib.request.urlopen(base + "/static/console.css", timeout=5).read()
+token = re.search(r"[?]token=([A-Za-z0-9_-]+)", open("console.out").read()).group(1)
 try:
-    urllib.request.urlopen(base + "/sites", timeout=30)
+    urllib.request.urlopen(base + "/rounds/new", timeout=5)
+    raise SystemExit("a page answered without the token")
+except urllib.error.HTTPError as exc:
+    assert exc.code in (401, 403)
+def get(path):
+    req = urllib.request.Request(base + path, headers={"Authorization": f"Bearer {token}"})
+    return urllib.request.urlopen(req, timeout=30)
+assert "Start a round" in get("/rounds/new").read().decode()
+assert b"--accent" in get("/static/console.css").read()
+try:
+    get("/sites")
     raise SystemExit("the sites page answered without an aggregator")
 except urllib.error.HTTPError as exc:
     assert exc.code == 503 and b"cannot be reached" in exc.read()
