@@ -10,7 +10,9 @@ add/remove (a data set with one more left-out row gives the same used rows): a v
 not a number, NaN or infinite, a missing feature, a line with the wrong number of fields or
 that the csv module cannot parse, an empty id. Rows whose id repeats are all left out
 (adding or removing one row then changes the used rows by at most one row). Only the counts
-are kept, for the site's own log (``RoundData.left_out``). In text files a record is one
+are kept, for the site's own log (``RoundData.left_out``) and ``dpfed site check``
+(``audit_rows``: rows used, rows left out by reason and column; site_node.gaps); they are
+never sent (docs/method.md, "Which rows are used"). In text files a record is one
 line: a quoted field cannot swallow the lines after it. What still raises ``DataError`` is a
 fault of the file as a whole, the same whatever its rows hold: no file, not a file, over the
 site's size limit, no header, a repeated column name, a column the round needs that the file
@@ -212,13 +214,106 @@ def _number(value) -> float | None:
     return v if math.isfinite(v) else None
 
 
+# Why a row is left out, in the order reports list them (RowAudit.by_reason). A row may have
+# several (a missing target and a text feature): it is counted under each.
+MISSING = "missing value"         # empty, NA, n/a, nan, null, none (MISSING_MARKERS), None
+NOT_A_NUMBER = "not a number"     # text, or bytes that are not UTF-8
+NOT_FINITE = "not finite"         # inf, -inf, -nan, 1e999
+MALFORMED = "malformed line"      # the wrong number of fields, or a line csv cannot parse
+MISSING_ID = "missing id"
+REPEATED_ID = "repeated id"       # every row of an id that repeats
+REASONS = (MISSING, NOT_A_NUMBER, NOT_FINITE, MALFORMED, MISSING_ID, REPEATED_ID)
+
+
+def cell_problem(value) -> str | None:
+    """Why a cell cannot serve as a number (one of REASONS), or None if it can (``_number``
+    gives a finite float exactly when this gives None)."""
+    if _number(value) is not None:
+        return None
+    if _is_missing(value):
+        return MISSING
+    if isinstance(value, float):
+        return NOT_FINITE
+    if isinstance(value, str):
+        try:
+            float(value.strip())
+        except ValueError:
+            return NOT_A_NUMBER
+        return NOT_FINITE
+    return NOT_A_NUMBER
+
+
+@dataclass(frozen=True)
+class RowAudit:
+    """Which rows of a table a round with some columns uses, and why the others are left out
+    (the row-wise rules of the module docstring). Counts and file-column names only: no value
+    of the file. For the site's own eyes (its log, ``dpfed site check``), never sent."""
+
+    rows: int                                 # rows in the file
+    used: tuple[int, ...]                     # file rows (0-based) the round uses
+    missing_target: int                       # left out only for a missing target (see below)
+    by_reason: dict[str, int]                 # reason -> rows with it
+    by_column: dict[str, dict[str, int]]      # file column -> reason -> rows
+    # The numbers of each audited column (None where the cell is not one), for the round.
+    numbers: dict[str, list] | None = None
+
+    @property
+    def left_out(self) -> int:
+        """Every row left out, a missing target included (each row once)."""
+        return self.rows - len(self.used)
+
+
+def audit_rows(table: Table, columns, *, id_column: str | None = None,
+               target_column: str | None = None, keep_numbers: bool = False) -> RowAudit:
+    """Apply the row-wise rules to ``columns`` (file column names) of ``table``: a row is used
+    when it parses, has a non-missing, non-repeated id (if ``id_column``) and a finite number
+    in every one of ``columns``. ``missing_target`` counts the rows left out for a missing
+    ``target_column`` that no other rule (a malformed line, an id problem) already left out,
+    as ``RoundData.dropped_missing_target``."""
+    n = table.n_rows
+    flagged = {reason: set() for reason in REASONS}
+    flagged[MALFORMED] |= table.malformed
+    by_column: dict[str, dict[str, int]] = {}
+    if id_column:
+        missing_ids, repeated = _id_problems(table, id_column)
+        flagged[MISSING_ID] |= missing_ids
+        flagged[REPEATED_ID] |= repeated
+        counts = {MISSING_ID: len(missing_ids), REPEATED_ID: len(repeated)}
+        if any(counts.values()):
+            by_column[id_column] = {r: k for r, k in counts.items() if k}
+    numbers, missing_target = {}, set()
+    for column in dict.fromkeys(columns):
+        values = table.columns[column]
+        nums, counts = [None] * n, {}
+        for i, value in enumerate(values):
+            if i in table.malformed:
+                continue
+            v = _number(value)
+            if v is None:
+                reason = cell_problem(value)
+                flagged[reason].add(i)
+                counts[reason] = counts.get(reason, 0) + 1
+                if column == target_column and reason == MISSING:
+                    missing_target.add(i)
+            nums[i] = v
+        numbers[column] = nums
+        if counts:
+            by_column[column] = {r: counts[r] for r in REASONS if r in counts}
+    left = set().union(*flagged.values())
+    missing_target -= flagged[MISSING_ID] | flagged[REPEATED_ID]
+    return RowAudit(rows=n, used=tuple(i for i in range(n) if i not in left),
+                    missing_target=len(missing_target),
+                    by_reason={r: len(flagged[r]) for r in REASONS if flagged[r]},
+                    by_column=by_column, numbers=numbers if keep_numbers else None)
+
+
 def select_round_data(table: Table, features: list[str], target: str,
                       config: DataConfig) -> RoundData:
     """x (features in the given order) and y (target) for one round, as float arrays.
 
     Rows with a missing target are dropped; rows with any other problem are left out, one row
-    at a time (module docstring), and counted in ``left_out``. Only a fault of the file or of
-    the columns the round asks for raises DataError.
+    at a time (module docstring, ``audit_rows``), and counted in ``left_out``. Only a fault of
+    the file or of the columns the round asks for raises DataError.
     """
     names = {name: config.column_for(name) for name in [*features, target]}
     missing = [n for n, c in names.items() if c not in table.columns]
@@ -230,56 +325,49 @@ def select_round_data(table: Table, features: list[str], target: str,
                         f"column(s) not available at the site: "
                         f"{', '.join(repr(n) for n in missing)}")
     table.check_unique(set(names.values()) | ({config.id_column} if config.id_column else set()))
-    left_out = set(table.malformed)
-    if config.id_column:
-        # The id column is never a feature or the target, even with allowed_features = ["*"].
-        if config.id_column in names.values():
-            raise DataError(f"{table.path}: the round asks for the id column "
-                            f"{config.id_column!r} as a feature or target; it is never released",
-                            "the round asks for the site's id column, which is never released")
-        left_out |= _rows_with_id_problems(table, config.id_column)
-
-    target_values = table.columns[names[target]]
-    candidates = [i for i in range(table.n_rows)
-                  if i not in left_out and not _is_missing(target_values[i])]
-    dropped_missing_target = sum(1 for i in range(table.n_rows)
-                                 if i not in left_out and _is_missing(target_values[i]))
-    columns = [table.columns[names[f]] for f in features]
-    keep, xs, ys = [], [], []
-    for i in candidates:
-        y = _number(target_values[i])
-        row = [_number(values[i]) for values in columns]
-        if y is None or any(v is None for v in row):
-            left_out.add(i)
-            continue
-        keep.append(i)
-        xs.append(row)
-        ys.append(y)
-    x = np.array(xs, dtype=np.float64).reshape(len(keep), len(features))
-    return RoundData(x=x, y=np.array(ys, dtype=np.float64),
-                     dropped_missing_target=dropped_missing_target, rows=tuple(keep),
-                     first_line=table.first_line, left_out=len(left_out))
+    # The id column is never a feature or the target, even with allowed_features = ["*"].
+    if config.id_column and config.id_column in names.values():
+        raise DataError(f"{table.path}: the round asks for the id column "
+                        f"{config.id_column!r} as a feature or target; it is never released",
+                        "the round asks for the site's id column, which is never released")
+    audit = round_audit(table, features, target, config, keep_numbers=True)
+    columns = [audit.numbers[names[f]] for f in features]
+    y_values = audit.numbers[names[target]]
+    keep = audit.used
+    x = np.array([[values[i] for values in columns] for i in keep],
+                 dtype=np.float64).reshape(len(keep), len(features))
+    y = np.array([y_values[i] for i in keep], dtype=np.float64)
+    return RoundData(x=x, y=y, dropped_missing_target=audit.missing_target, rows=keep,
+                     first_line=table.first_line,
+                     left_out=audit.left_out - audit.missing_target)
 
 
-def _rows_with_id_problems(table: Table, id_column: str) -> set[int]:
-    """Rows without an id and every row whose id repeats (row-wise rules: adding or removing
-    one row changes the rows left out here by at most one other row)."""
+def round_audit(table: Table, features, target: str, config: DataConfig, *,
+                keep_numbers: bool = False) -> RowAudit:
+    """``audit_rows`` for a round's model names (mapped to file columns by the config); the
+    caller has checked that the columns exist (``select_round_data``)."""
+    return audit_rows(table, [config.column_for(f) for f in [*features, target]],
+                      id_column=config.id_column, target_column=config.column_for(target),
+                      keep_numbers=keep_numbers)
+
+
+def _id_problems(table: Table, id_column: str) -> tuple[set[int], set[int]]:
+    """(rows without an id, every row whose id repeats): row-wise rules, adding or removing
+    one row changes the rows left out here by at most one other row."""
     if id_column not in table.columns:
         raise DataError(f"{table.path}: id column {id_column!r} is missing",
                         f"id column {id_column!r} missing")
     rows: dict = {}
-    bad = set()
+    missing = set()
     for i, v in enumerate(table.columns[id_column]):
         if i in table.malformed:
             continue
         if _is_missing(v):
-            bad.add(i)
+            missing.add(i)
             continue
         rows.setdefault(v.strip() if isinstance(v, str) else v, []).append(i)
-    for same in rows.values():
-        if len(same) > 1:
-            bad.update(same)
-    return bad
+    repeated = {i for same in rows.values() if len(same) > 1 for i in same}
+    return missing, repeated
 
 
 def _check_ids(table: Table, id_column: str, log_ids: bool = False) -> None:

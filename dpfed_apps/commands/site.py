@@ -63,10 +63,29 @@ def register(subparsers) -> None:
 
     check = sub.add_parser(
         "check", help="validate config, keys and data without releasing",
-        epilog="example:\n  dpfed site check --config site.toml\n"
+        epilog="examples:\n  dpfed site check --config site.toml\n"
                "      exit 0 when the config, keys and data file are usable; 2 with the reason "
-               "otherwise.\n      Nothing is released and nothing is debited.")
+               "otherwise.\n      Nothing is released and nothing is debited.\n"
+               "  dpfed site check --config site.toml --target Drug_1047_IC50 --features "
+               "TP53_mut,BRAF_mut\n"
+               "      also how many rows a round with these columns would use, how many it "
+               "would leave out\n      and why (by reason and column), and which columns no "
+               "round can use; counts only,\n      for this site's eyes: they are never sent\n"
+               "  dpfed site check --config site.toml --json   # one JSON object")
     check.add_argument("--config", required=True, help="site.toml")
+    check.add_argument("--target", default=None,
+                       help="a round's target (its name in round specs; data.columns maps it): "
+                            "count the rows a round with it would use; default: a round using "
+                            "every usable column")
+    check.add_argument("--features", default=None,
+                       help="comma-separated features of that round (with --target; default "
+                            "every other usable column)")
+    check.add_argument("--column-names", action="store_true",
+                       help="name every column by its header cell; by default a column that "
+                            "site.toml or --target/--features does not name is shown by "
+                            "position (in a file without a header row those cells are a "
+                            "patient's values)")
+    check.add_argument("--json", action="store_true", help="one JSON object on stdout")
     check.set_defaults(func=cmd_check)
 
     parser.set_defaults(func=lambda args: (parser.print_help(), exitcodes.USAGE)[1])
@@ -276,8 +295,8 @@ PLACEHOLDER_HOSTS = ("example.org", "example.com", "example.net", "example", "in
                      "change-me", "changeme")
 
 
-def _check_aggregator_address(config) -> list[str]:
-    """Problems with the aggregator address (it must resolve); a placeholder host such as
+def _check_aggregator_address(config) -> tuple[list[str], list[str]]:
+    """(problems, addresses): the aggregator's host must resolve; a placeholder host such as
     aggregator.example.org (the kit's template) gets a warning on stderr."""
     import socket
     host, _, port = config.aggregator.rpartition(":")
@@ -291,53 +310,99 @@ def _check_aggregator_address(config) -> list[str]:
         addresses = sorted({a[4][0] for a in socket.getaddrinfo(host, int(port) if
                                                                 port.isdigit() else None)})
     except (socket.gaierror, UnicodeError, OSError) as exc:
-        return [f"aggregator {config.aggregator}: the host {host!r} does not resolve ({exc})"]
-    print(f"aggregator: {config.aggregator} resolves to {', '.join(addresses)}")
-    return []
+        return [f"aggregator {config.aggregator}: the host {host!r} does not resolve ({exc})"], []
+    return [], addresses
 
 
-def _print_effective_settings(config) -> None:
-    """Every setting the node will use, with its value; those site.toml does not set are
-    marked (default). An unknown key never gets here: loading the config rejects it."""
+def _effective_settings(config) -> dict:
+    """Every setting the node will use: key -> (value, set in site.toml). An unknown key never
+    gets here: loading the config rejects it."""
     import dataclasses
 
-    def show(key, value, explicit=True):
+    def plain(value):
         if isinstance(value, tuple):
-            value = [str(v) for v in value]
-        elif isinstance(value, dict):
-            value = dict(value)
-        elif value is not None and not isinstance(value, (bool, int, float, list)):
-            value = str(value)
-        print(f"  {key} = {json.dumps(value)}{'' if explicit else '  (default)'}")
+            return [str(v) for v in value]
+        if isinstance(value, dict):
+            return dict(value)
+        if value is not None and not isinstance(value, (bool, int, float, list)):
+            return str(value)
+        return value
 
-    print("effective settings (site.toml and defaults):")
+    settings = {}
     for key in ("site_id", "aggregator", "server_name", "state_db", "signing_key"):
-        show(key, getattr(config, key), key in config.explicit)
-    show("insecure", config.tls is None, "insecure" in config.explicit)
+        settings[key] = (plain(getattr(config, key)), key in config.explicit)
+    settings["insecure"] = (config.tls is None, "insecure" in config.explicit)
     if config.tls is not None:
         for f in dataclasses.fields(config.tls):
-            show(f"tls.{f.name}", getattr(config.tls, f.name))
+            settings[f"tls.{f.name}"] = (plain(getattr(config.tls, f.name)), True)
     for table, value in (("data", config.data), ("policy", config.policy)):
         for f in dataclasses.fields(value):
-            show(f"{table}.{f.name}", getattr(value, f.name), f"{table}.{f.name}" in config.explicit)
+            settings[f"{table}.{f.name}"] = (plain(getattr(value, f.name)),
+                                             f"{table}.{f.name}" in config.explicit)
+    return settings
+
+
+def _settings_lines(config, settings: dict) -> list[str]:
+    """The effective settings, defaults marked (default)."""
+    lines = ["effective settings (site.toml and defaults):"]
+    lines += [f"  {key} = {json.dumps(value)}{'' if explicit else '  (default)'}"
+              for key, (value, explicit) in settings.items()]
     if config.data.id_column:
-        print(f"  (the id column {config.data.id_column!r} is never a feature or target, "
-              "whatever allowed_features says)")
+        lines.append(f"  (the id column {config.data.id_column!r} is never a feature or target, "
+                     "whatever allowed_features says)")
+    return lines
+
+
+def _rows_lines(audit: dict) -> list[str]:
+    """The row audit of ``site_node.gaps.file_audit`` for people: rows used, rows left out by
+    reason and column, unusable columns. Counts and column labels only."""
+    plan = audit["round"]
+    if plan:
+        what = (f"a round with target {plan['target']!r} and {len(plan['features'])} "
+                f"feature(s)")
+    else:
+        what = (f"a round using every usable column ({audit['columns_used']}; give --target "
+                f"and --features for one round's columns)")
+    lines = [f"rows {what}: {audit['usable_rows']} of {audit['rows']} usable, "
+             f"{audit['left_out_rows']} left out"]
+    for entry in audit["left_out"]:
+        where = ", ".join(f"{c} {k}" for c, k in entry["columns"].items())
+        lines.append(f"    {entry['reason']:<15} {entry['rows']:>6} row(s)"
+                     + (f"  ({where})" if where else ""))
+    if audit["left_out_rows"]:
+        lines.append("  (a row with a gap is left out of the round on its own: no refusal, no "
+                     "privacy cost under add/remove;\n   these counts are for this site's "
+                     "eyes only and are never sent)")
+    if audit["unusable_columns"]:
+        lines.append("unusable columns: " + ", ".join(f"{u['column']} ({u['why']})"
+                                                      for u in audit["unusable_columns"]))
+    if audit["unnamed_columns"]:
+        lines.append("  (columns that site.toml or --target/--features do not name are shown "
+                     "by position; --column-names names them)")
+    return lines
 
 
 def cmd_check(args) -> int:
     from dpfed.wire.signing import SigningKey
     from site_node.data import DataError, describe
+    from site_node.gaps import file_audit
     from site_node.policy import trusted_keys
 
     config, error = _load(args.config)
     if error:
+        if args.json:
+            print(jsonsafe.dumps({"ok": False, "problems": [error]}, indent=2, sort_keys=True))
         print(f"dpfed site check: {error}", file=sys.stderr)
         return exitcodes.USAGE
-    problems = []
+    if args.features and not args.target:
+        print("dpfed site check: --features needs --target (the round's target)", file=sys.stderr)
+        return exitcodes.USAGE
+    problems, lines = [], []
+    report: dict = {"config": str(args.config)}
     try:
         key = SigningKey.load(config.signing_key)
-        print(f"signing key: {config.signing_key} (key id {key.key_id})")
+        lines.append(f"signing key: {config.signing_key} (key id {key.key_id})")
+        report["signing_key"] = {"path": str(config.signing_key), "key_id": key.key_id}
     except (OSError, ValueError) as exc:
         problems.append(f"signing_key {config.signing_key}: {exc}")
     if config.tls is not None:
@@ -345,36 +410,62 @@ def cmd_check(args) -> int:
         tls_problems = certificate_problems(config.tls, "site", config.site_id)
         problems += [f"[tls]: {p}" for p in tls_problems]
         if not tls_problems:
-            print(f"tls: {config.tls.cert} (dpfed://site/{config.site_id}, signed by "
-                  f"{config.tls.ca_cert})")
+            lines.append(f"tls: {config.tls.cert} (dpfed://site/{config.site_id}, signed by "
+                         f"{config.tls.ca_cert})")
+            report["tls"] = {"cert": str(config.tls.cert), "ca_cert": str(config.tls.ca_cert)}
             from dpfed.identity import expiry_warning
             warning = expiry_warning(config.tls.cert)
             if warning:
                 print(f"warning: {warning}", file=sys.stderr)
     else:
-        print("tls: none (insecure = true: plaintext, local tests only)")
+        lines.append("tls: none (insecure = true: plaintext, local tests only)")
+        report["tls"] = None
     try:
         keys = trusted_keys(config.policy.trusted_coordinators)
-        print(f"trusted coordinators: {', '.join(k[:16] for k in keys)}")
+        lines.append(f"trusted coordinators: {', '.join(k[:16] for k in keys)}")
+        report["trusted_coordinators"] = list(keys)
     except (OSError, ValueError) as exc:
         problems.append(f"policy.trusted_coordinators: {exc}")
+    described = None
     try:
         info = describe(config.data)
-        print(f"data: {info['path']} ({info['format']}), {info['rows']} rows, "
-              f"{len(info['columns'])} columns")
+        lines.append(f"data: {info['path']} ({info['format']}), {info['rows']} rows, "
+                     f"{len(info['columns'])} columns")
+        report["data"] = {"path": info["path"], "format": info["format"], "rows": info["rows"],
+                          "columns": len(info["columns"])}
         mapped = [c for c in config.data.columns.values() if c not in info["columns"]]
         if mapped:
             problems.append(f"data.columns maps to column(s) not in the file: {mapped}")
     except DataError as exc:
-        problems.append(str(exc))
-    problems += _check_aggregator_address(config)
-    _print_effective_settings(config)
+        described = str(exc)
+        problems.append(described)
+    try:
+        features = ([f.strip() for f in args.features.split(",") if f.strip()]
+                    if args.features else None)
+        audit = file_audit(config.data, target=args.target, features=features,
+                           policy=config.policy, name_columns=args.column_names)
+        lines += _rows_lines(audit)
+        report.setdefault("data", {}).update(audit)
+    except DataError as exc:
+        if str(exc) != described:
+            problems.append(str(exc))
+    address_problems, addresses = _check_aggregator_address(config)
+    problems += address_problems
+    if addresses:
+        lines.append(f"aggregator: {config.aggregator} resolves to {', '.join(addresses)}")
+    report["aggregator"] = {"address": config.aggregator, "resolves_to": addresses}
+    settings = _effective_settings(config)
+    lines += _settings_lines(config, settings)
+    report["settings"] = {k: {"value": v, "default": not explicit}
+                          for k, (v, explicit) in settings.items()}
     if config.state_db.exists():
         from site_node.ledger import LedgerError, PrivacyLedger
         try:
             with PrivacyLedger(config.state_db) as ledger:
-                print(f"ledger: {config.state_db}: spent {ledger.spent:g} of "
-                      f"{ledger.total_epsilon:g}")
+                lines.append(f"ledger: {config.state_db}: spent {ledger.spent:g} of "
+                             f"{ledger.total_epsilon:g}")
+                report["ledger"] = {"path": str(config.state_db), "spent_epsilon": ledger.spent,
+                                    "total_epsilon": ledger.total_epsilon}
                 if ledger.total_epsilon is not None and \
                         config.policy.total_epsilon > ledger.total_epsilon:
                     problems.append(f"policy.total_epsilon = {config.policy.total_epsilon:g} is "
@@ -384,7 +475,15 @@ def cmd_check(args) -> int:
         except (LedgerError, TypeError) as exc:
             problems.append(f"state_db: {exc}")
     else:
-        print(f"ledger: {config.state_db} (created on first serve)")
+        lines.append(f"ledger: {config.state_db} (created on first serve)")
+        report["ledger"] = {"path": str(config.state_db), "spent_epsilon": None,
+                            "total_epsilon": None}
+    report["problems"] = problems
+    report["ok"] = not problems
+    if args.json:
+        print(jsonsafe.dumps(report, indent=2, sort_keys=True))
+        return exitcodes.USAGE if problems else exitcodes.OK
+    print("\n".join(lines))
     for p in problems:
         print(f"problem: {p}", file=sys.stderr)
     if problems:

@@ -33,15 +33,19 @@ def _stderr_progress(message: str) -> None:
     print(f"[simulate] {message}", file=sys.stderr, flush=True)
 
 
-def write_rows_csv(path: Path, problem: Problem, rows: np.ndarray) -> None:
+def write_rows_csv(path: Path, problem: Problem, rows: np.ndarray, incomplete=()) -> None:
     """``id, features..., target`` for ``rows``; floats written with repr so they read back
-    bit for bit (the public means computed from the file then equal ours exactly)."""
+    bit for bit (the public means computed from the file then equal ours exactly). Then the
+    rows ``incomplete`` (indices into ``problem.incomplete``) as they were read: the site's
+    row-wise rules leave them out."""
     with Path(path).open("w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow([problem.id_column, *problem.feature_names, problem.target])
         for r in rows:
             w.writerow([problem.ids[r], *(repr(float(v)) for v in problem.x[r]),
                         repr(float(problem.y[r]))])
+        for r in incomplete:
+            w.writerow(problem.incomplete[r])
 
 
 def free_port() -> int:
@@ -134,9 +138,12 @@ class FederationLayout:
 
 
 def write_federation(layout: FederationLayout, problem: Problem, split: Split, *, port: int,
-                     epsilon: float, total_epsilon: float | None = None) -> list[str]:
+                     epsilon: float, total_epsilon: float | None = None,
+                     incomplete: tuple[np.ndarray, ...] | None = None) -> list[str]:
     """CA and kits (dpfed_apps.ca), per-site CSVs, site.toml files and aggregator.toml
-    (docs/interfaces.md) with [tls] tables. Returns the site ids."""
+    (docs/interfaces.md) with [tls] tables. Returns the site ids. ``incomplete``: per site,
+    the rows of ``problem.incomplete`` (rows with gaps) its file also holds
+    (problem.split_incomplete)."""
     from dpfed_apps.ca import Project, provision
 
     layout.make()
@@ -144,8 +151,9 @@ def write_federation(layout: FederationLayout, problem: Problem, split: Split, *
     address = f"127.0.0.1:{port}"
     provision(Project(federation="dpfed-simulate", aggregator_address=address, listen=address,
                       sites=tuple(names), coordinators=(COORDINATOR_ID,)), layout.pki)
-    for name, rows in zip(names, split.sites):
-        write_rows_csv(layout.site_csv(name), problem, rows)
+    gaps = incomplete or tuple(() for _ in names)
+    for name, rows, gap_rows in zip(names, split.sites, gaps):
+        write_rows_csv(layout.site_csv(name), problem, rows, gap_rows)
         layout.site_config(name).write_text(to_toml({
             "site_id": name,
             "aggregator": address,

@@ -25,6 +25,11 @@ class Problem:
     target: str                     # column name of the target, e.g. "Drug_1047_IC50"
     label: str                      # human-readable description
     id_column: str = ID_COLUMN
+    # Rows with a gap (csv_problem(keep_incomplete=True)): their cells as read, in the order
+    # id, features..., target (one cell short for a line of the wrong length, so that it stays
+    # malformed). Not in x and y: the simulation gives them to the sites, whose row-wise rules
+    # leave them out (split_incomplete, write_rows_csv).
+    incomplete: tuple[tuple[str, ...], ...] = ()
 
     @property
     def n(self) -> int:
@@ -46,10 +51,16 @@ def gdsc_problem(drug_id: int, feature_names: Sequence[str] | None = None) -> Pr
 
 
 def csv_problem(path: str | Path, *, id_column: str | None = None, target: str | None = None,
-                feature_names: Sequence[str] | None = None) -> Problem:
+                feature_names: Sequence[str] | None = None,
+                keep_incomplete: bool = False) -> Problem:
     """A CSV with a header: an id column (default: the first), a target (default: the last
     column) and features (default: every other column). Rows with an empty or non-numeric
-    target are dropped (like the sites do); a missing feature value is an error."""
+    target are dropped (like the sites do); a missing feature value is an error.
+
+    ``keep_incomplete`` (``dpfed simulate --data``): a row with a gap (a target or feature
+    that is not a finite number, a missing id, the wrong number of fields) is kept aside in
+    ``Problem.incomplete`` instead, for the sites to leave out; a feature or target column
+    without a single finite number is an error (every row would be left out)."""
     path = Path(path)
     with path.open(newline="") as fh:
         reader = csv.reader(fh)
@@ -66,6 +77,8 @@ def csv_problem(path: str | Path, *, id_column: str | None = None, target: str |
     if missing:
         raise ValueError(f"{path}: no feature column(s) {', '.join(missing)}")
     col = {h: j for j, h in enumerate(header)}
+    if keep_incomplete:
+        return _problem_with_gaps(path, header, rows, id_column, target, names)
     ids, xs, ys = [], [], []
     for line, row in enumerate(rows, start=2):
         try:
@@ -83,6 +96,46 @@ def csv_problem(path: str | Path, *, id_column: str | None = None, target: str |
     return Problem(np.array(ids), np.array(xs, dtype=np.float64).reshape(len(ys), len(names)),
                    np.array(ys, dtype=np.float64), names, target, f"{path.name}, target {target}",
                    id_column)
+
+
+def _finite(cell: str) -> float | None:
+    try:
+        v = float(cell)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _problem_with_gaps(path: Path, header: list[str], rows: list[list[str]], id_column: str,
+                       target: str, names: tuple[str, ...]) -> Problem:
+    """csv_problem(keep_incomplete=True): complete rows in x and y, the others aside."""
+    from site_node.data import MISSING_MARKERS   # the sites' own rule for a missing id
+
+    col = {h: j for j, h in enumerate(header)}
+    order = [col[id_column], *(col[f] for f in names), col[target]]
+    ids, xs, ys, incomplete = [], [], [], []
+    numbers = {name: 0 for name in (*names, target)}
+    for row in rows:
+        if len(row) != len(header):
+            incomplete.append(tuple(row[j] for j in order if j < len(row))[:len(order) - 1])
+            continue
+        values = [_finite(row[col[f]]) for f in (*names, target)]
+        for name, v in zip((*names, target), values):
+            numbers[name] += v is not None
+        if any(v is None for v in values) or \
+                row[col[id_column]].strip().lower() in MISSING_MARKERS:
+            incomplete.append(tuple(row[j] for j in order))
+            continue
+        ids.append(row[col[id_column]])
+        xs.append(values[:-1])
+        ys.append(values[-1])
+    empty = [name for name, k in numbers.items() if k == 0]
+    if empty:
+        raise ValueError(f"{path}: no finite number in column(s) {', '.join(empty)}: every row "
+                         f"would be left out (choose the features with --features)")
+    return Problem(np.array(ids), np.array(xs, dtype=np.float64).reshape(len(ys), len(names)),
+                   np.array(ys, dtype=np.float64), names, target, f"{path.name}, target {target}",
+                   id_column, tuple(incomplete))
 
 
 @dataclass(frozen=True)
@@ -120,6 +173,14 @@ def split_rows(n_rows: int, *, n_sites: int, n_public: int, n_test: int, seed: i
     test, public, private = np.split(order, [n_test, n_test + n_public])
     return Split(np.sort(test), np.sort(public),
                  tuple(np.sort(s) for s in np.array_split(private, n_sites)))
+
+
+def split_incomplete(n_incomplete: int, n_sites: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Which site gets each incomplete row (indices into ``Problem.incomplete``): at random,
+    shares within 1. From its own generator, so the split of the complete rows
+    (``split_rows``) is the same with or without them."""
+    order = np.random.default_rng([seed, 1]).permutation(n_incomplete)
+    return tuple(np.sort(s) for s in np.array_split(order, n_sites))
 
 
 def site_ids(n_sites: int) -> list[str]:

@@ -18,6 +18,25 @@ def _aggregation_line(result: dict) -> str:
     return line + (f"; dropped after key agreement: {', '.join(dropped)}" if dropped else "")
 
 
+def _left_out_lines(result: dict) -> list[str]:
+    """Per site, the rows its row-wise rules left out and why. Counted by the simulation from
+    the files it wrote (a real site never sends this); nothing when no site left a row out."""
+    sites = [s for s in result["sites"] if (s.get("left_out") or {}).get("rows")]
+    if not sites:
+        return []
+    lines = ["  rows left out by the sites' row-wise rules (counted on this machine from the "
+             "files it wrote;", "  a site never sends this count):"]
+    for s in result["sites"]:
+        gaps = s.get("left_out") or {}
+        lines.append(f"    {s['site_id']:<9} {gaps.get('rows', 0)} of {gaps.get('rows_in_file', 0)} "
+                     f"rows left out")
+        for entry in gaps.get("reasons", []):
+            where = ", ".join(f"{c} {k}" for c, k in entry["columns"].items())
+            lines.append(f"      {entry['reason']:<15} {entry['rows']:>5}"
+                         + (f"  ({where})" if where else ""))
+    return lines + [""]
+
+
 def format_report(result: dict) -> str:
     """The human-readable result of ``run_simulation``."""
     m, t = result["metrics"], result["timings"]
@@ -33,8 +52,8 @@ def format_report(result: dict) -> str:
     for s in result["sites"]:
         lines.append(f"  {s['site_id']:<9} {s['n'] if s['n'] is not None else '-':>4}   "
                      f"{s['epsilon']:.3g}")
+    lines += ["", *_left_out_lines(result)]
     lines += [
-        "",
         f"  timings: round {t['round_s']:.2f} s, fit {t['fit_s']:.1f} s "
         f"({result['fit_method']}), baselines {t['baselines_s']:.1f} s, total {t['total_s']:.1f} s",
         "  phases: " + ", ".join(f"{p['phase'].lower()} {p['seconds']:.2f} s"

@@ -13,7 +13,8 @@ from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, 
                                          LocalFederation, Progress, _stderr_progress,
                                          free_port, round_config, to_toml, write_federation)
 from dpfed.preprocess import public_sigmas
-from dpfed_apps.simulation.problem import Problem, csv_problem, gdsc_problem, split_rows
+from dpfed_apps.simulation.problem import (Problem, csv_problem, gdsc_problem,
+                                           split_incomplete, split_rows)
 from dpfed_apps.simulation.public import public_preprocessing, round_choice
 from dpfed_apps.simulation.scoring import (baseline_models, feature_table, model_from_result,
                                       test_spearman)
@@ -72,8 +73,24 @@ def secure_plan(n_sites: int, dropouts: int) -> tuple[int, list[int]]:
 def load_problem(options: SimulationOptions) -> Problem:
     if options.data is not None:
         return csv_problem(options.data, id_column=options.id_column, target=options.target,
-                           feature_names=options.features)
+                           feature_names=options.features, keep_incomplete=True)
     return gdsc_problem(options.drug, options.features)
+
+
+def site_left_out(layout: FederationLayout, site: str, problem: Problem) -> dict:
+    """The rows of ``site``'s data file that its row-wise rules leave out of the round, by
+    reason and column (site_node.gaps, the code ``dpfed site check`` runs). The simulating
+    researcher holds every site's file: this is local information, printed in the report;
+    a real site never sends it (docs/method.md, "Which rows are used")."""
+    from site_node.config import DataConfig
+    from site_node.gaps import file_audit
+
+    audit = file_audit(DataConfig(path=layout.site_csv(site), format="csv",
+                                  id_column=problem.id_column),
+                       target=problem.target, features=list(problem.feature_names),
+                       name_columns=True)
+    return {"rows_in_file": audit["rows"], "usable_rows": audit["usable_rows"],
+            "rows": audit["left_out_rows"], "reasons": audit["left_out"]}
 
 
 def _import_coordinator():
@@ -112,7 +129,9 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     # draws their sum holds (one per site; one for a secure round).
     draws = 1 if aggregation == "secure" else len(split.site_sizes)
     progress(f"{problem.label}: {problem.n} lines, d={problem.dim}; sites {split.site_sizes}, "
-             f"{split.public.size} public, {split.test.size} test")
+             f"{split.public.size} public, {split.test.size} test"
+             + (f"; {len(problem.incomplete)} rows with gaps go to the sites, which leave them "
+                f"out" if problem.incomplete else ""))
     progress(f"choosing bounds and split for sites {list(split.site_sizes)}, d={problem.dim}, "
              f"eps={options.epsilon} on auxiliary data shaped like the public lines")
     choice = round_choice(split.site_sizes, problem.dim, options.epsilon,
@@ -140,7 +159,12 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     root.mkdir(parents=True, exist_ok=True)
     layout = FederationLayout(root.resolve())
     port = free_port()
-    names = write_federation(layout, problem, split, port=port, epsilon=options.epsilon)
+    gaps = split_incomplete(len(problem.incomplete), options.n_sites, options.seed)
+    names = write_federation(layout, problem, split, port=port, epsilon=options.epsilon,
+                             incomplete=gaps)
+    # What each site's row-wise rules will leave out, counted here from the files this
+    # machine wrote, with the sites' own code: local to the simulation, never on the wire.
+    left_out = {name: site_left_out(layout, name, problem) for name in names}
     dropping = [names[i] for i in drop_index]
     deadline_s = int(options.round_timeout_s)
     if dropping:
@@ -219,9 +243,11 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
         "target": problem.target,
         "features": list(problem.feature_names),
         # Secure: a site's n is never released on its own (it is inside the masked sum).
+        # left_out: counted on this machine from the site's file (site_left_out), never sent.
         "sites": [{"site_id": n, "n": int(by_site[n].n) if n in by_site and not secure else None,
                    "n_planned": int(rows.size),
-                   "epsilon": float(by_site[n].epsilon_spent) if n in by_site else 0.0}
+                   "epsilon": float(by_site[n].epsilon_spent) if n in by_site else 0.0,
+                   "left_out": left_out[n]}
                   for n, rows in zip(names, split.sites)],
         "n_public": int(split.public.size),
         "n_test": int(split.test.size),
