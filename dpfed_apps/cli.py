@@ -19,8 +19,8 @@ import warnings
 from dpfed import __version__, exitcodes
 
 # Order is the order shown by --help.
-COMMANDS = ("simulate", "data", "keygen", "csr", "provision", "site", "aggregator", "round", "sites",
-            "console", "health", "choose-bounds", "plan", "evaluate", "bench")
+COMMANDS = ("simulate", "data", "keygen", "csr", "provision", "bundle", "site", "aggregator",
+            "round", "sites", "console", "health", "choose-bounds", "plan", "evaluate", "bench")
 
 DESCRIPTION = """\
 Federated, differentially private Bayesian linear regression.

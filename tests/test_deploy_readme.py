@@ -2,6 +2,10 @@
 processes on loopback (the aggregator and three site nodes in the background, as the README
 starts them), from a copy of the source folder. Blocks marked ``<!-- skip-test: why -->`` are
 not run (the PyPI installs: tests/test_container_recipes.py installs from the checkout).
+Blocks marked ``<!-- test: GROUP -->`` are another path through the README, run as written by
+their own test: ``bundle`` and ``offline`` (the offline install, tests/test_offline_bundle.py),
+``containers`` (the demo in containers, tests/test_container_federation.py) and ``systemd``
+(tests/test_systemd_units.py).
 
 The only edit is the port: 50051 (in the README and in deploy/three-hospitals) becomes a free
 port, so the test can run beside anything else. The commands come from the README itself, so
@@ -23,12 +27,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "deploy" / "README.md"
-BLOCK = re.compile(r"(<!-- skip-test:[^>]*-->\n)?```sh\n(.*?)```", re.S)
+BLOCK = re.compile(r"(?:<!-- (skip-test|test: ([\w-]+))[^>]*-->\n)?```sh\n(.*?)```", re.S)
+GROUPS = ("bundle", "offline", "containers", "systemd")
 
 
-def readme_blocks() -> list[tuple[bool, str]]:
-    """(skipped, text) of every ```sh block, in order."""
-    return [(bool(m.group(1)), m.group(2)) for m in BLOCK.finditer(README.read_text())]
+def readme_blocks(group: str | None = None) -> list[tuple[bool, str]]:
+    """(skipped, text) of every ```sh block of the walk-through (``group`` None: the unmarked
+    and the skip-test blocks), or of the blocks marked ``<!-- test: GROUP -->``, in order."""
+    blocks = [(m.group(1) == "skip-test", m.group(2), m.group(3))
+              for m in BLOCK.finditer(README.read_text())]
+    assert {g for _, g, _ in blocks if g} <= set(GROUPS), "a block of an unknown test group"
+    return [(skip, text) for skip, g, text in blocks if g == group]
+
+
+def demo_env(home: Path, bin_dir: Path) -> dict[str, str]:
+    """The README's shell: HOME in the test's folder, and on PATH a `dpfed` that is this
+    checkout (as `pip install` would make it) and a `python3` that has venv and pip."""
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "dpfed").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dpfed_apps.cli "$@"\n')
+    (bin_dir / "dpfed").chmod(0o755)
+    base = getattr(sys, "_base_executable", sys.executable)
+    (bin_dir / "python3").write_text(f'#!/bin/sh\nexec "{base}" "$@"\n')
+    (bin_dir / "python3").chmod(0o755)
+    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin",
+           "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
+    for key in ("NUMBA_CACHE_DIR", "PYTENSOR_FLAGS", "TMPDIR"):
+        if key in os.environ:
+            env[key] = os.environ[key]
+    return env
 
 
 def free_port() -> int:
@@ -42,6 +68,9 @@ def test_readme_has_the_steps_and_only_the_installs_are_skipped():
     skipped = [text for skip, text in blocks if skip]
     assert len(skipped) == 1 and all("pip install" in line or not line.strip()
                                      for line in skipped[0].splitlines())
+    # The other paths through the README, each run by its own test.
+    assert "dpfed bundle --role site" in readme_blocks("bundle")[0][1]
+    assert "pip install --no-index" in readme_blocks("offline")[0][1]
     script = "\n".join(text for skip, text in blocks if not skip)
     for command in ("dpfed data export", "dpfed csr --site", "dpfed provision --project",
                     "--csr", "dpfed aggregator serve", "dpfed health", "dpfed site check",
@@ -72,15 +101,8 @@ def test_deploy_readme_runs_as_written(tmp_path):
     for d in (src, home, bin_dir):
         d.mkdir()
     _copy_source(src, port)
-    # `dpfed` on PATH is this checkout, as `pip install` would make it.
-    (bin_dir / "dpfed").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dpfed_apps.cli "$@"\n')
-    (bin_dir / "dpfed").chmod(0o755)
     script = "\n".join(text for skip, text in readme_blocks() if not skip).replace("50051", str(port))
-    env = {"HOME": str(home), "PATH": f"{bin_dir}:/usr/local/bin:/usr/bin:/bin",
-           "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1", "LANG": "C.UTF-8"}
-    for key in ("NUMBA_CACHE_DIR", "PYTENSOR_FLAGS", "TMPDIR"):
-        if key in os.environ:
-            env[key] = os.environ[key]
+    env = demo_env(home, bin_dir)
     proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=src, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
