@@ -4,7 +4,7 @@ The posterior of (beta, log lambda) is approximated by the normal distribution c
 mode with covariance the inverse of the negative Hessian there. The Hessian is taken by central
 differences of the analytic gradient (2 (d + 1) gradient evaluations, symmetrised). The mode is
 found by Newton's method when the caller supplies one (``newton``: the compiled damped Newton
-of ``aggregator.noise_aware_jit``, a handful of iterations instead of BFGS's 15-50), else, or
+of ``posterior.noise_aware_jit``, a handful of iterations instead of BFGS's 15-50), else, or
 when Newton fails, by scipy's BFGS on the analytic gradient. Cheap at these sizes: d + 1
 parameters.
 """
@@ -23,7 +23,7 @@ __all__ = ["LaplaceResult", "laplace_approximation", "ImportanceResult", "laplac
 
 LogDensity = Callable[[np.ndarray], tuple[float, np.ndarray]]
 #: newton(u0, tol=...) -> (status, mode, value, gradient, minus Hessian, iterations); status 0
-#: means max |gradient| <= tol (``aggregator.noise_aware_jit.Target.newton``).
+#: means max |gradient| <= tol (``posterior.noise_aware_jit.Target.newton``).
 Newton = Callable[..., tuple]
 
 #: Most importance proposals drawn (``laplace_importance``).

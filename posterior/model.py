@@ -270,7 +270,7 @@ def clear_cache() -> None:
 
 
 def build_noise_aware_model(inp):
-    """The noise-aware model of ``aggregator.noise_aware`` in PyMC (the definition NUTS
+    """The noise-aware model of ``posterior.noise_aware`` in PyMC (the definition NUTS
     samples; the fast path's density equals its marginal over lambda0 up to a constant).
 
     ``inp`` is a ``NoiseAwareInputs``; its values enter as constants (one model per fit, for

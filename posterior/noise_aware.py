@@ -21,7 +21,7 @@ Model (parameters theta = (beta, lambda, lambda0) with the priors of method.md s
    eps ~ N(0, I / lambda), so (Sxy, Syy) has mean (A beta, beta^T A beta + n / lambda) and
    covariance [[A/lam, 2 A beta/lam], [., 4 beta^T A beta/lam + 2 n/lam^2]] (the chi-square
    of eps^T eps by its first two moments). In the covariance A is replaced by its public
-   estimate Abar, the PSD projection of R_xx (aggregator.repair.project_psd).
+   estimate Abar, the PSD projection of R_xx (posterior.repair.project_psd).
 3. Release noise: R_xy = Sxy + e_xy, R_yy = Syy + e_yy, released n = n + e_n, with the
    variances v_xy, v_yy, v_n of the description (Laplace noise by its first two moments, as
    in the Gaussian approximation that Bernstein & Sheldon compare with their Gibbs sampler).
@@ -58,7 +58,7 @@ and lambda0 ~ Gamma(a, b) give beta the multivariate Student-t prior
 Integrating lambda0 out removes the funnel between beta and lambda0 in which a joint mode
 collapses (beta -> 0, lambda0 -> infinity) when the data are weak; lambda0 | beta is
 Gamma(a + d/2, b + |beta|^2/2) and is drawn afterwards. So the densities equal the marginals
-of the PyMC models of ``aggregator.model`` (``build_model``, ``build_noise_aware_model``) over
+of the PyMC models of ``posterior.model`` (``build_model``, ``build_noise_aware_model``) over
 lambda0, up to an additive constant; the tests check that, and the gradients against finite
 differences. ``*_batch`` variants evaluate many points at once (no gradient) for importance
 sampling.
@@ -73,7 +73,7 @@ from scipy import special
 
 from dpfed.statistics import Statistics
 
-from aggregator.repair import project_psd
+from posterior.repair import project_psd
 
 __all__ = ["NoiseAwareInputs", "noise_aware_inputs", "log_posterior_noise_aware",
            "log_posterior_exact", "log_posterior_noise_aware_batch", "log_posterior_exact_batch",
@@ -124,7 +124,7 @@ class NoiseAwareInputs:
 
 def psd_estimate(rxx: np.ndarray, v_xx: float) -> np.ndarray:
     """Abar: R_xx with eigenvalues floored (post-processing of the release, free of privacy
-    cost; aggregator.repair.project_psd). The floor is the larger of 1e-3 max|eigenvalue| and
+    cost; posterior.repair.project_psd). The floor is the larger of 1e-3 max|eigenvalue| and
     the sd of one entry's noise."""
     def floor(w: np.ndarray) -> float:
         scale = float(np.max(np.abs(w))) if w.size else 0.0

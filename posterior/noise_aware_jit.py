@@ -1,7 +1,7 @@
-"""Compiled (Numba) twins of the densities of ``aggregator.noise_aware`` and a damped Newton
-optimiser for their mode, for ``aggregator.laplace`` (the fast path of ``fit_posterior``).
+"""Compiled (Numba) twins of the densities of ``posterior.noise_aware`` and a damped Newton
+optimiser for their mode, for ``posterior.laplace`` (the fast path of ``fit_posterior``).
 
-The pure numpy functions of ``aggregator.noise_aware`` stay the reference: they are the ones
+The pure numpy functions of ``posterior.noise_aware`` stay the reference: they are the ones
 tested against the PyMC model (tests/test_noise_aware.py). The functions here compute the same
 quantities with the same formulas, written as loops over the (d + 1) x (d + 1) matrices with a
 hand-written Cholesky factorisation (numpy's per-call overhead dominated at these sizes:
@@ -17,7 +17,7 @@ The machine code is cached on disk (``cache=True``; Numba's cache next to this f
 
 ``kind`` selects the model in the shared entry points: ``EXACT`` (method.md section 1, the
 arguments are Sxx, Sxy, Syy, n and the variances are ignored) or ``NOISE_AWARE`` (module
-docstring of ``aggregator.noise_aware``: R_xx = A_post, R_xy, R_yy, n, Abar and the four
+docstring of ``posterior.noise_aware``: R_xx = A_post, R_xy, R_yy, n, Abar and the four
 variances).
 """
 
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from aggregator import noise_aware as na
+from posterior import noise_aware as na
 from dpfed.statistics import Statistics
 
 __all__ = ["EXACT", "NOISE_AWARE", "Target", "target_for", "warm_up"]
@@ -383,7 +383,7 @@ def _logp_batch(kind, us, a, b, c0, n, abar, vxx, vxy, vyy, vn,
 def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
                  pxx, pxy, pyy, pn, const, step, central, g_u, h):
     """Minus the Hessian at u by differences of the gradient, symmetrised, into ``h``:
-    central differences with steps ``step * max(1, |u_i|)`` (``aggregator.laplace.hessian``,
+    central differences with steps ``step * max(1, |u_i|)`` (``posterior.laplace.hessian``,
     2k gradients) or, with ``central=False``, forward differences from ``g_u`` (the gradient
     at u; k gradients, for Newton steps). False when a gradient was not finite."""
     k = u.shape[0]
@@ -536,7 +536,7 @@ class Target:
     """One model's log density on u = (beta, log lambda), compiled: its arguments packed once.
 
     ``logp_grad(u)`` -> (value, gradient), ``logp_batch(us)`` -> values at the rows of ``us``,
-    ``neg_hessian(u)`` (central differences, as ``aggregator.laplace.hessian``), ``newton``.
+    ``neg_hessian(u)`` (central differences, as ``posterior.laplace.hessian``), ``newton``.
     """
 
     kind: int

@@ -55,6 +55,7 @@ __all__ = [
     "project_psd",
     "implied_rss",
     "repair_statistics",
+    "no_repair",
 ]
 
 #: Eigenvalues of Sxx are clipped at this fraction of the largest |eigenvalue|.
@@ -90,6 +91,12 @@ class Repair:
 
     def to_dict(self) -> dict:
         return {k: (v if isinstance(v, (bool, int)) else float(v)) for k, v in asdict(self).items()}
+
+
+def no_repair() -> Repair:
+    """The record of a repair that changed nothing (the noise-aware and exact models fit the
+    statistics as released)."""
+    return Repair(False, 0, 0, float("nan"), 0.0, 0.0, 0.0, float("nan"), 0.0, 0.0)
 
 
 def eigen_floor_for(eigenvalues: np.ndarray, relative: float = DEFAULT_RELATIVE_EIGEN_FLOOR) -> float:

@@ -1,0 +1,33 @@
+"""The Bayesian fit: from (aggregated, noisy) sufficient statistics to the posterior of the
+regression coefficients (method.md sections 1, 6 and 8; Honkela et al. 2018).
+
+One entry point, ``fit_posterior`` (``posterior.fit``: which model, which strategy, in which
+order); each inference strategy and each piece of maths in a module of its own:
+
+- ``fit``: ``fit_posterior``, the sequence of a fit (repair, start, Laplace and importance
+  sampling, extra starts, mixture or adaptive rounds, NUTS fallback); ``METHODS``,
+  ``MODELS``, and ``FIT_METHODS``, the names a round spec, ``dpfed simulate`` and the
+  evaluation give a fit (``fit_method_options`` turns one into ``fit_posterior``'s arguments);
+- ``result``: ``Posterior`` and the errors a fit raises;
+- ``targets``: each model's log density for the Laplace fit (compiled or numpy) and the
+  starting points of its mode search;
+- ``laplace``: Laplace approximation and importance sampling of any smooth log density
+  (generic maths);
+- ``noise_aware``: the noise-aware model of released statistics (numpy densities, the
+  reference); ``noise_aware_jit``: their compiled (Numba) twins and a damped Newton;
+- ``nuts``: NUTS on the PyMC models, the reference sampler and the fallback;
+- ``model``: the models in PyMC and the compiled mean-field ADVI engine;
+- ``advi``: the paper's mean-field ADVI fit; ``closed_form``: the fixed-precision closed
+  form (``method="fixed"``);
+- ``repair``: the PSD repair of noisy statistics (the plug-in fit);
+- ``quality``: how much the statistics told us beyond the public rows.
+
+Importing this package, and the default (Laplace) fit, import neither PyMC nor PyTensor nor
+ArviZ: only the NUTS and ADVI paths do, when they run (tests/test_site_imports.py).
+"""
+
+from posterior.fit import FIT_METHODS, METHODS, MODELS, fit_method_options, fit_posterior
+from posterior.result import ConvergenceError, Posterior, PosteriorError, UnknownNoiseError
+
+__all__ = ["fit_posterior", "Posterior", "PosteriorError", "ConvergenceError",
+           "UnknownNoiseError", "METHODS", "MODELS", "FIT_METHODS", "fit_method_options"]
