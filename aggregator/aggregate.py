@@ -20,14 +20,9 @@ from dpfed.noise import EXACT
 from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values,
                               realisable)
 from dpfed.v1 import dpfed_pb2 as pb
+from posterior import FIT_METHODS  # the fits a round spec's fit_method may name
 
 from aggregator.exact_sum import ExactSum, ExactSumError
-
-# Round specs name the fit: the noise-aware fits "auto" (default) = "laplace" and "nuts";
-# "plug-in-<method>" fits the releases as if exact (the paper's fit; intervals ignore the
-# privacy noise), for comparison only.
-FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
-               "plug-in-fixed")
 
 
 class RunningTotal:
@@ -259,18 +254,15 @@ def fit(stats: Statistics, method: str, draws: int, seed: int | None,
 
     ``method`` is a round spec's fit_method (FIT_METHODS; empty means "auto"). With
     ``public`` (the exact public statistics included in ``stats``) the diagnostics carry the
-    comparison with the public-only posterior (``aggregator.quality``) under
+    comparison with the public-only posterior (``posterior.quality``) under
     ``"information"``. ``x_bound``, ``y_bound``: the round's public clipping bounds (the
     design prior's, and the response unit of the priors: ``fit_posterior`` y_unit)."""
-    from aggregator.posterior import fit_posterior
+    from posterior import fit_method_options, fit_posterior
 
-    method = method or "auto"
     draws = int(draws or 5000)
-    plug_in = method.startswith("plug-in-")
     # The priors are stated in units of the round's public y bound (fit_posterior y_unit).
-    post = fit_posterior(stats, method=method.removeprefix("plug-in-"), draws=draws,
-                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in,
-                         y_unit=y_bound)
+    post = fit_posterior(stats, **fit_method_options(method), draws=draws, seed=seed,
+                         public=public, x_bound=x_bound, y_unit=y_bound)
     diagnostics = dict(post.diagnostics)
     diagnostics["model"] = post.model
     diagnostics["information"] = information(post.beta_draws, public, stats.dim, seed,
@@ -281,13 +273,10 @@ def fit(stats: Statistics, method: str, draws: int, seed: int | None,
 
 def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
                 seed: int | None, y_unit: float | None = None) -> dict:
-    """``aggregator.quality.information_statement`` of a round's draws against the
+    """``posterior.quality.information_statement`` of a round's draws against the
     posterior of the public rows alone (exact model), or against the prior without them."""
-    from aggregator.noise_aware import draw_lam0
-    from aggregator.posterior import fit_posterior
-    from aggregator.quality import information_statement
-
-    from aggregator.posterior import PosteriorError
+    from posterior import PosteriorError, fit_posterior
+    from posterior.quality import information_statement
 
     m = None
     if public is not None and public.n >= 2:

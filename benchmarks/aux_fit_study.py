@@ -13,7 +13,7 @@ a synthetic study of the fit, never a release).
 
 ``omega_y``: the noise-aware posterior mean and the noise-matched ridge (c = 4) for
 B_y = omega_y sigma_y, omega_y in 0.2 .. 2 (why ``dpfed.bounds.TABLE_OMEGAS_Y`` starts at 0.7).
-``design_sd``: the posterior mean with ``aggregator.noise_aware.DESIGN_PRIOR_RELATIVE_SD`` in
+``design_sd``: the posterior mean with ``posterior.noise_aware.DESIGN_PRIOR_RELATIVE_SD`` in
 {0.05, 0.1, 0.2, 0.3}, fitted to the *same* releases (paired), B_y = sigma_y, Sxx share 0.2.
 ``n_share`` (add/remove only): the n share of the budget in {0.01, 0.02, 0.05, 0.1} (Sxx 0.2,
 Syy 0.03, Sxy the rest), each its own release, B_y = sigma_y.
@@ -31,8 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aggregator import noise_aware as na  # noqa: E402
-from aggregator.posterior import ConvergenceError, fit_posterior  # noqa: E402
+from posterior import ConvergenceError, fit_posterior  # noqa: E402
+from posterior import noise_aware as na  # noqa: E402
 from dpfed.auxiliary import AuxiliarySource  # noqa: E402
 from dpfed.metrics import LinearTestRanks  # noqa: E402
 from dpfed.noise import NoiseDescription  # noqa: E402

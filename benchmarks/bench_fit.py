@@ -1,4 +1,4 @@
-"""Benchmark of aggregator.fit_posterior: closed form, cold and warm ADVI, NUTS.
+"""Benchmark of posterior.fit_posterior: closed form, cold and warm ADVI, NUTS.
 
 Usage::
 
@@ -46,7 +46,7 @@ import time, warnings, json
 warnings.filterwarnings("ignore")
 t0 = time.perf_counter()
 import numpy as np
-from aggregator import fit_posterior
+from posterior import fit_posterior
 from dpfed.statistics import exact_statistics
 rng = np.random.default_rng(0)
 x = rng.normal(size=(800, 10)); y = x @ rng.normal(size=10) + rng.normal(size=800)
@@ -64,7 +64,7 @@ warnings.filterwarnings("ignore")
 t0 = time.perf_counter()
 sys.path.insert(0, {bench_dir!r})
 from bench_fit import _noise_aware_release
-from aggregator import fit_posterior
+from posterior import fit_posterior
 s, pub = _noise_aware_release(10, 800, 0)
 t1 = time.perf_counter()
 p = fit_posterior(s, public=pub, seed=0, draws=1000)
@@ -104,7 +104,7 @@ def _noise_aware_release(d: int, n: int, seed: int, n_public: int = 100, eps: fl
 
 
 def _time_noise_aware(d: int, draws: int, repeats: int, problems: int = 10) -> dict:
-    from aggregator import ConvergenceError, fit_posterior
+    from posterior import ConvergenceError, fit_posterior
     data = [_noise_aware_release(d, 800, 1000 + i) for i in range(problems)]
     try:
         fit_posterior(data[0][0], public=data[0][1], seed=0, draws=draws)  # warm
@@ -202,8 +202,8 @@ def _cold(empty_cache: bool) -> dict:
 
 
 def _time_closed_form(repeats: int = 2000) -> dict:
-    from aggregator import fit_posterior
-    from aggregator.closed_form import closed_form_mean
+    from posterior import fit_posterior
+    from posterior.closed_form import closed_form_mean
     s = _release(10, 800, 1)
     t0 = time.perf_counter()
     for _ in range(repeats):
@@ -222,8 +222,8 @@ def _time_closed_form(repeats: int = 2000) -> dict:
 
 
 def _time_warm_advi(d: int, repeats: int) -> dict:
-    from aggregator import ConvergenceError, fit_posterior
-    from aggregator.model import get_advi_engine
+    from posterior import ConvergenceError, fit_posterior
+    from posterior.model import get_advi_engine
     get_advi_engine()  # compiled already if a previous call did it
     times, iters = [], []
     for r in range(repeats):
@@ -247,7 +247,7 @@ def _time_warm_advi(d: int, repeats: int) -> dict:
 
 
 def _time_nuts(d: int) -> dict:
-    from aggregator import fit_posterior
+    from posterior import fit_posterior
     s = _release(d, 800, 7)
     t0 = time.perf_counter()
     p = fit_posterior(s, method="nuts", plug_in=True, seed=0, draws=5000, tune=1000, chains=2)
@@ -264,7 +264,7 @@ def run(quick: bool = False, repeats: int = 5) -> dict:
     if not quick:
         res["cold_empty_cache"] = _cold(True)
     res["closed_form"] = _time_closed_form()
-    from aggregator.model import get_advi_engine
+    from posterior.model import get_advi_engine
     t0 = time.perf_counter()
     _, cached = get_advi_engine()
     res["in_process_compile_s"] = time.perf_counter() - t0

@@ -37,7 +37,7 @@ def load(path: Path):
 
 
 def one_repeat(names, x, y, eps, rng, neighbouring):
-    from aggregator.posterior import fit_posterior
+    from posterior import fit_posterior
     from dpfed.auxiliary import AuxiliarySource
     from dpfed.bounds import choose_bounds
     from dpfed.metrics import spearman
@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         for rel in args.neighbouring.split(","):
             for eps in (float(e) for e in args.epsilons.split(",")):
                 rng = np.random.default_rng(0)
-                from aggregator.posterior import PosteriorError
+                from posterior import PosteriorError
 
                 scores, refused = [], 0
                 for _ in range(args.repeats):

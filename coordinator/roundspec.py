@@ -6,7 +6,7 @@ the bounds and budget split, tuned on auxiliary data shaped like the public rows
 (``dpfed.bounds.choose_bounds_table``; method.md 4). Public rows go through the same
 pre-processing as private ones and are clipped with the round's bounds (box, then the
 row-norm ball when rows are normalised), like the private rows: they are added without
-noise, and the fit (aggregator.noise_aware) gives them their own exact likelihood, so both
+noise, and the fit (posterior.noise_aware) gives them their own exact likelihood, so both
 parts describe the same clipped-data regression.
 """
 

@@ -113,12 +113,12 @@ def closed_form_fit(ridge_c: float = 0.0) -> Fit:
 
 
 def posterior_fit(method: str = "laplace", **kwargs) -> Fit:
-    """Adapter to the production posterior ``aggregator.posterior.fit_posterior(stats,
+    """Adapter to the production posterior ``posterior.fit_posterior(stats,
     method=...)`` on ``Statistics`` carrying a ``dpfed.noise.NoiseDescription`` of the
     simulated noise; predictions use ``beta_mean``. Imported when called (not at import)."""
 
     def fit(sxx, sxy, syy, n, noise: NoiseScales | None) -> np.ndarray:
-        from aggregator.posterior import fit_posterior
+        from posterior import fit_posterior
         from dpfed.noise import EXACT, NoiseDescription
         from dpfed.statistics import Statistics
 

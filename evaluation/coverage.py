@@ -96,7 +96,7 @@ def coverage(d: int, n: int, eps: float, k: int, reps: int, *, plug_in: bool = F
     (priors in y's units) or "bound" (in units of By, as a round fits)."""
     if y_unit not in (None, "bound", "rms"):
         raise ValueError(f"y_unit must be None, 'bound' or 'rms', got {y_unit!r}")
-    from aggregator.posterior import PosteriorError, fit_posterior
+    from posterior import PosteriorError, fit_posterior
 
     rng = np.random.default_rng(seed)
     hits, hits_clipped, widths, failed = [], [], [], 0

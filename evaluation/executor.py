@@ -31,7 +31,7 @@ def _worker_init() -> None:
     # task timings and the progress rate are not skewed by it.
     import numpy as np
 
-    from aggregator.posterior import fit_posterior
+    from posterior import fit_posterior
     from dpfed.statistics import exact_statistics
 
     x = np.eye(3)

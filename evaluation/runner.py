@@ -21,7 +21,7 @@ hour-long run, and the report counts them.
 
 Every method is called through ``method.fit``. The methods that end in the Gamma-prior
 posterior (robust_private for every K, nonprivate, nonprivate_robust, private_unclipped) fit
-it with ``aggregator.fit_posterior``, the aggregator's own code: noise-aware on releases,
+it with ``posterior.fit_posterior``, the aggregator's own code: noise-aware on releases,
 exact on exact statistics (method.md sections 1 and 8). ``converged`` is True for them (a fit
 that does not converge raises, and the cell gets an ``error``) and None for the others.
 """

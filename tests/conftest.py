@@ -170,9 +170,9 @@ def federation(tmp_path):
 
 @pytest.fixture
 def y_units_seen(monkeypatch) -> list:
-    """The ``y_unit`` of every ``aggregator.posterior.fit_posterior`` call made while the test
+    """The ``y_unit`` of every ``posterior.fit_posterior`` call made while the test
     runs (callers that import it at call time see the spy), in call order."""
-    from aggregator import posterior
+    import posterior
 
     seen: list = []
     real = posterior.fit_posterior

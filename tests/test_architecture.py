@@ -2,10 +2,11 @@
 pyproject.toml hold, and they do fail when the code breaks them.
 
 Contracts: applications (dpfed_apps, evaluation) over the roles (site_node | aggregator |
-coordinator, independent of each other) over the core (dpfed); the core and the coordinator
-import nothing beyond the core dependencies; the site never imports the fitting stack; the
-aggregator never imports the certificate authority (dpfed_apps.ca); the console is a gRPC
-client of the aggregator only (no aggregator or site code, no sqlite3, no fitting stack).
+coordinator, independent of each other) over the fit (posterior) over the core (dpfed); the
+core and the coordinator import nothing beyond the core dependencies; the site never imports
+the fitting stack (posterior included); the aggregator never imports the certificate
+authority (dpfed_apps.ca); the console is a gRPC client of the aggregator only (no aggregator
+or site code, no sqlite3, no fitting stack, no posterior).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("dpfed", "dpfed_apps", "site_node", "aggregator", "coordinator", "evaluation")
+PACKAGES = ("dpfed", "dpfed_apps", "site_node", "aggregator", "coordinator", "evaluation",
+            "posterior")
 CONTRACT_NAMES = {
     "layers": "Applications over roles over the core; roles independent of each other",
     "core-deps": "The core and the coordinator need only the core dependencies",
@@ -64,6 +66,12 @@ def test_import_contracts_fail_on_a_violation(tmp_path):
         "aggregator/identity.py": "import dpfed_apps.ca  # running aggregator -> CA tooling",
         "coordinator/client.py": "import aggregator.store  # role -> role",
         "dpfed_apps/console/data.py": "import sqlite3  # console -> the aggregator's database",
+        # The fit is a layer of its own, below the roles: the core, a site install, the
+        # console and (through its fitting stack) the coordinator never import it.
+        "dpfed/noise.py": "import posterior.fit  # core -> the fit",
+        "coordinator/roundspec.py": "import posterior  # coordinator -> the fit -> SciPy",
+        "site_node/config.py": "import posterior  # site -> the fit",
+        "dpfed_apps/console/plot.py": "import posterior.quality  # console -> the fit",
     }
     for path, line in violations.items():
         with open(tmp_path / path, "a", encoding="utf-8") as fh:
@@ -79,3 +87,7 @@ def test_import_contracts_fail_on_a_violation(tmp_path):
     assert "aggregator.identity -> dpfed_apps.ca" in out
     assert "coordinator.client -> aggregator.store" in out
     assert "dpfed_apps.console.data -> sqlite3" in out
+    assert "dpfed.noise -> posterior.fit" in out
+    assert "coordinator.roundspec -> posterior" in out
+    assert "site_node.config -> posterior" in out
+    assert "dpfed_apps.console.plot -> posterior.quality" in out

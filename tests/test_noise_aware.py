@@ -1,4 +1,4 @@
-"""The noise-aware posterior (aggregator.noise_aware, aggregator.laplace; method.md section 8).
+"""The noise-aware posterior (posterior.noise_aware, posterior.laplace; method.md section 8).
 
 What is checked, each able to fail:
 - the numpy density (the fast path) is the PyMC model's density with lambda0 integrated out,
@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 from scipy import integrate
 
-from aggregator.noise_aware import (log_posterior_exact, log_posterior_exact_batch,
-                                    log_posterior_noise_aware, log_posterior_noise_aware_batch,
-                                    noise_aware_inputs)
-from aggregator.posterior import UnknownNoiseError, fit_posterior
 from dpfed.noise import NoiseDescription
 from dpfed.statistics import Statistics, exact_statistics
 from evaluation.coverage import coverage, prior_problem
+from posterior import UnknownNoiseError, fit_posterior
+from posterior.noise_aware import (log_posterior_exact, log_posterior_exact_batch,
+                                   log_posterior_noise_aware, log_posterior_noise_aware_batch,
+                                   noise_aware_inputs)
 
 def _problem(rng, d, n, eps, k):
     p = prior_problem(rng, d, n, eps, k)
@@ -56,7 +56,7 @@ def test_gradients_and_batch_agree_with_the_density():
 
 @pytest.mark.slow
 def test_numpy_density_is_the_pymc_model_marginalised_over_lambda0():
-    from aggregator.model import build_model, build_noise_aware_model
+    from posterior.model import build_model, build_noise_aware_model
 
     rng = np.random.default_rng(3)
     _, release, public = _problem(rng, 3, 150, 2.0, 1)
@@ -136,14 +136,14 @@ def test_noisier_release_gives_wider_intervals_and_public_only_is_the_limit():
 
 
 def test_fit_methods_spelled_out_for_the_cli_match_the_aggregator():
-    from aggregator.aggregate import FIT_METHODS
+    from posterior import FIT_METHODS
     from dpfed_apps.commands.simulate import FIT_METHODS as CLI
 
     assert tuple(CLI) == tuple(FIT_METHODS)
 
 
 def test_posterior_tends_to_the_public_only_one_when_the_release_says_nothing():
-    """The public statistics have their own exact likelihood (aggregator.noise_aware): with a
+    """The public statistics have their own exact likelihood (posterior.noise_aware): with a
     release drowned in noise the posterior is the public rows' own posterior, not one pulled
     towards zero by the release's errors-in-variables term (what the summed form gave)."""
     rng = np.random.default_rng(11)
@@ -160,10 +160,10 @@ def test_posterior_tends_to_the_public_only_one_when_the_release_says_nothing():
 def test_unsettled_first_attempt_looks_for_modes_and_moves_the_proposal(monkeypatch):
     """When the first mode's proposal keeps too few effective draws, more starting points are
     tried and the proposal is a mixture over the modes or moved to the target's moments
-    (aggregator.posterior._fit_laplace); forced here by making the first attempt fail. The
+    (posterior.fit._fit_laplace); forced here by making the first attempt fail. The
     answer agrees with the one the first attempt gives on its own."""
-    import aggregator.posterior as post_mod
-    from aggregator import laplace as lap_mod
+    import posterior.fit as post_mod
+    from posterior import laplace as lap_mod
 
     rng = np.random.default_rng(2)
     _, release, public = _problem(rng, 3, 300, 1.0, 1)
@@ -189,7 +189,8 @@ def test_fallback_is_recorded_and_only_for_auto(monkeypatch):
     """method="auto": a refused Laplace fit falls back to the reference sampler, and the
     Posterior says so; an explicit method="laplace" raises instead (fast: the NUTS fit is
     replaced by a stub that records its call)."""
-    import aggregator.posterior as post_mod
+    import posterior.fit as post_mod
+    from posterior import nuts as nuts_mod
 
     rng = np.random.default_rng(4)
     _, release, public = _problem(rng, 3, 200, 1.0, 1)
@@ -201,7 +202,7 @@ def test_fallback_is_recorded_and_only_for_auto(monkeypatch):
         b = np.zeros((draws, stats.dim))
         return post_mod.Posterior("nuts", b.mean(axis=0), b, {}, {}, diag, rep, stats)
 
-    monkeypatch.setattr(post_mod, "_fit_nuts_noise_aware", fake_nuts)
+    monkeypatch.setattr(nuts_mod, "fit_noise_aware", fake_nuts)
     with pytest.raises(post_mod.ConvergenceError):
         post_mod.fit_posterior(release + public, public=public, method="laplace", seed=0)
     post = post_mod.fit_posterior(release + public, public=public, seed=0, draws=10)
@@ -223,7 +224,7 @@ def test_fallback_is_recorded_and_only_for_auto(monkeypatch):
 
 @pytest.mark.slow
 def test_fallback_runs_the_reference_sampler(monkeypatch):
-    import aggregator.posterior as post_mod
+    import posterior.fit as post_mod
 
     rng = np.random.default_rng(4)
     _, release, public = _problem(rng, 3, 200, 1.0, 1)
@@ -235,11 +236,11 @@ def test_fallback_runs_the_reference_sampler(monkeypatch):
 
 
 def test_adaptive_importance_recovers_a_skewed_target():
-    """aggregator.laplace.adaptive_importance: on a banana-shaped target (u2 | u1 ~
+    """posterior.laplace.adaptive_importance: on a banana-shaped target (u2 | u1 ~
     N(b u1^2, 0.3^2), u1 ~ N(0, 1); E[u2] = b) importance sampling from the Laplace
     approximation at the mode misses the arms (its mean of u2 is far below b, although its
     ESS looks fine); after moving the proposal to the weighted moments it is right."""
-    from aggregator.laplace import adaptive_importance, laplace_approximation, laplace_importance
+    from posterior.laplace import adaptive_importance, laplace_approximation, laplace_importance
 
     b, s = 1.0, 0.3
 

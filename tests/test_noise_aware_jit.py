@@ -1,8 +1,8 @@
-"""The compiled fast path of the Laplace fit (aggregator.noise_aware_jit, aggregator.laplace).
+"""The compiled fast path of the Laplace fit (posterior.noise_aware_jit, posterior.laplace).
 
 What is checked, each able to fail:
 - the Numba densities, gradients and batch densities equal the numpy reference functions of
-  aggregator.noise_aware (which tests/test_noise_aware.py ties to the PyMC model) to ~1e-10
+  posterior.noise_aware (which tests/test_noise_aware.py ties to the PyMC model) to ~1e-10
   relative, for d in {1, 3, 10, 40}, on random inputs, and agree on where C is not PD;
 - the compiled difference Hessian equals laplace.hessian of the numpy gradient;
 - Newton finds the mode and Laplace covariance that BFGS on the numpy density finds;
@@ -14,13 +14,13 @@ What is checked, each able to fail:
 import numpy as np
 import pytest
 
-from aggregator import noise_aware as na
-from aggregator import posterior
-from aggregator.laplace import (MAX_PROPOSALS, default_proposals, hessian,
-                                laplace_approximation, laplace_importance)
-from aggregator.noise_aware_jit import target_for
-from aggregator.posterior import _start, fit_posterior
 from dpfed.statistics import exact_statistics
+from posterior import fit_posterior, targets
+from posterior import noise_aware as na
+from posterior.laplace import (MAX_PROPOSALS, default_proposals, hessian,
+                               laplace_approximation, laplace_importance)
+from posterior.noise_aware_jit import target_for
+from posterior.targets import start as _start
 
 from tests.test_noise_aware import _problem
 
@@ -157,9 +157,9 @@ def test_fit_posterior_compiled_matches_numpy_backend(d, monkeypatch):
     exact = exact_statistics(rng.standard_normal((200, d)), rng.standard_normal(200))
     for stats, pub in ((release + public, public), (exact, None)):
         fast = fit_posterior(stats, public=pub, seed=3, draws=2000)
-        monkeypatch.setattr(posterior, "LAPLACE_BACKEND", "numpy")
+        monkeypatch.setattr(targets, "LAPLACE_BACKEND", "numpy")
         ref = fit_posterior(stats, public=pub, seed=3, draws=2000)
-        monkeypatch.setattr(posterior, "LAPLACE_BACKEND", "numba")
+        monkeypatch.setattr(targets, "LAPLACE_BACKEND", "numba")
         assert fast.diagnostics["optimiser"] == "newton"
         assert ref.diagnostics["optimiser"] == "bfgs"
         assert fast.diagnostics["importance_proposals"] == ref.diagnostics["importance_proposals"]
@@ -171,7 +171,7 @@ def test_fit_posterior_compiled_matches_numpy_backend(d, monkeypatch):
 
 _REFIT = """
 import numpy as np
-from aggregator.posterior import fit_posterior
+from posterior import fit_posterior
 from tests.test_noise_aware import _problem
 _, release, public = _problem(np.random.default_rng(5), 10, 300, 1.0, 1)
 post = fit_posterior(release + public, public=public, method="laplace", draws=400, seed=3)

@@ -1,4 +1,4 @@
-"""Tests of aggregator.fit_posterior (method.md sections 1 and 6; Honkela et al. 2018, 4.1)."""
+"""Tests of posterior.fit_posterior (method.md sections 1 and 6; Honkela et al. 2018, 4.1)."""
 
 import json
 import warnings
@@ -6,11 +6,11 @@ import warnings
 import numpy as np
 import pytest
 
-from aggregator import ConvergenceError, Posterior, PosteriorError, fit_posterior
-from aggregator.closed_form import closed_form_mean, posterior_precision
-from aggregator.model import get_advi_engine
 from dpfed.sensitivity import expected_noise
 from dpfed.statistics import Statistics, clipped_exact_statistics, exact_statistics
+from posterior import ConvergenceError, Posterior, PosteriorError, fit_posterior
+from posterior.closed_form import closed_form_mean, posterior_precision
+from posterior.model import get_advi_engine
 from site_node.release import release_statistics
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning",

@@ -1,8 +1,8 @@
-"""aggregator.quality: how much the private statistics told us, in plain words."""
+"""posterior.quality: how much the private statistics told us, in plain words."""
 
 import numpy as np
 
-from aggregator.quality import information_statement, prediction_snr
+from posterior.quality import information_statement, prediction_snr
 from dpfed_apps.commands.round import format_result_table
 from dpfed_apps.simulation.report import format_report
 

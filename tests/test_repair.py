@@ -1,9 +1,9 @@
-"""Unit tests of aggregator.repair (method.md section 6: noisy Sxx is often not PSD)."""
+"""Unit tests of posterior.repair (method.md section 6: noisy Sxx is often not PSD)."""
 
 import numpy as np
 import pytest
 
-from aggregator.repair import Repair, implied_rss, project_psd, repair_statistics
+from posterior.repair import Repair, implied_rss, project_psd, repair_statistics
 from dpfed.statistics import Statistics, exact_statistics
 from site_node.release import release_statistics
 
@@ -164,8 +164,8 @@ def test_real_release_is_repaired():
 
 
 def test_noise_aware_abar_is_the_one_psd_projection():
-    """aggregator.noise_aware.psd_estimate is aggregator.repair.project_psd with its floor."""
-    from aggregator.noise_aware import psd_estimate
+    """posterior.noise_aware.psd_estimate is posterior.repair.project_psd with its floor."""
+    from posterior.noise_aware import psd_estimate
 
     rng = np.random.default_rng(3)
     a = rng.normal(size=(5, 5))

@@ -1,4 +1,4 @@
-"""The response unit of the priors (aggregator.fit_posterior ``y_unit``).
+"""The response unit of the priors (posterior.fit_posterior ``y_unit``).
 
 The Gamma priors of method.md section 1 are stated for a response of unit scale, so a fit
 without a unit depends on the units y is measured in. With ``y_unit`` the fit sees y / unit and
@@ -16,10 +16,10 @@ answers in y's units; a round passes its public y bound. Checked, each able to f
 import numpy as np
 import pytest
 
-from aggregator.posterior import fit_posterior
 from dpfed.noise import EXACT, NoiseDescription, NoiseError, NoiseTerm
 from dpfed.sensitivity import expected_noise
 from dpfed.statistics import Statistics, StatisticsError, clipped_exact_statistics
+from posterior import fit_posterior
 
 D = 4
 X_BOUND, Y_BOUND = 0.5, 0.3

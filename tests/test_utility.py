@@ -9,11 +9,11 @@ points, the thresholds from ``choose_bounds`` on synthetic data of the same n, d
 import numpy as np
 import pytest
 
-from aggregator import fit_posterior
 from dpfed.bounds import choose_bounds
 from dpfed.metrics import spearman
 from dpfed.preprocess import Preprocessing
 from dpfed.preprocess import public_sigmas
+from posterior import fit_posterior
 from site_node import exact_statistics, release_statistics
 
 D, N_PRIVATE, N_PUBLIC, N_TEST, EPSILON = 10, 800, 10, 500, 2.0

@@ -125,7 +125,7 @@ def fill_store(folder: Path, *, sites: int = N_SITES, rounds: int = N_ROUNDS, se
         if not failed:
             beta_draws = rng.normal(0.1, 0.3, size=(draws, DIM))
             public = rng.normal(0.1, 0.5, size=(draws, DIM))
-            from aggregator.quality import information_statement
+            from posterior.quality import information_statement
             from dpfed.intervals import credible_interval
             info = information_statement(beta_draws, public, reference="the 10 public rows alone")
             info["reference_beta_ci90"] = credible_interval(public, 0.9).tolist()

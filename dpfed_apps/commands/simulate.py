@@ -13,8 +13,8 @@ from pathlib import Path
 
 from dpfed import exitcodes, jsonsafe
 
-# aggregator.aggregate.FIT_METHODS, spelled out so that --help needs no aggregator install
-# (tests/test_posterior_noise_aware.py checks the two agree).
+# posterior.FIT_METHODS, spelled out so that --help needs no aggregator install (the posterior
+# package needs SciPy; tests/test_noise_aware.py checks the two agree).
 FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
                "plug-in-fixed")
 

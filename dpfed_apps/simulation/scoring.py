@@ -40,16 +40,17 @@ class FittedModel:
 
 
 def fit_model(stats: Statistics, *, method: str, draws: int, seed: int) -> FittedModel:
-    """The aggregator's own posterior fit (``aggregator.aggregate.fit``) on ``stats``, so the
-    baselines use exactly the model of the private round, including its fallback to the
-    fixed-precision closed form when PyMC is not installed."""
-    from aggregator.aggregate import fit
+    """The posterior fit a round runs (``posterior.fit_posterior``; ``method`` one of
+    ``posterior.FIT_METHODS``) on ``stats``, so the baselines use exactly the model of the
+    private round."""
+    from posterior import fit_method_options, fit_posterior
 
-    beta_mean, beta_draws, diagnostics = fit(stats, method, draws, seed)
-    beta_draws = np.asarray(beta_draws, dtype=np.float64)
-    return FittedModel(np.asarray(beta_mean, dtype=np.float64),
+    post = fit_posterior(stats, **fit_method_options(method), draws=int(draws or 5000),
+                         seed=seed)
+    beta_draws = np.asarray(post.beta_draws, dtype=np.float64)
+    return FittedModel(np.asarray(post.beta_mean, dtype=np.float64),
                        beta_draws if beta_draws.size else None,
-                       str(diagnostics.get("method", method)))
+                       str(post.diagnostics.get("method", method)))
 
 
 def training_statistics(problem: Problem, rows: np.ndarray, preprocessing: Preprocessing) -> Statistics:

@@ -28,10 +28,10 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from aggregator.aggregate import FIT_METHODS
 from evaluation.protocol import AGGREGATIONS
 from dpfed.sensitivity import (check_neighbouring, check_norm_bound, check_xtx_rule,
                                default_budget_split, validate_privacy_parameters)
+from posterior import FIT_METHODS
 
 __all__ = ["TrainingData", "PrivacySetting", "Method", "DEFAULT_DELTA", "POSTERIORS",
            "split_rows", "validate_posterior"]
@@ -40,8 +40,8 @@ __all__ = ["TrainingData", "PrivacySetting", "Method", "DEFAULT_DELTA", "POSTERI
 # 1/n for every private size of the paper's protocol (n <= 800), the usual requirement on delta.
 DEFAULT_DELTA = 1e-5
 
-# Posterior fits offered by the methods built on the Gamma-prior model (aggregator.fit_posterior;
-# the same names as a round spec's fit_method, aggregator.aggregate.FIT_METHODS): "laplace" is
+# Posterior fits offered by the methods built on the Gamma-prior model (posterior.fit_posterior;
+# the same names as a round spec's fit_method, posterior.FIT_METHODS): "laplace" is
 # the default fast fit (noise-aware on releases, exact on exact statistics), "nuts" its
 # reference; "plug-in-*" fit releases as if exact (the paper's fit, for comparison).
 POSTERIORS = tuple(m for m in FIT_METHODS if m != "auto")

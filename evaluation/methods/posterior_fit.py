@@ -1,7 +1,7 @@
 """Beta from sufficient statistics under the Gamma-prior model (method.md sections 1 and 8).
 
 Shared by the methods that end in a Bayesian fit of (possibly noisy) statistics: robust_private,
-nonprivate, nonprivate_robust, private_unclipped. The fit is ``aggregator.fit_posterior``, the
+nonprivate, nonprivate_robust, private_unclipped. The fit is ``posterior.fit_posterior``, the
 same code the production aggregator runs: noise-aware on releases (their ``Statistics.noise``),
 the exact model on exact statistics, so the comparison between those methods differs only in
 the statistics.
@@ -13,9 +13,9 @@ from contextvars import ContextVar
 
 import numpy as np
 
-from aggregator.closed_form import closed_form_mean
-from aggregator.posterior import fit_posterior
 from dpfed.statistics import Statistics
+from posterior import fit_method_options, fit_posterior
+from posterior.closed_form import closed_form_mean
 
 
 #: The fit actually used by the last ``posterior_beta`` calls of this process, when a caller
@@ -35,11 +35,10 @@ def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
     design prior). ``fallback="nuts"``: if the Laplace fit refuses, the reference NUTS fit
     (what a round's default method "auto" does; robust_private uses it); None: the refusal
     is raised (the comparison methods: a refused cell is counted, not rescued).
-    ``check_first_attempt``, ``y_unit``: see ``aggregator.fit_posterior`` (a round's fit
+    ``check_first_attempt``, ``y_unit``: see ``posterior.fit_posterior`` (a round's fit
     passes its y bound as ``y_unit``)."""
-    plug_in = posterior.startswith("plug-in-")
-    post = fit_posterior(stats, method=posterior.removeprefix("plug-in-"), draws=draws,
-                         seed=seed, public=public, x_bound=x_bound, plug_in=plug_in,
+    post = fit_posterior(stats, **fit_method_options(posterior), draws=draws, seed=seed,
+                         public=public, x_bound=x_bound,
                          fallback=fallback if posterior == "laplace" else None,
                          check_first_attempt=check_first_attempt, y_unit=y_unit)
     log = FIT_LOG.get()

@@ -1,7 +1,7 @@
 import numpy as np
 
-from aggregator.closed_form import closed_form_mean
 from evaluation.methods.nonprivate import NonPrivate
+from posterior.closed_form import closed_form_mean
 
 
 def test_recovers_beta_and_is_the_exact_fit(problem):
