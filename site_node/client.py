@@ -25,6 +25,11 @@ Failure handling:
   aggregator judged and refused (e.g. the round closed) is marked rejected (with the reason,
   visible in ``dpfed site ledger``) and not resent again; the budget stays debited: the noise
   was drawn and may have left the site.
+
+The client is the transport only: it asks the node it is given (``SiteNode``, or anything
+with the methods of ``AnsweringNode``) for every answer and imports nothing of site_node above
+the shared vocabulary (site_node.messages) and the ledger's errors. ``site_node.node`` builds
+on it (``SiteNode.run``), never the other way.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import logging
 import random
 import threading
 import time
+from typing import TYPE_CHECKING, Protocol
 
 import grpc
 
@@ -41,8 +47,12 @@ from dpfed.transport import client_channel
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 from dpfed.wire.canonical import digest, parse_canonical
-from site_node.node import (CONTRIBUTION, PHASE_MESSAGE, PHASE_NOTICE, REFUSAL, ROUND_SPEC,
-                            LedgerMismatch, SiteNode)
+from site_node.ledger import LedgerMismatch
+from site_node.messages import CONTRIBUTION, PHASE_MESSAGE, PHASE_NOTICE, REFUSAL, ROUND_SPEC
+
+if TYPE_CHECKING:
+    from site_node.config import SiteConfig
+    from site_node.ledger import PrivacyLedger, StoredRelease
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +64,33 @@ RETRYABLE = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXC
 # Of those, the one retried in place: the call did not reach the server. A call that timed out
 # or was shed may still be running there; it is resent only after a reconnect backoff.
 RETRY_IN_PLACE = frozenset({grpc.StatusCode.UNAVAILABLE})
+
+
+class AnsweringNode(Protocol):
+    """What the client needs of its site (site_node.node.SiteNode is one): the config it
+    dials with, the ledger it marks releases in, and the node's signed answers."""
+
+    config: SiteConfig
+    ledger: PrivacyLedger
+
+    def hello(self) -> pb.SignedEnvelope:
+        """The signed SiteHello that opens the round stream and asks for the history."""
+
+    def check_history(self, history: pb.SiteHistory) -> None:
+        """Raises LedgerMismatch when the aggregator's record disagrees with the ledger."""
+
+    def consent(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
+        """The answer to a pushed RoundSpec: a consent PhaseMessage or a Refusal."""
+
+    def handle_notice(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope | None:
+        """The answer to a pushed PhaseNotice, or None (nothing to send)."""
+
+    def refusal(self, round_id: str, spec_digest: str, reason: str) -> pb.SignedEnvelope:
+        """A signed Refusal (the client's answer when the node raised)."""
+
+    def fresh_envelope(self, release: StoredRelease) -> pb.SignedEnvelope:
+        """A stored release's envelope, re-signed if old (same statistics bytes)."""
+
 
 class Backoff:
     """Exponential backoff with jitter: attempt k waits uniform(0.5, 1) * min(cap, base * 2^k).
@@ -76,9 +113,9 @@ class Backoff:
 class SiteClient:
     """Keeps a site node connected to its aggregator; ``run`` blocks until ``stop()``."""
 
-    def __init__(self, node: SiteNode, *, rpc_timeout_s: float = 30.0, max_attempts: int = 6,
-                 reconnect: Backoff | None = None, retry_base_s: float = 0.5,
-                 retry_cap_s: float = 30.0):
+    def __init__(self, node: AnsweringNode, *, rpc_timeout_s: float = 30.0,
+                 max_attempts: int = 6, reconnect: Backoff | None = None,
+                 retry_base_s: float = 0.5, retry_cap_s: float = 30.0):
         self.node = node
         self.rpc_timeout_s = rpc_timeout_s
         self.max_attempts = max_attempts

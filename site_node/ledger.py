@@ -110,6 +110,13 @@ class BudgetRaise(LedgerError):
     """The config's total_epsilon is larger than the ledger's: not honoured until recorded."""
 
 
+class LedgerMismatch(LedgerError):
+    """The aggregator records more spending (or a lower declared total) for this site than its
+    ledger knows: the state_db was deleted, replaced or restored from an old backup. The site
+    serves no round until the ledger is restored or the reset acknowledged
+    (site_node.node.SiteNode.check_history raises it; site_node.client stops on it)."""
+
+
 @dataclass(frozen=True)
 class StoredRelease:
     round_id: str

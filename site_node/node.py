@@ -44,9 +44,7 @@ window does not turn a delayed release into a lost one.
 from __future__ import annotations
 
 import logging
-import secrets
 import threading
-import time
 
 from dpfed import __version__
 from dpfed import secure_round
@@ -58,23 +56,20 @@ from dpfed.wire import limits
 from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
 from dpfed.wire.signing import SigningKey
 from site_node import policy as site_policy
+from site_node.client import SiteClient
 from site_node.config import SiteConfig
 from site_node.data import DataError, load_round_data
-from site_node.ledger import BudgetExhausted, LedgerError, PrivacyLedger, RoundConflict
+# LedgerMismatch lives with the other ledger errors (the client stops on it too).
+from site_node.ledger import BudgetExhausted, LedgerMismatch, PrivacyLedger, RoundConflict
+# The shared vocabulary (site_node.messages), named here too: callers and tests use
+# site_node.node.now_ms, CONTRIBUTION, ... as before.
+from site_node.messages import (CONTRIBUTION, PHASE_MESSAGE, PHASE_NOTICE,  # noqa: F401
+                                REFUSAL, RELEASE_FAILED, ROUND_SPEC, new_nonce, now_ms)
 from site_node.release import release_statistics
-from site_node.rows import finite_after_preprocessing
+from site_node.rows import finite_after_preprocessing, log_left_out
+from site_node.secure import SecureSite
 
 log = logging.getLogger(__name__)
-
-CONTRIBUTION = "dpfed.v1.Contribution"
-REFUSAL = "dpfed.v1.Refusal"
-PHASE_MESSAGE = "dpfed.v1.PhaseMessage"
-PHASE_NOTICE = "dpfed.v1.PhaseNotice"
-ROUND_SPEC = "dpfed.v1.RoundSpec"
-
-#: The reason of a release that failed at the site for an internal error (not reached with
-#: valid data: every row problem leaves that row out). Fixed text: the detail stays local.
-RELEASE_FAILED = "release failed at the site (see site log)"
 
 # A stored answer older than this is re-signed (fresh timestamp and nonce, same statistics
 # bytes) before it is sent again: well inside the aggregator's default clock-skew window
@@ -85,21 +80,6 @@ RESIGN_AFTER_MS = 60_000
 # Slack when comparing the ledger's spend with the aggregator's record (sums of the same
 # epsilons in another order).
 HISTORY_SLACK = 1e-6
-
-
-class LedgerMismatch(LedgerError):
-    """The aggregator records more spending (or a lower declared total) for this site than its
-    ledger knows: the state_db was deleted, replaced or restored from an old backup. The site
-    serves no round until the ledger is restored or the reset acknowledged."""
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def new_nonce() -> str:
-    """128 random bits, hex, from the OS CSPRNG: the aggregator never accepts a nonce twice."""
-    return secrets.token_hex(16)
 
 
 class SiteNode:
@@ -117,8 +97,8 @@ class SiteNode:
         self._lock = threading.Lock()
         # Why this node may serve no round (check_history), or None.
         self.blocked: str | None = None
-        # Secure rounds: the in-memory key state of each (site_node.secure).
-        from site_node.secure import SecureSite
+        # Secure rounds: the in-memory key state of each (site_node.secure), composed here:
+        # SecureSite is given this node (its keys, ledger, config) and never imports it.
         self.secure = SecureSite(self)
 
     @property
@@ -398,19 +378,9 @@ class SiteNode:
         return result.release.envelope
 
     def run(self, stop=None) -> None:
-        """Serve forever: dial the aggregator, answer rounds, reconnect (site_node.client)."""
-        from site_node.client import SiteClient
-
+        """Serve forever: dial the aggregator, answer rounds, reconnect (site_node.client,
+        which is given this node and asks it for every answer)."""
         SiteClient(self).run(stop)
-
-
-def log_left_out(round_id: str, target: str, data, non_finite: int = 0) -> None:
-    """The site's own log line of the rows a round leaves out: counts only (never sent)."""
-    if data.dropped_missing_target or data.left_out or non_finite:
-        log.info("round %s: left out %d row(s) with a missing %s, %d malformed row(s) (a value "
-                 "that is not a finite number, a missing feature, a line that does not parse, "
-                 "an empty or repeated id) and %d whose pre-processing is not finite", round_id,
-                 data.dropped_missing_target, target, data.left_out, non_finite)
 
 
 def _untrusted_round_id(envelope: pb.SignedEnvelope) -> str:

@@ -16,9 +16,13 @@ all its usable rows (``dpfed.secagg.exact``; docs/security.md, "What a refusal r
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
-__all__ = ["finite_after_preprocessing"]
+__all__ = ["finite_after_preprocessing", "log_left_out"]
+
+log = logging.getLogger(__name__)
 
 
 def finite_after_preprocessing(preprocessing, x: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -34,3 +38,14 @@ def finite_after_preprocessing(preprocessing, x: np.ndarray, y: np.ndarray) -> n
             ok &= np.isfinite(np.einsum("ij,ij->i", z, z))
         ok &= np.isfinite(y - preprocessing.y_mean)
     return ok
+
+
+def log_left_out(round_id: str, target: str, data, non_finite: int = 0) -> None:
+    """The site's own log line of the rows a round leaves out: counts only (never sent).
+    ``data`` is the round's site_node.data.RoundData; ``non_finite`` the rows that
+    ``finite_after_preprocessing`` left out."""
+    if data.dropped_missing_target or data.left_out or non_finite:
+        log.info("round %s: left out %d row(s) with a missing %s, %d malformed row(s) (a value "
+                 "that is not a finite number, a missing feature, a line that does not parse, "
+                 "an empty or repeated id) and %d whose pre-processing is not finite", round_id,
+                 data.dropped_missing_target, target, data.left_out, non_finite)

@@ -53,7 +53,9 @@ from dpfed.wire.signing import key_id
 from site_node import policy as site_policy
 from site_node.data import DataError, load_round_data
 from site_node.ledger import BudgetExhausted, RoundConflict
+from site_node.messages import RELEASE_FAILED, new_nonce, now_ms
 from site_node.release import exact_clipped_statistics
+from site_node.rows import finite_after_preprocessing, log_left_out
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +89,11 @@ class _SecureState:
 
 
 class SecureSite:
-    """The secure rounds of one SiteNode (which holds the lock, keys, ledger and config)."""
+    """The secure rounds of one SiteNode (which holds the lock, keys, ledger and config).
+
+    The node composes it (``SiteNode.secure``) and hands itself in; this module never imports
+    site_node.node. Of the node it uses ``site_id``, ``config``, ``signing_key``, ``ledger``,
+    ``refusal`` and ``fresh_envelope``."""
 
     def __init__(self, node):
         self.node = node
@@ -101,7 +107,6 @@ class SecureSite:
     # -- helpers -----------------------------------------------------------------------------
     def _message(self, spec: pb.RoundSpec, spec_digest: str, phase: str,
                  body: bytes) -> pb.SignedEnvelope:
-        from site_node.node import new_nonce, now_ms
         return self.node.signing_key.sign(pb.PhaseMessage(
             round_id=spec.round_id, site_id=self.node.site_id, spec_digest=spec_digest,
             phase=phase, body=body, timestamp_unix_ms=now_ms(), nonce=new_nonce()))
@@ -121,7 +126,6 @@ class SecureSite:
         """A notice after "keys" names its spec by digest only (under the node's lock): the
         spec this site verified and kept with the round's state, or, for a "release" notice
         after a restart, the stored release of that spec; otherwise nothing to answer."""
-        from site_node.node import now_ms
         rid, phase = notice.round_id, notice.phase
         self.forget_finished(now_ms())
         state = self._rounds.get(rid)
@@ -146,7 +150,6 @@ class SecureSite:
         """The answer to ``notice`` of the verified secure ``spec`` (under the node's lock):
         a signed PhaseMessage, the signed masked Contribution, a Refusal, or None (nothing to
         say: a notice this site cannot answer)."""
-        from site_node.node import now_ms
         spec_digest = digest(spec_envelope.payload)
         rid, phase = spec.round_id, notice.phase
         self.forget_finished(now_ms())
@@ -206,7 +209,6 @@ class SecureSite:
         """The "keys" notice: check the participants and relayed keys, open the session,
         advertise this round's public keys."""
         node = self.node
-        from site_node.node import now_ms
         try:
             site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
                                    spent=node.ledger.spent,
@@ -274,7 +276,6 @@ class SecureSite:
         the signed masked Contribution in one ledger transaction; return it to be sent."""
         node, spec, spec_digest = self.node, state.spec, state.spec_digest
         rid = spec.round_id
-        from site_node.node import new_nonce, now_ms
         try:
             site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
                                    spent=node.ledger.spent,
@@ -293,8 +294,6 @@ class SecureSite:
         # refusal that would say how many rows the site has). The statistics are exact
         # integers of the quantised rows (dpfed.secagg.exact): no float error to bound, so
         # max_site_rows only sizes the fixed-point grid.
-        from site_node.node import RELEASE_FAILED, log_left_out
-        from site_node.rows import finite_after_preprocessing
         usable = finite_after_preprocessing(preprocessing, data.x, data.y)
         log_left_out(rid, spec.target, data, int((~usable).sum()))
         try:
