@@ -1,6 +1,8 @@
-"""The install steps of deploy/container/Containerfile.{site,aggregator}, run in a fresh virtual
-environment (no Docker engine here): the `pip install "/src[<role>]"` line of each recipe with
-/src replaced by this checkout, then the role's smoke commands with that environment's `dpfed`.
+"""Each role installed from this checkout into a fresh virtual environment, as
+deploy/container/Containerfile.{site,aggregator} install it (dpfed[<role>], the role the recipe
+checks its bundle is for) and the coordinator does (`pip install dpfed`), then the role's smoke
+commands with that environment's `dpfed`. The images themselves are built from offline bundles
+and run by tests/test_container_federation.py.
 
 The site environment must not get the aggregator's PyMC (a hospital installs no fitting code),
 and both must serve --help, check a config and run the image's HEALTHCHECK command's parser.
@@ -25,8 +27,9 @@ def _install_line(role: str) -> str:
     if role == "coordinator":        # deploy/README.md: `pip install dpfed`, no extra, no image
         return str(ROOT)
     text = (CONTAINER / f"Containerfile.{role}").read_text()
-    match = re.search(r'pip install "/src\[(\w+)\]"', text)
+    match = re.search(r'b\["role"\] == "(\w+)"', text)
     assert match and match.group(1) == role
+    assert "pip install --no-index --find-links . -r requirements.txt" in text
     return f"{ROOT}[{role}]"
 
 

@@ -203,13 +203,11 @@ def test_compose_services_name_files_that_exist():
     compose = yaml.safe_load((CONTAINER / "compose.yaml").read_text())
     services = compose["services"]
     assert set(services) == {"aggregator", "hospital-a", "hospital-b", "hospital-c"}
-    root = DEPLOY.parents[1]
     roles = {"aggregator": "aggregator", **{h: "site" for h in HOSPITALS}}
     for name, service in services.items():
         role = roles[name]
-        build = service["build"]
-        assert (CONTAINER / build["context"] / build["dockerfile"]).resolve() == \
-            (CONTAINER / f"Containerfile.{role}").resolve()
+        # The images of deploy/README.md step 10 (built from bundles), not built by compose.
+        assert service["image"] == f"dpfed-{role}" and "build" not in service
         assert (CONTAINER / f"Containerfile.{role}").is_file()
         assert service["command"] == [role, "serve", "--config", f"/etc/dpfed/{role}/{role}.toml"]
         assert service["read_only"] is True and service["cap_drop"] == ["ALL"]
@@ -226,15 +224,19 @@ def test_compose_services_name_files_that_exist():
             assert service["healthcheck"]["test"][1:3] == ["dpfed", "health"]
     for volume in (_mount(v)[0] for s in services.values() for v in s["volumes"]):
         assert "/" in volume or volume in compose["volumes"]
-    # What the Containerfiles copy exists in the source folder.
+    # The Containerfiles: a well-known base by default (a build argument), and the role's
+    # bundle checked and installed with no index; nothing copied from the source folder.
     for role in ("site", "aggregator"):
         text = (CONTAINER / f"Containerfile.{role}").read_text()
-        assert "FROM python:3.11-slim" in text and "\nUSER dpfed\n" in text
-        assert f'pip install "/src[{role}]"' in text
+        assert "ARG BASE=docker.io/library/python:3.11-slim\nFROM ${BASE}\n" in text
+        assert "\nUSER dpfed\n" in text and "--uid 10001" in text
+        assert "sha256sum -c --quiet /opt/dpfed/bundle.SHA256SUMS" in text
+        assert f'b["role"] == "{role}"' in text
+        assert "pip install --no-index --find-links . -r requirements.txt" in text
         assert 'VOLUME ["/var/lib/dpfed"]' in text and "HEALTHCHECK" in text
-        for line in re.findall(r"^COPY (.+) /src/?\S*$", text, re.M):
-            for src in line.split():
-                assert (root / src).exists(), src
+        # Only the checksums are copied (they key the build cache); the wheels are mounted.
+        assert re.findall(r"^(?:COPY|ADD) .*$", text, re.M) == [
+            "COPY SHA256SUMS /opt/dpfed/bundle.SHA256SUMS"]
 
 
 def test_data_export_is_reproducible_and_disjoint(tmp_path, capsys):

@@ -4,8 +4,8 @@ starts them), from a copy of the source folder. Blocks marked ``<!-- skip-test: 
 not run (the PyPI installs: tests/test_container_recipes.py installs from the checkout).
 Blocks marked ``<!-- test: GROUP -->`` are another path through the README, run as written by
 their own test: ``bundle`` and ``offline`` (the offline install, tests/test_offline_bundle.py),
-``containers`` (the demo in containers, tests/test_container_federation.py) and ``systemd``
-(tests/test_systemd_units.py).
+``containers-build`` and ``containers`` (the demo in containers,
+tests/test_container_federation.py) and ``systemd`` (tests/test_systemd_units.py).
 
 The only edit is the port: 50051 (in the README and in deploy/three-hospitals) becomes a free
 port, so the test can run beside anything else. The commands come from the README itself, so
@@ -28,7 +28,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "deploy" / "README.md"
 BLOCK = re.compile(r"(?:<!-- (skip-test|test: ([\w-]+))[^>]*-->\n)?```sh\n(.*?)```", re.S)
-GROUPS = ("bundle", "offline", "containers", "systemd")
+GROUPS = ("bundle", "offline", "containers-build", "containers", "systemd")
 
 
 def readme_blocks(group: str | None = None) -> list[tuple[bool, str]]:
