@@ -137,7 +137,7 @@ class Federation:
         from dpfed.noise import to_proto
         if round_id in self._specs:
             fields["noise"] = to_proto(round_expected_noise(self._specs[round_id]))
-        elif self.server is not None and round_id in self.manager._rounds:
+        elif self.server is not None and round_id in self.manager.context.rounds:
             fields["noise"] = to_proto(self.manager.expected_noise(round_id))
         fields.update(overrides)
         return (key or self.site_keys[site]).sign(pb.Contribution(**fields))

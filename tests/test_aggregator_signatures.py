@@ -111,7 +111,7 @@ def test_the_keys_notice_relays_the_pinned_aggregator_key_and_a_site_refuses_ano
     key the coordinator pinned. Another aggregator key, or none, is refused before the site
     advertises anything (fixed reasons); the genuine notice is still answered."""
     pushed = _start(fed, "keys")
-    spec = fed.manager._rounds["sec-1"].spec
+    spec = fed.manager.context.rounds["sec-1"].spec
     assert spec.aggregator_key_id == fed.aggregator_key.key_id
     site, driver = "site-a", fed.drivers["site-a"]
     notice = parse_canonical(pushed[site].payload, "dpfed.v1.PhaseNotice")

@@ -305,7 +305,7 @@ def test_round_start_with_honest_records_pins_them_and_the_aggregator_accepts(
     config.write_text(config.read_text() + 'aggregator_key = "aggregator.pub"\n')
     assert main(["round", "start", "--spec", str(spec), "--config", str(config)]) == 0
     capsys.readouterr()
-    stored = federation.manager._rounds["sec-cli"].spec
+    stored = federation.manager.context.rounds["sec-cli"].spec
     assert list(stored.sites) == list(SITES) and stored.quorum == 3
     assert dict(stored.site_key_ids) == {s: k.key_id for s, k in federation.site_keys.items()}
     assert stored.aggregator_key_id == federation.aggregator_key.key_id
@@ -317,7 +317,7 @@ def test_round_start_with_honest_records_pins_them_and_the_aggregator_accepts(
                  "--insecure", "--site-keys", str(tmp_path / "site-keys"),
                  "--aggregator-key", str(federation.tmp / "aggregator.pub")]) == 0
     capsys.readouterr()
-    assert federation.manager._rounds["sec-cli-2"].spec.aggregator_key_id == \
+    assert federation.manager.context.rounds["sec-cli-2"].spec.aggregator_key_id == \
         federation.aggregator_key.key_id
     # An unknown key of coordinator.toml is still an error naming the nearest valid one.
     config.write_text(config.read_text() + 'site_key = "x"\n')

@@ -169,7 +169,7 @@ def test_a_secure_site_with_more_rows_than_max_site_rows_releases_all_of_them(tm
                             timeout=40)
         assert status.state == pb.RoundStatus.DONE, status.message
         assert sorted(seen) == fed.sites and list(status.refusals) == []
-        calibration = fed.manager._rounds["sec-1"].secure.calibration
+        calibration = fed.manager.context.rounds["sec-1"].secure.calibration
         ns = {s: round(calibration.decode(seen[s])[1]) for s in fed.sites}
         assert ns == {"site-a": 120, "site-b": 130, "site-c": 140}
         pre = spec.preprocessing

@@ -64,7 +64,7 @@ _fields = st.fixed_dictionaries({
 def test_any_signed_contribution_is_answered_and_leaves_the_round_untouched(quiet_federation,
                                                                            fields):
     fed = quiet_federation
-    if "r1" not in fed.manager._rounds:
+    if "r1" not in fed.manager.context.rounds:
         fed.start_round(fed.spec("r1", quorum=3, deadline_s=3600))
         fed.stub.Contribute(fed.contribution("site-a", "r1", random_statistics(seed=5)))
     before = fed.manager.aggregated_statistics("r1")

@@ -93,7 +93,7 @@ def test_round_waits_for_contributions_being_stored(federation, monkeypatch):
     with pytest.raises(Rejected) as info:             # the same site, still being stored
         manager.contribute(envelope)
     assert info.value.code == "UNAVAILABLE"
-    manager._on_deadline("r1")                         # deadline passes mid-commit
+    manager.transitions.on_deadline("r1")              # deadline passes mid-commit
     assert manager.status("r1").state == pb.RoundStatus.RELEASE
     release.set()
     worker.join(10)
@@ -128,7 +128,7 @@ def test_a_failed_commit_frees_the_slot_and_the_deadline_then_applies(federation
     worker = threading.Thread(target=run)
     worker.start()
     assert entered.wait(10)
-    manager._on_deadline("r1")
+    manager.transitions.on_deadline("r1")
     assert manager.status("r1").state == pb.RoundStatus.RELEASE
     release.set()
     worker.join(10)
@@ -202,7 +202,7 @@ def test_consent_deadline_waits_for_consents_being_stored(federation, monkeypatc
     resend = threading.Thread(target=lambda: outcome.setdefault(
         "resend", manager.send_phase(federation.consent("site-b", "r1"))))
     resend.start()                                      # waits for the first commit
-    manager._on_deadline("r1", "CONSENT", "")           # consent deadline passes mid-commit
+    manager.transitions.on_deadline("r1", "CONSENT", "")  # consent deadline passes mid-commit
     assert manager.status("r1").state == pb.RoundStatus.CONSENT
     assert "resend" not in outcome
     release.set()
@@ -213,4 +213,4 @@ def test_consent_deadline_waits_for_consents_being_stored(federation, monkeypatc
     status = manager.status("r1")
     assert status.state == pb.RoundStatus.RELEASE, status.message
     assert list(status.consented) == ["site-a", "site-b"]
-    assert not manager._rounds["r1"].deadline_due
+    assert not manager.context.rounds["r1"].deadline_due

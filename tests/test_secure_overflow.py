@@ -128,6 +128,6 @@ def test_the_aggregator_fails_a_round_whose_sum_outgrew_the_grid(tmp_path, monke
         assert list(status.refusals) == []
         assert "unmasking failed: SumOutOfRange" in status.message
         assert "raise max_site_rows to at least" in status.message
-        assert fed.manager._rounds["sec-1"].running is None       # nothing to fit
+        assert fed.manager.context.rounds["sec-1"].running is None       # nothing to fit
     finally:
         fed.stop()

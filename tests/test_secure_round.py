@@ -65,7 +65,7 @@ def test_secure_round_over_grpc_sums_exactly_the_sites_inputs(fed, caplog):
                                                 "FITTING"]
     assert all(p.seconds > 0 for p in status.phases)
     assert sorted(seen) == fed.sites and list(status.dropped) == []
-    live = fed.manager._rounds["sec-1"]
+    live = fed.manager.context.rounds["sec-1"]
     result = live.session.result
     assert result.included == tuple(fed.sites)
     # The unmasked sum is exactly the sum of the sites' inputs (statistics + noise shares).
@@ -150,7 +150,7 @@ def test_k_minus_t_dropouts_after_keys_still_give_the_sum_one_more_fails(tmp_pat
         coordinator = fed.coordinator()
         coordinator.start_round(fed.spec(t=2, quorum=2, deadline_s=8))
         _through_keys(drivers)
-        live = fed.manager._rounds["sec-1"]
+        live = fed.manager.context.rounds["sec-1"]
         assert live.secure.config.threshold == 3
         dropped = fed.sites[:drop]
         survivors = fed.sites[drop:]
@@ -333,7 +333,7 @@ def test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step(fe
         assert status.state == wanted, status.message
     # Nothing rejected changed anything: every site is in the sum, each ledger holds one
     # release, and the aggregator recorded exactly those.
-    assert fed.manager._rounds["sec-1"].session.result.included == tuple(fed.sites[:3])
+    assert fed.manager.context.rounds["sec-1"].session.result.included == tuple(fed.sites[:3])
     for s in fed.sites[:3]:
         assert _spent(fed, s) == (pytest.approx(EPSILON), ["sec-1"])
     for d in drivers.values():
@@ -365,7 +365,7 @@ def test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay(tmp_pat
             drivers[s].send(before[s])
         fed.server.stop(0)
         fed.start_aggregator()
-        live = fed.manager._rounds["sec-1"]
+        live = fed.manager.context.rounds["sec-1"]
         assert live.step == restart_in and sorted(live.answers or live.contributions) == \
             fed.sites[:2]
         for d in drivers.values():
@@ -400,7 +400,7 @@ def test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay(tmp_pat
                 assert d.step()[0] == phase
         status = wait_state(fed.manager, "sec-1", FINAL, 15)
         assert status.state == pb.RoundStatus.DONE, status.message
-        result = fed.manager._rounds["sec-1"].session.result
+        result = fed.manager.context.rounds["sec-1"].session.result
         assert np.array_equal(result.vector, fp.wrap_sum([seen[s][1] for s in fed.sites]))
         assert [c.site_id for c in fed.manager.store.contributions("sec-1")] == fed.sites
         for s in fed.sites:
@@ -556,7 +556,7 @@ def test_a_site_restarted_before_release_drops_out_and_one_after_release_is_coun
         status = wait_state(fed.manager, "sec-1", FINAL, 15)
         assert status.state == pb.RoundStatus.DONE, status.message
         assert list(status.dropped) == ["site-a"]
-        result = fed.manager._rounds["sec-1"].session.result
+        result = fed.manager.context.rounds["sec-1"].session.result
         assert result.included == ("site-b", "site-c", "site-d", "site-e")
         assert np.array_equal(result.vector,
                               fp.wrap_sum([seen[s][1] for s in result.included]))
@@ -582,7 +582,7 @@ def test_a_site_refuses_relayed_identity_keys_the_coordinator_did_not_sign(fed):
     for d in drivers.values():
         d.step()
     pushed = drivers["site-a"].next()
-    spec = fed.manager._rounds["sec-1"].spec
+    spec = fed.manager.context.rounds["sec-1"].spec
     assert dict(spec.site_key_ids) == {s: fed.site_keys[s].key_id for s in fed.sites[:3]}
     notice = parse_canonical(pushed.payload, "dpfed.v1.PhaseNotice")
     keys = secure_round.decode_keys(notice.body)
@@ -610,7 +610,7 @@ def test_the_sum_is_never_unmasked_with_fewer_than_T_plus_c_contributions(tmp_pa
         drivers = _drivers(fed)
         fed.coordinator().start_round(fed.spec(t=3, colluders=1, quorum=1, deadline_s=6))
         _through_keys(drivers)
-        live = fed.manager._rounds["sec-1"]
+        live = fed.manager.context.rounds["sec-1"]
         assert (live.secure.config.min_contributors, live.secure.config.threshold) == (4, 4)
         assert (live.secure.config.colluders, live.secure.config.quorum) == (1, 4)
         for s in fed.sites[2:]:

@@ -111,7 +111,7 @@ def test_a_site_killed_after_its_masked_release_is_counted_once(sites_as_process
     status = coordinator.wait("sec-1", 40, poll_s=0.1)
     assert status.state == pb.RoundStatus.DONE, status.message
     assert list(status.dropped) == []
-    result = fed.manager._rounds["sec-1"].session.result
+    result = fed.manager.context.rounds["sec-1"].session.result
     assert result.included == tuple(fed.sites)
     held = {c.site_id: c for c in fed.manager.store.contributions("sec-1")}
     assert sorted(held) == fed.sites
