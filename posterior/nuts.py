@@ -1,5 +1,6 @@
-"""NUTS (PyMC) on the PyMC definitions of the models (``posterior.model``): the reference
-sampler, and the fallback of the default Laplace fit when it refuses (``posterior.fit``).
+"""NUTS (Hoffman & Gelman 2014; PyMC's sampler) on the PyMC definitions of the models
+(``posterior.model``): the reference sampler, and the fallback of the default Laplace fit when
+it refuses (``posterior.fit``).
 
 - ``fit_exact``: the exact model of method.md section 1 (``build_model``; exact and plug-in
   statistics), started at the variational fit (``posterior.advi.variational_init``);
