@@ -206,3 +206,56 @@ def test_min_glibc_is_the_newest_of_each_wheels_oldest_tag():
     assert bundle.min_glibc(["pycparser-3.12-py3-none-any.whl"]) is None
     assert bundle._wheel_fields("typing_extensions-4.16.0-py3-none-any.whl")[:2] == \
         ("typing-extensions", "4.16.0")
+
+
+def test_a_manylinux_target_takes_every_older_manylinux_wheel():
+    tags = bundle.expand_platforms(["manylinux_2_28_x86_64"])
+    assert tags[0] == "manylinux_2_28_x86_64" and tags.count("manylinux_2_17_x86_64") == 1
+    assert {"manylinux_2_5_x86_64", "manylinux2014_x86_64", "manylinux2010_x86_64",
+            "manylinux1_x86_64"} <= set(tags)
+    assert "manylinux_2_29_x86_64" not in tags
+    assert bundle.expand_platforms(["win_amd64", "manylinux2014_aarch64"]) == \
+        ["win_amd64", "manylinux2014_aarch64"]
+
+
+def _other_python() -> str | None:
+    """A CPython of another minor version than this one, with venv (pyenv's, Debian's)."""
+    here = sys.version_info[:2]
+    for minor in (12, 13, 11, 10):
+        if (3, minor) == here:
+            continue
+        for path in (shutil.which(f"python3.{minor}"),
+                     *Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}")):
+            if path and subprocess.run([str(path), "-c", "import venv, ensurepip"],
+                                       capture_output=True).returncode == 0:
+                return str(path)
+    return None
+
+
+@pytest.mark.slow
+def test_a_bundle_for_another_python_and_platform_installs_there(tmp_path):
+    other = _other_python()
+    if other is None:
+        pytest.skip("no CPython of another minor version with venv on this machine")
+    version = subprocess.run([other, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                             capture_output=True, text=True).stdout.strip()
+    out = subprocess.run([sys.executable, "-m", "dpfed_apps.cli", "bundle", "--role",
+                          "coordinator", "--python-version", version, "--platform",
+                          "manylinux_2_28_x86_64", "--out", str(tmp_path / "b"), "--json"],
+                         capture_output=True, text=True, timeout=1800,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if out.returncode == exitcodes.UNAVAILABLE and os.environ.get("CI") != "true":
+        pytest.skip("no package index reachable: " + out.stderr[-500:])
+    assert out.returncode == 0, out.stderr[-3000:]
+    manifest = json.loads(out.stdout)
+    tag = "cp" + version.replace(".", "")
+    assert manifest["python_version"] == version
+    assert tuple(map(int, manifest["min_glibc"].split("."))) <= (2, 28)
+    assert any(tag in w["file"] for w in manifest["wheels"])      # numpy, grpcio: its ABI
+    subprocess.run([other, "-m", "venv", str(tmp_path / "venv")], check=True, timeout=300)
+    env = offline_env({"PATH": f"{tmp_path / 'venv' / 'bin'}:/usr/bin:/bin",
+                       "HOME": str(tmp_path)})
+    done = _bash("\n".join(bundle.INSTALL_LINES) + "\ndpfed choose-bounds --n 200 --d 3 "
+                 "--epsilon 1 --datasets 2 --noise-draws 2 --json", env, tmp_path / "b", 900)
+    assert done.returncode == 0, done.stdout[-3000:]
+    assert '"omega_x"' in done.stdout

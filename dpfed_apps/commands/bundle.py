@@ -174,6 +174,26 @@ def _provided_extras(wheel) -> set[str]:
             if line.startswith("Provides-Extra:")}
 
 
+def expand_platforms(platforms) -> list[str]:
+    """The wheel platform tags a target of ``platforms`` accepts: a manylinux_2_Y tag means a
+    glibc 2.Y machine, which also runs every older manylinux wheel (pip expands only the legacy
+    manylinux2014/2010 names by itself)."""
+    import re
+
+    legacy = {v: k for k, v in MANYLINUX_LEGACY.items()}
+    out: list[str] = []
+    for tag in platforms:
+        match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", tag)
+        expanded = [tag]
+        if match:
+            minor, arch = int(match.group(1)), match.group(2)
+            expanded = [f"manylinux_2_{m}_{arch}" for m in range(minor, 4, -1)]
+            expanded += [f"{legacy[(2, m)]}_{arch}" for m in range(minor, 4, -1)
+                         if (2, m) in legacy]
+        out += [t for t in expanded if t not in out]
+    return out
+
+
 def host_platform() -> str:
     import platform
     import sysconfig
@@ -249,7 +269,7 @@ def make_bundle(role: str, out, *, extras=(), python_version=None, platforms=(),
         requirement = f"{wheel}[{','.join(wanted)}]" if wanted else str(wheel)
         if cross:
             # Another target: wheels only (pip cannot build a source package for it).
-            plat = [a for p in platforms for a in ("--platform", p)]
+            plat = [a for p in expand_platforms(platforms) for a in ("--platform", p)]
             _pip(["download", "--quiet", *index, "--only-binary=:all:", "--implementation", "cp",
                   "--python-version", python_version, *plat, "--dest", str(stage), requirement],
                  f"gathering the wheels of {spec}")
