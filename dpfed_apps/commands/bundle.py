@@ -200,7 +200,7 @@ def host_platform() -> str:
 
     libc, version = platform.libc_ver()
     plat = sysconfig.get_platform()
-    return f"{plat} ({libc} {version}, this machine)" if libc else f"{plat} (this machine)"
+    return f"{plat} (this machine: {libc} {version})" if libc else f"{plat} (this machine)"
 
 
 def make_bundle(role: str, out, *, extras=(), python_version=None, platforms=(), source=None,
@@ -343,7 +343,7 @@ INSTALL_LINES = ("sha256sum -c SHA256SUMS",
 
 def install_text(manifest: dict) -> str:
     mb = manifest["bytes"] / 1e6
-    glibc = (f", glibc {manifest['min_glibc']} or newer" if manifest["min_glibc"] else "")
+    glibc = (f"; needs glibc {manifest['min_glibc']} or newer" if manifest["min_glibc"] else "")
     return (
         f"dpfed {manifest['dpfed_version']}, offline bundle of the {manifest['role']} "
         f"({manifest['requirement']})\n"
