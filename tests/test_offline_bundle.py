@@ -114,7 +114,8 @@ def test_installed_site_checks_its_kit_with_no_checkout(installed, tmp_path):
         '[aggregator]\naddress = "127.0.0.1:50051"\n')
     assert run("provision", "--project", "project.toml", "--out", "fed").returncode == 0
     kit = tmp_path / "fed" / "sites" / "hospital-a"
-    assert run("data", "export", "--sites", "hospital-a", "--out", str(kit / "data")).returncode == 0
+    exported = run("data", "export", "--sites", "hospital-a", "--out", str(kit / "data"))
+    assert exported.returncode == 0, exported.stderr
     config = kit / "site.toml"
     config.write_text(config.read_text().replace("data/CHANGE-ME.csv", "data/hospital-a.csv"))
     check = run("site", "check", "--config", str(config))
@@ -167,7 +168,8 @@ def test_bad_arguments_exit_2_and_leave_nothing(tmp_path, capsys):
         (["--role", "site", "--out", str(full)], "not empty"),
         (["--role", "site", "--out", str(full), "--force"], "not a bundle"),
         (["--role", "site", "--out", str(tmp_path / "b"), "--python-version", "3"], "MAJOR.MINOR"),
-        (["--role", "site", "--out", str(tmp_path / "b"), "--platform", "linux x86"], "platform tag"),
+        (["--role", "site", "--out", str(tmp_path / "b"), "--platform", "linux x86"],
+         "platform tag"),
         (["--role", "site", "--out", str(tmp_path / "b"), "--wheel", str(tmp_path / "no.whl")],
          "no such file"),
         (["--role", "site", "--out", str(tmp_path / "b"), "--source", str(tmp_path)],

@@ -1,4 +1,4 @@
-"""dpfed bundle: a folder of every wheel one role needs, with checksums, to install with no network."""
+"""dpfed bundle: every wheel one role needs, with checksums, for an install with no network."""
 
 from __future__ import annotations
 
@@ -343,6 +343,7 @@ INSTALL_LINES = ("sha256sum -c SHA256SUMS",
 
 def install_text(manifest: dict) -> str:
     mb = manifest["bytes"] / 1e6
+    command = "round" if manifest["role"] == "coordinator" else manifest["role"]
     glibc = (f"; needs glibc {manifest['min_glibc']} or newer" if manifest["min_glibc"] else "")
     return (
         f"dpfed {manifest['dpfed_version']}, offline bundle of the {manifest['role']} "
@@ -355,7 +356,7 @@ def install_text(manifest: dict) -> str:
         f"{INSTALL_LINES[0]}\n{INSTALL_LINES[1]}\n\n"
         f"The first line checks every file; the second installs exactly the wheels of\n"
         f"requirements.txt (pinned, with their hashes) and asks no package index.\n"
-        f"Then: dpfed --version; dpfed {manifest['role'] if manifest['role'] != 'coordinator' else 'round'} --help\n")
+        f"Then: dpfed --version; dpfed {command} --help\n")
 
 
 def run(args) -> int:
