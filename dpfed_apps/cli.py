@@ -37,7 +37,8 @@ examples:
   dpfed round start --spec round.toml --config coordinator.toml --wait --log-level WARNING
 
 exit codes: 0 ok, 1 error, 2 usage or config error, 3 round failed, 4 refused,
-            5 peer unreachable, 6 optional extra not installed, 130 interrupted
+            5 peer unreachable, 6 optional extra not installed, 7 audit log broken,
+            130 interrupted
 """
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

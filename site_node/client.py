@@ -26,6 +26,14 @@ Failure handling:
   visible in ``dpfed site ledger``) and not resent again; the budget stays debited: the noise
   was drawn and may have left the site.
 
+The audit log (dpfed.audit, docs/audit.md) is written here, at the wire: every pushed
+message as received, before the node sees it, and every answer as sent, right before the call
+that sends it (a resend, or a re-signed release, is one more entry with its own digest), so
+each entry's message digest is that of the bytes that crossed the wire, the digest the
+aggregator records. A release is in the ledger before its entry is written; if the audit
+log cannot be written the client stops (fail closed, AuditError ends ``run``): nothing more is
+answered or sent, and a stored release is resent, with its entry, after a restart.
+
 The client is the transport only: it asks the node it is given (``SiteNode``, or anything
 with the methods of ``AnsweringNode``) for every answer and imports nothing of site_node above
 the shared vocabulary (site_node.messages) and the ledger's errors. ``site_node.node`` builds
@@ -43,6 +51,7 @@ from typing import TYPE_CHECKING, Protocol
 import grpc
 
 from dpfed import faults
+from dpfed.audit import RECEIVED, SENT, AuditError, AuditLog, describe
 from dpfed.transport import client_channel
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
@@ -72,6 +81,7 @@ class AnsweringNode(Protocol):
 
     config: SiteConfig
     ledger: PrivacyLedger
+    audit: AuditLog | None
 
     def hello(self) -> pb.SignedEnvelope:
         """The signed SiteHello that opens the round stream and asks for the history."""
@@ -125,6 +135,8 @@ class SiteClient:
         self._call = None
         self._call_lock = threading.Lock()
         self.rounds_handled = 0
+        # How the audit log names the peer (one aggregator).
+        self.peer = f"aggregator@{node.config.server_name or node.config.aggregator}"
 
     # -- lifecycle -------------------------------------------------------------------------
     def stop(self) -> None:
@@ -221,6 +233,8 @@ class SiteClient:
         """Answer one pushed message (a spec asking for consent, or a release notice) and
         send the answer."""
         notice = pushed.payload_type == PHASE_NOTICE
+        received = self.audit(RECEIVED, pushed,
+                              phase="consent" if pushed.payload_type == ROUND_SPEC else "")
         try:
             if notice:
                 answer = self.node.handle_notice(pushed)
@@ -238,15 +252,35 @@ class SiteClient:
         if answer is None:
             return
         self.rounds_handled += 1
+        phase = received.phase if received is not None else ""
         if answer.payload_type == CONTRIBUTION:
             faults.crash_point("after_debit")   # test hook (dpfed.faults)
             self.send_contribution(stub, answer)
         elif answer.payload_type == REFUSAL:
-            self.send_refusal(stub, answer)
+            self.send_refusal(stub, answer, phase=phase)
         elif answer.payload_type == PHASE_MESSAGE:
             self.send_phase(stub, answer)
         else:  # pragma: no cover - the node only returns these
             raise TypeError(f"unexpected answer type {answer.payload_type}")
+
+    # -- the audit log -------------------------------------------------------------------------
+    def audit(self, direction: str, envelope: pb.SignedEnvelope, *, message=None,
+              phase: str = ""):
+        """Append ``envelope`` to the node's audit log; return its Record (None without a
+        log). AuditError: the client stops (fail closed) and the error ends ``run``."""
+        audit = getattr(self.node, "audit", None)
+        if audit is None:
+            return None
+        record = describe(direction, envelope, peer=self.peer, message=message, phase=phase)
+        try:
+            audit.append(record)
+        except AuditError as exc:
+            log.error("%s. The site stops answering (fail closed): nothing more is sent until "
+                      "the audit log can be written again (disk space, permissions) and the "
+                      "site is restarted; stored releases are resent then", exc)
+            self._stop.set()
+            raise
+        return record
 
     # -- sending -------------------------------------------------------------------------------
     def resend_pending(self, stub) -> None:
@@ -256,7 +290,9 @@ class SiteClient:
             self.send_contribution(stub, self.node.fresh_envelope(release))
 
     def send_contribution(self, stub, envelope: pb.SignedEnvelope) -> bool:
-        round_id = parse_canonical(envelope.payload, CONTRIBUTION).round_id
+        contribution = parse_canonical(envelope.payload, CONTRIBUTION)
+        round_id = contribution.round_id
+        self.audit(SENT, envelope, message=contribution)
         self.node.ledger.mark_sent(round_id)
         try:
             reply = self._with_retries(stub.Contribute, envelope, f"Contribute({round_id})")
@@ -287,6 +323,7 @@ class SiteClient:
         pushes the spec again after a reconnect while the consent phase lasts, and a round
         past its consent phase simply goes on without this site (nothing was spent)."""
         message = parse_canonical(envelope.payload, PHASE_MESSAGE)
+        self.audit(SENT, envelope, message=message)
         try:
             self._with_retries(stub.SendPhase, envelope, f"SendPhase({message.round_id})")
         except grpc.RpcError as exc:
@@ -298,8 +335,9 @@ class SiteClient:
         log.info("sent %s for round %s", message.phase, message.round_id)
         faults.crash_point(f"after_{message.phase}")   # after_consent, after_advertise, ... (dpfed.faults)
 
-    def send_refusal(self, stub, envelope: pb.SignedEnvelope) -> None:
+    def send_refusal(self, stub, envelope: pb.SignedEnvelope, *, phase: str = "") -> None:
         refusal = parse_canonical(envelope.payload, REFUSAL)
+        self.audit(SENT, envelope, message=refusal, phase=phase)
         try:
             self._with_retries(stub.Refuse, envelope, f"Refuse({refusal.round_id})")
         except grpc.RpcError as exc:

@@ -13,6 +13,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dpfed.audit import default_path as default_audit_path
 from dpfed.configkeys import check_keys
 from dpfed.transport import TlsFiles
 
@@ -28,7 +29,7 @@ class ConfigError(ValueError):
 # Every key site.toml may have, per table; anything else is an error naming the nearest one
 # (dpfed.configkeys). [data.columns] maps free model names and is not checked.
 TOP_KEYS = frozenset({"site_id", "aggregator", "state_db", "signing_key", "server_name",
-                      "insecure", "tls", "data", "policy"})
+                      "insecure", "tls", "data", "policy", "audit_log"})
 TLS_KEYS = frozenset({"ca_cert", "cert", "key"})
 DATA_KEYS = frozenset({"path", "format", "id_column", "columns", "max_bytes", "log_patient_ids"})
 # allow_replace_one: parsed by the neighbouring-relation work (site_node.policy), allowed here.
@@ -98,6 +99,13 @@ class SiteConfig:
     # Dotted keys the file set (e.g. "policy.min_n"); every other setting is a default
     # (``dpfed site check`` marks them).
     explicit: frozenset[str] = frozenset()
+    # The audit log of what the site receives and sends (dpfed.audit; docs/audit.md).
+    # Default: next to state_db (ledger.sqlite -> ledger.audit.sqlite).
+    audit_log: Path | None = None
+
+    @property
+    def audit_path(self) -> Path:
+        return self.audit_log or default_audit_path(self.state_db)
 
 
 def load_config(path: str | Path, *, insecure: bool = False) -> SiteConfig:
@@ -130,6 +138,7 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
     if ":" not in aggregator:
         raise ConfigError(f"{where}: key 'aggregator' must be host:port, got {aggregator!r}")
     state_db = r.path("state_db")
+    audit_log = r.path("audit_log") if "audit_log" in raw else default_audit_path(state_db)
     signing_key = r.path("signing_key", must_exist=True)
     cli_insecure = insecure
     insecure = r.boolean("insecure", default=False)
@@ -205,7 +214,8 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
                             if isinstance(raw.get(t), dict) for k in raw[t])])
     return SiteConfig(site_id=site_id, aggregator=aggregator, state_db=state_db,
                       signing_key=signing_key, data=data, policy=policy, tls=tls,
-                      server_name=server_name, source=source, explicit=explicit)
+                      server_name=server_name, source=source, explicit=explicit,
+                      audit_log=audit_log)
 
 
 class _Reader:

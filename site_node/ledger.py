@@ -457,6 +457,21 @@ class PrivacyLedger:
             conn.execute("UPDATE releases SET sent = 1, last_error = ? WHERE round_id = ?",
                          (message or "rejected", round_id))
 
+    # -- the audit log's anchor (dpfed.audit, docs/audit.md) ------------------------------
+    def record_audit_head(self, seq: int, head: str) -> None:
+        """Keep the audit log's latest signed head (``head``: dpfed.audit.Head.to_json) here
+        too, outside the log: a log later found to end before it was truncated or replaced.
+        An older head never replaces a newer one."""
+        with self._transaction():
+            stored = self._meta("audit_head_seq")
+            if stored is None or int(stored) < seq:
+                self._set_meta("audit_head_seq", str(int(seq)))
+                self._set_meta("audit_head", head)
+
+    def audit_head(self) -> str | None:
+        """The audit head kept by ``record_audit_head``, or None."""
+        return self._meta("audit_head")
+
     def summary(self) -> dict:
         """Everything ``dpfed site ledger`` shows (no private data: epsilons, n, flags)."""
         total = self.total_epsilon

@@ -48,6 +48,7 @@ import threading
 
 from dpfed import __version__
 from dpfed import secure_round
+from dpfed.audit import AuditLog
 from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
 from dpfed.sensitivity import row_norm_bound
@@ -86,12 +87,19 @@ class SiteNode:
     """One hospital's node: its config, signing key, coordinator keys and privacy ledger."""
 
     def __init__(self, config: SiteConfig, *, signing_key: SigningKey | None = None,
-                 ledger: PrivacyLedger | None = None):
+                 ledger: PrivacyLedger | None = None, audit: AuditLog | None = None):
         self.config = config
         self.signing_key = signing_key or SigningKey.load(config.signing_key)
         self.trusted = site_policy.trusted_keys(config.policy.trusted_coordinators)
         self.ledger = ledger or PrivacyLedger(config.state_db, site_id=config.site_id,
                                               total_epsilon=config.policy.total_epsilon)
+        # The audit log of every request received and answer sent (dpfed.audit), written by
+        # the client at the wire (site_node.client) with this node's key; its latest signed
+        # head is also kept in the ledger, so a truncated log is detected (docs/audit.md).
+        # AuditError here: the site does not start (fail closed).
+        self.audit = audit or AuditLog(
+            config.audit_path, party=config.site_id, signing_key=self.signing_key,
+            on_head=lambda head: self.ledger.record_audit_head(head.seq, head.to_json()))
         # One round at a time in this process; other processes are kept out by the ledger's
         # write lock.
         self._lock = threading.Lock()

@@ -325,6 +325,12 @@ min_n = 20
     for db in tmp_path.glob("agg.sqlite*"):
         blob = db.read_bytes()
         assert b"SENTINEL" not in blob and b"7319.42" not in blob, db
+    # The audit logs (docs/audit.md): the site's, with every refusal reason it sent.
+    audit_files = list(tmp_path.glob("**/*.audit.sqlite*"))
+    assert any("site" in str(f) for f in audit_files), audit_files
+    for db in audit_files:
+        blob = db.read_bytes()
+        assert b"SENTINEL" not in blob and b"7319.42" not in blob, db
 
 
 def test_log_patient_ids_is_an_explicit_switch(tmp_path):

@@ -62,6 +62,13 @@ class SigningKey:
         return pb.SignedEnvelope(payload=payload, signature=signature, key_id=self.key_id,
                                  payload_type=type_name)
 
+    def sign_detached(self, type_name: str, data: bytes) -> bytes:
+        """The signature of ``data`` as a ``type_name`` (same domain prefix as ``sign``) for
+        bytes that are not a dpfed.v1 payload, e.g. an audit log's head (dpfed.audit). A
+        ``type_name`` outside dpfed.v1's payload types keeps such a signature from ever
+        verifying as an envelope's: ``verify`` checks the envelope's type first."""
+        return self.private_key.sign(_signed_bytes(type_name, data))
+
     # Key files: PKCS#8 PEM private key (owner-only permissions), SubjectPublicKeyInfo PEM public key.
     def save(self, private_path: str | Path, public_path: str | Path | None = None) -> None:
         private_path = Path(private_path)
@@ -108,6 +115,15 @@ def verify(envelope: pb.SignedEnvelope, trusted: dict[str, Ed25519PublicKey],
         raise SignatureError(f"unknown signing key {envelope.key_id[:16] or '(none)'}")
     verify_signature(envelope, public_key, expected_type)
     return parse_canonical(envelope.payload, expected_type)
+
+
+def verify_detached(public_key: Ed25519PublicKey, type_name: str, data: bytes,
+                    signature: bytes) -> None:
+    """Check a ``SigningKey.sign_detached`` signature; raises SignatureError otherwise."""
+    try:
+        public_key.verify(signature, _signed_bytes(type_name, data))
+    except InvalidSignature:
+        raise SignatureError(f"bad signature on {type_name}") from None
 
 
 def verify_signature(envelope: pb.SignedEnvelope, public_key: Ed25519PublicKey,

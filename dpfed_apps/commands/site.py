@@ -8,6 +8,8 @@ examples:
     dpfed site ledger --raise-total --config site.toml
                                            record a raise of policy.total_epsilon (who, when)
     dpfed site check  --config site.toml   validate config, keys and data; releases nothing
+    dpfed site audit  --config site.toml --verify
+                                           show the audit log and check its chain and signatures
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from datetime import datetime, timezone
 
 from dpfed import exitcodes, jsonsafe
 from dpfed_apps.commands import add_command
+from dpfed_apps.commands.audit import add_audit_arguments, show_audit
 
 log = logging.getLogger("dpfed.site")
 
@@ -88,6 +91,23 @@ def register(subparsers) -> None:
     check.add_argument("--json", action="store_true", help="one JSON object on stdout")
     check.set_defaults(func=cmd_check)
 
+    audit = sub.add_parser(
+        "audit", help="show and verify the audit log (every request received, answer sent)",
+        description="Show the site's audit log: every request the site received and every answer "
+                    "it sent (time, direction, kind, round, phase, peer, outcome or reason, "
+                    "epsilon, message digest), hash-chained and signed by the site's key. No "
+                    "data value, row count or patient id is in it (docs/audit.md).",
+        epilog="examples:\n  dpfed site audit --config site.toml\n"
+               "  dpfed site audit --config site.toml --verify\n"
+               "      exit 0 and 'chain intact: N entries, head signed by <key id>'; exit 7 and "
+               "the first\n      edited, deleted or reordered entry, or forged head, otherwise\n"
+               "  dpfed site audit --config site.toml --round r-42 --json\n"
+               "  dpfed site audit --config site.toml --verify --against aggregator.audit.sqlite\n"
+               "      also match every message with the aggregator's log (same message digests)")
+    add_audit_arguments(audit)
+    audit.add_argument("--config", required=True, help="site.toml")
+    audit.set_defaults(func=cmd_audit)
+
     parser.set_defaults(func=lambda args: (parser.print_help(), exitcodes.USAGE)[1])
 
 
@@ -101,6 +121,7 @@ def _load(path, *, insecure: bool = False):
 
 
 def cmd_serve(args) -> int:
+    from dpfed.audit import AuditError
     from site_node.client import SiteClient
     from site_node.ledger import BudgetRaise, LedgerError
     from site_node.node import LedgerMismatch, SiteNode
@@ -129,7 +150,7 @@ def cmd_serve(args) -> int:
     except BudgetRaise as exc:
         print(f"dpfed site serve: {exc}", file=sys.stderr)
         return exitcodes.REFUSED
-    except LedgerError as exc:
+    except (LedgerError, AuditError) as exc:
         print(f"dpfed site serve: {exc}", file=sys.stderr)
         return exitcodes.ERROR
     except (OSError, ValueError) as exc:  # unreadable key files
@@ -149,6 +170,10 @@ def cmd_serve(args) -> int:
     except LedgerMismatch as exc:
         print(f"dpfed site serve: {exc}", file=sys.stderr)
         return exitcodes.REFUSED
+    except AuditError as exc:   # fail closed: the site answers nothing it cannot record
+        print(f"dpfed site serve: {exc}; the site stopped answering (nothing more was sent)",
+              file=sys.stderr)
+        return exitcodes.ERROR
     return exitcodes.OK
 
 
@@ -490,3 +515,33 @@ def cmd_check(args) -> int:
         return exitcodes.USAGE
     print("ok: nothing was released")
     return exitcodes.OK
+
+
+def cmd_audit(args) -> int:
+    """``dpfed site audit``: the site's audit log, its key from site.toml's signing_key and
+    the head its privacy ledger keeps (dpfed_apps.commands.audit.show_audit)."""
+    from dpfed.audit import Head
+    from dpfed.wire.signing import SigningKey
+    from site_node.ledger import LedgerError, PrivacyLedger
+
+    config, error = _load(args.config, insecure=True)
+    if error:
+        print(f"dpfed site audit: {error}", file=sys.stderr)
+        return exitcodes.USAGE
+    try:
+        key = SigningKey.load(config.signing_key)
+    except (OSError, ValueError) as exc:
+        print(f"dpfed site audit: signing_key {config.signing_key}: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    anchor = None
+    if config.state_db.exists():
+        try:
+            with PrivacyLedger(config.state_db) as ledger:
+                kept = ledger.audit_head()
+            anchor = Head.from_json(kept) if kept else None
+        except (LedgerError, ValueError, KeyError) as exc:
+            print(f"dpfed site audit: the ledger's copy of the audit head is unreadable: {exc}",
+                  file=sys.stderr)
+            return exitcodes.AUDIT_FAILED if args.verify else exitcodes.ERROR
+    return show_audit(args, "dpfed site audit", config.audit_path, {key.key_id: key.public_key},
+                      anchor=anchor, anchor_where=f"the privacy ledger {config.state_db}")
