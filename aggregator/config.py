@@ -10,6 +10,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpfed.audit import default_path as default_audit_path
 from dpfed.configkeys import check_keys
 from dpfed.transport import TlsFiles
 
@@ -22,7 +23,7 @@ class ConfigError(ValueError):
 # nearest valid key (dpfed.configkeys).
 TOP_KEYS = frozenset({"listen", "state_db", "insecure", "tls", "max_clock_skew_s", "sites",
                       "coordinators", "max_workers", "max_streams", "max_concurrent_rpcs",
-                      "skip_fit", "grace_s", "signing_key"})
+                      "skip_fit", "grace_s", "signing_key", "audit_log"})
 TLS_KEYS = frozenset({"ca_cert", "cert", "key", "crl"})
 ENTRY_KEYS = {"sites": frozenset({"site_id", "public_key"}),
               "coordinators": frozenset({"coordinator_id", "public_key"})}
@@ -77,6 +78,13 @@ class AggregatorConfig:
     # the signature against the key id the coordinator pinned (RoundSpec.aggregator_key_id).
     # None: no secure round can run (StartRound of a secure spec is refused).
     signing_key: Path | None = None
+    # The audit log of every round message received and pushed (aggregator.audit, signed
+    # with signing_key; none without one). Default: next to state_db.
+    audit_log: Path | None = None
+
+    @property
+    def audit_path(self) -> Path:
+        return self.audit_log or default_audit_path(self.state_db)
 
 
 def _entries(items, id_key: str, base: Path, what: str) -> tuple[KeyEntry, ...]:
@@ -177,6 +185,7 @@ def config_from_dict(raw: dict, base_dir: str | Path = ".", *,
         skip_fit=bool(raw.get("skip_fit", False)),
         grace_s=float(raw.get("grace_s", 5.0)),
         signing_key=_signing_key_path(raw, base),
+        audit_log=base / raw["audit_log"] if "audit_log" in raw else None,
     )
 
 

@@ -14,8 +14,10 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dpfed import faults
+from dpfed.audit import AuditError
 from dpfed.transport import SERVER_OPTIONS, add_server_port
 
+from aggregator.audit import AuditTrail
 from aggregator.config import AggregatorConfig, load_config, stream_limit
 from aggregator.registry import Registry
 from aggregator.rounds import RoundManager
@@ -66,6 +68,7 @@ class AggregatorServer:
         self.registry = Registry.from_config(config)
         self.signing_key = load_signing_key(config)
         self.store: RoundStore | None = None
+        self.audit: AuditTrail | None = None
         self.manager: RoundManager | None = None
         self.server: grpc.aio.Server | None = None
         self.health: health.aio.HealthServicer | None = None
@@ -95,6 +98,12 @@ class AggregatorServer:
         self.manager = RoundManager(self.store, self.registry, max_clock_skew_s=cfg.max_clock_skew_s,
                                     skip_fit=cfg.skip_fit, signing_key=self.signing_key)
         self.manager.recover()
+        if self.signing_key is not None:
+            try:   # fail closed: no start without a writable audit log
+                self.audit = AuditTrail(cfg.audit_path, signing_key=self.signing_key)
+            except AuditError:
+                self.store.close()
+                raise
         self._executor = futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
                                                     thread_name_prefix="grpc")
         self._loop = asyncio.new_event_loop()
@@ -106,13 +115,15 @@ class AggregatorServer:
         except BaseException:
             self._close_loop()
             self.store.close()
+            if self.audit is not None:
+                self.audit.close()
             raise
         log.info("aggregator listening on port %d with %d site(s) and %d coordinator(s) "
                  "registered; state in %s; %s", self.port, len(self.registry.sites),
                  len(self.registry.coordinator_keys), cfg.state_db,
-                 f"signs secure-aggregation messages with key {self.signing_key.key_id}"
-                 if self.signing_key is not None else
-                 "no signing_key: secure rounds are refused")
+                 f"signs secure-aggregation messages and its audit log {cfg.audit_path} with key "
+                 f"{self.signing_key.key_id}" if self.signing_key is not None else
+                 "no signing_key: secure rounds are refused and no audit log is kept")
         return self.port
 
     async def _start(self) -> int:
@@ -126,6 +137,7 @@ class AggregatorServer:
                                       max_streams=stream_limit(cfg),
                                       require_identity=not cfg.insecure)
         servicer.revocation = self.revocation     # [tls] crl (aggregator.identity)
+        servicer.audit = self.audit               # aggregator.audit (None: no signing_key)
         add_to_server(servicer, self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
@@ -147,6 +159,8 @@ class AggregatorServer:
         self._run(self._stop(self.config.grace_s if grace is None else grace))
         self._close_loop()
         self.store.close()
+        if self.audit is not None:
+            self.audit.close()      # what was queued is committed first
         self.server = None
         log.info("aggregator stopped")
 

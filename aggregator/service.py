@@ -26,6 +26,7 @@ from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
 from dpfed.wire.limits import clip_text
 
 from aggregator import identity
+from aggregator.audit import audited
 from aggregator.rounds import Rejected, RoundManager
 
 log = logging.getLogger(__name__)
@@ -265,6 +266,8 @@ def add_to_server(servicer: AggregatorServicer, server: grpc.aio.Server) -> None
     for m in SERVICE.methods:
         request_class = GetMessageClass(m.input_type)
         fn = _parsing(m.name, getattr(servicer, m.name), request_class, m.server_streaming)
+        # The audit log (aggregator.audit): round messages received and pushed, by digest.
+        fn = audited(getattr(servicer, "audit", None), m.name, fn, m.server_streaming)
         serialize = GetMessageClass(m.output_type).SerializeToString
         make = (grpc.unary_stream_rpc_method_handler if m.server_streaming
                 else grpc.unary_unary_rpc_method_handler)

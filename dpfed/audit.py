@@ -34,17 +34,20 @@ anyone who can write the file can drop them, which is what the chain is for).
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
+import math
 import sqlite3
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from json.encoder import encode_basestring_ascii as _encode_string
 from pathlib import Path
 
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire import limits
-from dpfed.wire.canonical import CanonicalError, digest, parse_canonical
+from dpfed.wire.canonical import digest
 from dpfed.wire.signing import SignatureError, SigningKey, verify_detached
 
 __all__ = ["AuditError", "AuditLog", "Contents", "GENESIS", "HEAD_TYPE", "Head", "Problem",
@@ -140,79 +143,125 @@ def message_digest(envelope: pb.SignedEnvelope) -> str:
     return hashlib.sha256(envelope.SerializeToString(deterministic=True)).hexdigest()
 
 
-def describe(direction: str, envelope: pb.SignedEnvelope, *, peer: str,
+def describe(direction: str, envelope: pb.SignedEnvelope, *, peer: str | None,
              message=None, phase: str = "", outcome: str = "",
-             wire_digest: str | None = None) -> Record:
-    """The Record of ``envelope`` crossing the wire in ``direction`` with ``peer``.
+             wire_digest: str | None = None, release_digest: bool = True) -> Record:
+    """The Record of ``envelope`` crossing the wire in ``direction`` with ``peer`` (None: the
+    site_id or coordinator_id the message names, for a party with many peers).
 
-    ``message``: the payload, if the caller has parsed it already (the aggregator's hot path);
+    ``message``: the payload, if the caller has parsed it already (a dpfed.v1 message, or
+    the dict of its canonical JSON); otherwise the payload is read as plain JSON, not
+    validated: the log records what arrived, the party's own checks judge it (``outcome``).
     ``phase``: the phase the message belongs to, where the message does not say (a refusal
     answers a consent or a release request); ``outcome``: what the recording party decided
     about a message it received (e.g. the aggregator's "accepted"), default: for a message
     sent, what it is (consent, release, refusal, or the secure step's phase);
-    ``wire_digest``: the message digest if already computed from the received bytes.
+    ``wire_digest``: the message digest if already computed from the received bytes;
+    ``release_digest``: compute a contribution's statistics digest (the site does; the
+    aggregator's entries name the message digest, which covers the statistics too).
 
     Only identifiers, digests, the phase, the epsilon and a refusal's reason (which the
     message carried anyway) are kept: never the statistics, n or anything from the data."""
     type_name = envelope.payload_type
-    base = dict(direction=direction, peer=limits.clip_text(peer, limits.MAX_TEXT_CHARS),
-                signer=limits.clip_text(envelope.key_id, limits.MAX_KEY_ID_CHARS),
+    base = dict(direction=direction, signer=_clip(envelope.key_id, limits.MAX_KEY_ID_CHARS),
                 message_digest=wire_digest or message_digest(envelope), outcome=outcome,
-                phase=limits.clip_text(phase, 32))
+                phase=_clip(phase, 32), peer=_clip(peer or "", limits.MAX_TEXT_CHARS))
     if message is None:
         try:
-            message = parse_canonical(envelope.payload, type_name)
-        except CanonicalError:
+            message = json.loads(envelope.payload)
+        except ValueError:
+            message = None
+        if not isinstance(message, dict):
             return Record(kind="malformed", **base)
+    get = message.get if isinstance(message, dict) else (
+        lambda name, default="": getattr(message, name, default))
+    if peer is None:
+        base["peer"] = _clip(get("site_id", "") or get("coordinator_id", ""), limits.MAX_ID_CHARS)
     kind = _KINDS.get(type_name, "other")
     if kind == "other":
         return Record(kind=kind, **base)
-    base["round_id"] = limits.clip_id(getattr(message, "round_id", ""))
+    base["round_id"] = _clip(get("round_id", ""), limits.MAX_ID_CHARS)
     if kind == "spec":
         return Record(kind=kind, spec_digest=digest(envelope.payload),
-                      epsilon=float(message.epsilon), **base)
+                      epsilon=_number(get("epsilon", 0.0)), **base)
     if kind == "hello":
         base["round_id"] = ""
         return Record(kind=kind, **base)
-    spec_digest = limits.clip_text(message.spec_digest, 64)
+    spec_digest = _clip(get("spec_digest", ""), 64)
     if kind == "notice":
-        base["phase"] = limits.clip_text(message.phase, 32)
-        if message.spec_envelope:
+        base["phase"] = _clip(get("phase", ""), 32)
+        spec_envelope = get("spec_envelope", b"")
+        if spec_envelope:
             try:
-                spec = pb.SignedEnvelope.FromString(message.spec_envelope)
+                if isinstance(spec_envelope, str):
+                    spec_envelope = base64.b64decode(spec_envelope)
+                spec = pb.SignedEnvelope.FromString(spec_envelope)
                 spec_digest = spec_digest or digest(spec.payload)
-                base["signer"] = limits.clip_text(spec.key_id, limits.MAX_KEY_ID_CHARS)
-            except Exception:  # noqa: BLE001 - a label only; the node judges the notice
+                base["signer"] = _clip(spec.key_id, limits.MAX_KEY_ID_CHARS)
+            except Exception:  # noqa: BLE001 - a label only; the party judges the notice
                 pass
         return Record(kind=kind, spec_digest=spec_digest, **base)
     if kind == "phase":
-        base["phase"] = limits.clip_text(message.phase, 32)
+        base["phase"] = _clip(get("phase", ""), 32)
         if direction == SENT and not outcome:
             base["outcome"] = base["phase"]
         return Record(kind=kind, spec_digest=spec_digest, **base)
     if kind == "refusal":
         if direction == SENT and not outcome:
             base["outcome"] = "refusal"
-        return Record(kind=kind, spec_digest=spec_digest, reason=limits.clip_text(message.reason),
-                      epsilon=float(message.epsilon_spent), **base)
-    # A contribution: the digest of its statistics bytes (what the ledger and the aggregator's
-    # store hold), never the statistics or n.
+        return Record(kind=kind, spec_digest=spec_digest, reason=_clip(get("reason", ""),
+                                                                        limits.MAX_REASON_CHARS),
+                      epsilon=_number(get("epsilon_spent", 0.0)), **base)
+    # A contribution: the digest of its statistics bytes, or of its masked input in a secure
+    # round (what the ledger and the aggregator's store hold), never the statistics or n.
     base["phase"] = base["phase"] or "release"
     if direction == SENT and not outcome:
         base["outcome"] = "release"
-    return Record(kind=kind, spec_digest=spec_digest,
-                  release_digest=hashlib.sha256(message.statistics).hexdigest(),
-                  epsilon=float(message.epsilon_spent), **base)
+    released = ""
+    if release_digest:
+        # The noisy statistics, or a secure round's masked input (statistics empty).
+        statistics = get("statistics", b"") or get("masked", b"")
+        try:
+            if isinstance(statistics, str):
+                statistics = base64.b64decode(statistics)
+            released = hashlib.sha256(statistics).hexdigest()
+        except (ValueError, TypeError):
+            released = ""
+    return Record(kind=kind, spec_digest=spec_digest, release_digest=released,
+                  epsilon=_number(get("epsilon_spent", 0.0)), **base)
+
+
+def _clip(value, limit: int) -> str:
+    return limits.clip_text(value if isinstance(value, str) else str(value), limit)
+
+
+def _number(value) -> float | None:
+    """A finite float, or None (an entry never holds NaN or infinities)."""
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
 
 
 # -- the chain ----------------------------------------------------------------------------
 
 def entry_bytes(seq: int, time_ms: int, record: Record, prev: str) -> bytes:
-    """Canonical JSON of one entry: every field of FIELDS, sorted keys, no whitespace."""
-    obj = asdict(record)
-    obj.update(seq=seq, time_ms=time_ms, prev=prev)
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
-                      allow_nan=False).encode("ascii")
+    """Canonical JSON of one entry: every field of FIELDS, sorted keys, no whitespace, ASCII
+    (byte for byte ``json.dumps(..., sort_keys=True, separators=(",", ":"))``; written out
+    field by field because the aggregator writes thousands per round)."""
+    eps = record.epsilon
+    if eps is not None and not math.isfinite(eps):
+        raise ValueError("an audit entry's epsilon must be finite")
+    e = _encode_string
+    return (f'{{"direction":{e(record.direction)},"epsilon":'
+            f'{"null" if eps is None else float.__repr__(float(eps))},'
+            f'"kind":{e(record.kind)},"message_digest":{e(record.message_digest)},'
+            f'"outcome":{e(record.outcome)},"peer":{e(record.peer)},"phase":{e(record.phase)},'
+            f'"prev":{e(prev)},"reason":{e(record.reason)},'
+            f'"release_digest":{e(record.release_digest)},"round_id":{e(record.round_id)},'
+            f'"seq":{int(seq)},"signer":{e(record.signer)},"spec_digest":{e(record.spec_digest)},'
+            f'"time_ms":{int(time_ms)}}}').encode("ascii")
 
 
 def chain_hash(prev: str, data: bytes) -> str:

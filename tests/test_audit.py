@@ -24,6 +24,7 @@ from dpfed.wire.canonical import digest, parse_canonical
 from dpfed.wire.signing import SigningKey
 from site_node.client import Backoff, SiteClient
 from site_node.config import load_config
+from site_node.ledger import PrivacyLedger
 from site_node.node import SiteNode
 from tests.test_site_node import FakeAggregator, make_spec, start_fake, write_site
 
@@ -496,3 +497,184 @@ def test_the_audit_log_path_is_a_site_setting(tmp_path):
         'signing_key = "keys/site.key"',
         'signing_key = "keys/site.key"\naudit_log = "a/log.sqlite"'))
     assert load_config(config_path).audit_path == tmp_path / "a/log.sqlite"
+
+
+def test_entry_bytes_are_json_dumps_with_sorted_keys():
+    from dataclasses import asdict
+    for eps in (None, 0.1, 1e-300, 1 / 3, 5e20):
+        record = Record(SENT, "refusal", round_id='r\u00e9"x\\', reason="a\nb\x00c \u2603",
+                        epsilon=eps, peer="p")
+        obj = asdict(record)
+        obj.update(seq=3, time_ms=12345, prev="0" * 64)
+        assert audit.entry_bytes(3, 12345, record, "0" * 64) == json.dumps(
+            obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+    with pytest.raises(ValueError):
+        audit.entry_bytes(0, 0, Record(SENT, "x", epsilon=float("nan")), "0" * 64)
+
+
+# -- the aggregator's log, matched with the sites' ----------------------------------------
+
+@pytest.fixture
+def federation_rounds(tmp_path):
+    """A real aggregator (in this process) and three SiteNodes with real SiteClient threads:
+    one independent and one secure round, then everything stopped (logs committed)."""
+    from tests.secure_federation import SecureFed
+    fed = SecureFed(tmp_path, n_sites=3)
+    try:
+        fed.start_aggregator()
+        fed.start_clients()
+        coordinator = fed.coordinator()
+        coordinator.start_round(fed.spec("ind-1", aggregation="independent", noise_threshold=0,
+                                         max_site_rows=0, quorum=3))
+        status = coordinator.wait("ind-1", 40, poll_s=0.05)
+        assert status.state == pb.RoundStatus.DONE, status.message
+        coordinator.start_round(fed.spec("sec-1", t=3, quorum=3))
+        status = coordinator.wait("sec-1", 40, poll_s=0.05)
+        assert status.state == pb.RoundStatus.DONE, status.message
+        contributions = [c.envelope for rid in ("ind-1", "sec-1")
+                         for c in fed.manager.store.contributions(rid)]
+        coordinator.close()
+    finally:
+        fed.stop()
+    return fed, contributions
+
+
+def test_a_real_round_leaves_matching_entries_in_the_site_and_aggregator_logs(federation_rounds):
+    fed, _ = federation_rounds
+    agg_path = audit.default_path(fed.tmp / "agg.sqlite")
+    contents = audit.read(agg_path)
+    key = fed.aggregator_key
+    assert audit.verify(contents, {key.key_id: key.public_key}).ok
+    agg = audit.entries(contents)
+    # Batched: far fewer signed heads than entries.
+    assert len(contents.heads) < len(agg) / 2
+    started = [e for e in agg if e["kind"] == "spec" and e["direction"] == RECEIVED]
+    assert [(e["peer"], e["outcome"], e["round_id"]) for e in started] == [
+        ("coord", "started", "ind-1"), ("coord", "started", "sec-1")]
+    for site in fed.sites:
+        mine = _site_entries(fed.nodes[site])
+        k = fed.site_keys[site]
+        assert audit.verify(audit.read(fed.nodes[site].config.audit_path),
+                            {k.key_id: k.public_key}).ok
+        matched = audit.cross_check(mine, agg, theirs_peer=site)
+        # Every message the site sent the aggregator recorded receiving, every push the
+        # aggregator recorded the site recorded: the same digests on both sides.
+        assert matched["missing_in_theirs"] == [] and matched["missing_in_ours"] == [], matched
+        sent = [e for e in mine if e["direction"] == SENT]
+        assert matched["matched"] == len(mine) - 1 and len(sent) >= 2 + 4  # consents, steps
+        kinds = {(e["kind"], e["round_id"]) for e in sent}
+        assert ("contribution", "ind-1") in kinds and ("contribution", "sec-1") in kinds
+        # A secure release's digest is that of its masked input (its statistics are empty).
+        with PrivacyLedger(fed.ledger_path(site)) as ledger:
+            stored = ledger.get_release("sec-1")
+        masked = parse_canonical(stored.envelope.payload, "dpfed.v1.Contribution").masked
+        assert masked and hashlib.sha256(masked).hexdigest() in {
+            e["release_digest"] for e in sent if e["round_id"] == "sec-1"}
+        received = {e["message_digest"]: e for e in agg if e["peer"] == site}
+        for e in sent:
+            assert received[e["message_digest"]]["outcome"] == "accepted"
+            assert received[e["message_digest"]]["kind"] == e["kind"]
+
+
+def test_the_aggregator_log_holds_no_statistics(federation_rounds):
+    fed, contributions = federation_rounds
+    path = audit.default_path(fed.tmp / "agg.sqlite")
+    blob = b"".join(p.read_bytes() for p in path.parent.glob(path.name + "*"))
+    assert len(contributions) == 6
+    for envelope in contributions:
+        payload = json.loads(pb.SignedEnvelope.FromString(envelope).payload)
+        statistics = payload.get("statistics") or payload["masked"]
+        assert len(statistics) > 100 and statistics[:40].encode() not in blob
+        assert statistics[-40:].encode() not in blob
+    for e in audit.entries(audit.read(path)):
+        assert set(e) == set(audit.FIELDS) and e["release_digest"] == ""
+
+
+def _aggregator_toml(fed) -> Path:
+    path = fed.tmp / "aggregator.toml"
+    sites = "".join(f'\n[[sites]]\nsite_id = "{s}"\npublic_key = "{s}.pub"\n' for s in fed.sites)
+    path.write_text(f'listen = "127.0.0.1:0"\nstate_db = "agg.sqlite"\ninsecure = true\n'
+                    f'signing_key = "aggregator.key"\n{sites}\n[[coordinators]]\n'
+                    f'coordinator_id = "coord"\npublic_key = "coord.pub"\n')
+    return path
+
+
+def test_cli_aggregator_audit_and_the_cross_check(federation_rounds):
+    fed, _ = federation_rounds
+    config = _aggregator_toml(fed)
+    code, out, _ = _cli("aggregator", "audit", "--config", str(config), "--verify")
+    assert code == 0 and out.startswith("chain intact: ") and fed.aggregator_key.key_id in out
+    code, out, _ = _cli("aggregator", "audit", "--config", str(config), "--json",
+                        "--round", "ind-1")
+    report = json.loads(out)
+    assert code == 0 and report["party"] == "aggregator" and "verify" not in report
+    assert {e["round_id"] for e in report["entries"]} == {"ind-1"}
+    site = fed.sites[0]
+    site_toml = fed.tmp / f"{site}.toml"
+    agg_log = str(audit.default_path(fed.tmp / "agg.sqlite"))
+    code, out, err = _cli("site", "audit", "--config", str(site_toml), "--verify",
+                          "--against", agg_log, "--json")
+    report = json.loads(out)
+    assert code == 0, err
+    assert report["verify"]["ok"] and report["against"]["peer"] == "aggregator"
+    assert report["against"]["matched"] > 0 and not report["against"]["missing_in_ours"]
+    code, out, _ = _cli("aggregator", "audit", "--config", str(config), "--verify",
+                        "--against", str(fed.nodes[site].config.audit_path))
+    assert code == 0 and "matched with" in out
+
+
+def test_a_site_log_truncated_with_its_anchor_is_caught_by_the_cross_check(federation_rounds):
+    """The site's own tail and the ledger's copy of its head rolled back together: its chain
+    verifies alone (undetectable from the site's files), but the aggregator's log holds
+    messages received from the site that the site's log no longer records sending."""
+    fed, _ = federation_rounds
+    site = fed.sites[1]
+    node = fed.nodes[site]
+    path = node.config.audit_path
+    keep = 3
+    heads = audit.read(path).heads
+    _tamper(path, ("DELETE FROM entries WHERE seq > ?", (keep,)),
+            ("DELETE FROM heads WHERE seq > ?", (keep,)))
+    node.ledger.close()
+    conn = sqlite3.connect(fed.ledger_path(site))
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'audit_head'", (heads[keep].to_json(),))
+    conn.execute("UPDATE meta SET value = ? WHERE key = 'audit_head_seq'", (str(keep),))
+    conn.commit()
+    conn.close()
+    site_toml = str(fed.tmp / f"{site}.toml")
+    code, out, err = _cli("site", "audit", "--config", site_toml, "--verify")
+    assert code == 0, err                     # the site's files alone look intact
+    agg_log = str(audit.default_path(fed.tmp / "agg.sqlite"))
+    code, out, err = _cli("site", "audit", "--config", site_toml, "--verify",
+                          "--against", agg_log)
+    assert code == exitcodes.AUDIT_FAILED
+    assert "never recorded sending" in err and "only in aggregator's log (received)" in out
+
+
+def test_the_aggregator_refuses_round_messages_when_its_audit_log_fails(federation):
+    """Fail closed: once the writer cannot append, every audited call is UNAVAILABLE."""
+    import grpc
+    trail = federation.server.audit
+    assert trail is not None
+
+    def broken(records, **kw):
+        raise AuditError("cannot write the audit log agg.audit.sqlite: disk I/O error")
+    trail.log.append_many = broken
+    spec = federation.spec("r-fail")
+    federation.coordinator.start_round(spec)     # audited: its entry makes the writer fail
+    assert trail.flush(10) and trail.failed is not None
+    with pytest.raises(grpc.RpcError) as err:
+        federation.stub.SendPhase(federation.consent("site-a", "r-fail"))
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert "audit log cannot be written" in err.value.details()
+    # Reads are not audited and still answer.
+    assert federation.manager.status("r-fail").round_id == "r-fail"
+
+
+def test_an_aggregator_without_a_signing_key_keeps_no_audit_log(tmp_path):
+    from tests.conftest import Federation
+    fed = Federation(tmp_path, signing_key=None)
+    try:
+        assert fed.server.audit is None
+    finally:
+        fed.stop()

@@ -214,3 +214,25 @@ def test_federation_ran_over_mutual_tls(run):
         assert "insecure" not in site and site["tls"]["cert"].endswith(f"{name}.pem")
     for log in layout.logs.iterdir():
         assert "plaintext" not in log.read_text().lower(), log
+
+
+def test_audit_logs_of_the_sites_and_the_aggregator_match_over_mutual_tls(run):
+    """Real processes over mutual TLS (issue 22, audit log): every message a site sent, the
+    aggregator recorded receiving, and every push it recorded, the site recorded, by the
+    same message digests; each log's chain and signed heads verify with its owner's key."""
+    from dpfed import audit
+    from dpfed.wire.signing import SigningKey
+
+    _, _, layout = run
+    agg_contents = audit.read(audit.default_path(layout.aggregator_db))
+    agg_key = SigningKey.load(layout.signing_key("aggregator"))
+    assert audit.verify(agg_contents, {agg_key.key_id: agg_key.public_key}).ok
+    agg = audit.entries(agg_contents)
+    for name in sim.site_ids(N_SITES):
+        contents = audit.read(audit.default_path(layout.site_db(name)))
+        key = SigningKey.load(layout.signing_key(name))
+        assert audit.verify(contents, {key.key_id: key.public_key}).ok
+        mine = audit.entries(contents)
+        matched = audit.cross_check(mine, agg, theirs_peer=name)
+        assert matched["matched"] >= 4, matched    # spec, consent, notice, release
+        assert matched["missing_in_theirs"] == [] and matched["missing_in_ours"] == [], matched

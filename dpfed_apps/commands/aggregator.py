@@ -6,6 +6,7 @@ import sys
 
 from dpfed import exitcodes
 from dpfed_apps.commands import add_command
+from dpfed_apps.commands.audit import add_audit_arguments, show_audit
 
 EPILOG = """\
 example:
@@ -26,6 +27,7 @@ def serve(args) -> int:
         require(module, "aggregator")
     from aggregator.config import ConfigError, load_config
     from aggregator.server import serve as run_server
+    from dpfed.audit import AuditError
     from dpfed.transport import warn_plaintext
     try:
         config = load_config(args.config, insecure=args.insecure)
@@ -49,6 +51,9 @@ def serve(args) -> int:
     except OSError as exc:
         print(f"dpfed aggregator serve: {exc}", file=sys.stderr)
         return exitcodes.ERROR
+    except AuditError as exc:   # fail closed: no aggregator without its audit log
+        print(f"dpfed aggregator serve: {exc}", file=sys.stderr)
+        return exitcodes.ERROR
 
 
 def register(subparsers) -> None:
@@ -61,3 +66,40 @@ def register(subparsers) -> None:
                    help="plaintext gRPC without certificates, even if the config has [tls] "
                         "(local tests only)")
     s.set_defaults(func=serve)
+
+    a = sub.add_parser(
+        "audit", help="show and verify the audit log (round messages received and pushed)",
+        description="Show the aggregator's audit log: every round message it received from "
+                    "sites and coordinators (with its verdict) and every message it pushed to a "
+                    "site, each with the peer and the message digest the peer's own log names; "
+                    "hash-chained and signed with signing_key (docs/audit.md).",
+        epilog="examples:\n  dpfed aggregator audit --config aggregator.toml --verify\n"
+               "      exit 0 and 'chain intact: N entries, head signed by <key id>'; exit 7 and "
+               "the first\n      edited, deleted or reordered entry, or forged head, otherwise\n"
+               "  dpfed aggregator audit --config aggregator.toml --round r-42 --json\n"
+               "  dpfed aggregator audit --config aggregator.toml --verify --against "
+               "hospital-a.audit.sqlite\n"
+               "      also match the messages exchanged with one site with that site's log")
+    add_audit_arguments(a)
+    a.add_argument("--config", required=True, help="aggregator.toml")
+    a.set_defaults(func=audit)
+
+
+def audit(args) -> int:
+    """``dpfed aggregator audit``: the log at aggregator.toml's audit_log, checked with the
+    public half of its signing_key (dpfed_apps.commands.audit.show_audit)."""
+    from aggregator.config import ConfigError, load_config
+    from aggregator.server import load_signing_key
+
+    prog = "dpfed aggregator audit"
+    try:
+        config = load_config(args.config, insecure=True)
+        key = load_signing_key(config)
+    except ConfigError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return exitcodes.USAGE
+    if key is None:
+        print(f"{prog}: {args.config} has no signing_key: the aggregator keeps no audit log "
+              f"without one", file=sys.stderr)
+        return exitcodes.USAGE
+    return show_audit(args, prog, config.audit_path, {key.key_id: key.public_key})
