@@ -44,6 +44,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from json.encoder import encode_basestring_ascii as _encode_string
 from pathlib import Path
+from typing import NamedTuple
 
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire import limits
@@ -118,9 +119,9 @@ def _now_ms() -> int:
 
 # -- what an entry says -------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Record:
-    """What the caller knows of one message; the writer adds seq, time_ms and prev."""
+class Record(NamedTuple):
+    """What the caller knows of one message; the writer adds seq, time_ms and prev. (A
+    NamedTuple: the aggregator copies one per site pushed to, ``_replace(peer=...)``.)"""
 
     direction: str
     kind: str
@@ -232,7 +233,11 @@ def describe(direction: str, envelope: pb.SignedEnvelope, *, peer: str | None,
 
 
 def _clip(value, limit: int) -> str:
-    return limits.clip_text(value if isinstance(value, str) else str(value), limit)
+    if not isinstance(value, str):
+        value = str(value)
+    if len(value) <= limit and value.isprintable():   # the usual case, without the regex
+        return value
+    return limits.clip_text(value, limit)
 
 
 def _number(value) -> float | None:

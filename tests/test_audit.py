@@ -500,11 +500,10 @@ def test_the_audit_log_path_is_a_site_setting(tmp_path):
 
 
 def test_entry_bytes_are_json_dumps_with_sorted_keys():
-    from dataclasses import asdict
     for eps in (None, 0.1, 1e-300, 1 / 3, 5e20):
         record = Record(SENT, "refusal", round_id='r\u00e9"x\\', reason="a\nb\x00c \u2603",
                         epsilon=eps, peer="p")
-        obj = asdict(record)
+        obj = record._asdict()
         obj.update(seq=3, time_ms=12345, prev="0" * 64)
         assert audit.entry_bytes(3, 12345, record, "0" * 64) == json.dumps(
             obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
