@@ -78,11 +78,14 @@ def _light_payload(payload: bytes) -> dict | None:
 class AuditTrail:
     """The aggregator's batching writer of its audit log at ``path``."""
 
-    def __init__(self, path: str | Path, *, signing_key, interval_s: float = 0.05,
+    #: How long the writer lets a batch gather (docs/benchmarks.md, "Audit log").
+    INTERVAL_S = 0.1
+
+    def __init__(self, path: str | Path, *, signing_key, interval_s: float | None = None,
                  max_batch: int = 5000):
         self.log = AuditLog(path, party=PARTY, signing_key=signing_key)
         self.path = self.log.path
-        self.interval_s = interval_s
+        self.interval_s = self.INTERVAL_S if interval_s is None else interval_s
         self.max_batch = max_batch
         # Why the log cannot be written (then every audited call is refused), or None.
         self.failed: str | None = None
@@ -92,6 +95,9 @@ class AuditTrail:
         self._digests: OrderedDict = OrderedDict()
         self._records: OrderedDict = OrderedDict()
         self._last_push = None
+        # The writer thread's CPU time and batches so far (docs/benchmarks.md, "Audit log").
+        self.cpu_s = 0.0
+        self.batches = 0
         self._thread = threading.Thread(target=self._run, name="aggregator-audit", daemon=True)
         self._thread.start()
 
@@ -129,6 +135,7 @@ class AuditTrail:
                     items.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
+            started = time.thread_time()
             stop = any(i is _STOP for i in items)
             waiting = [i for i in items if isinstance(i, threading.Event)]
             records = [self._record(i) for i in items if isinstance(i, tuple)]
@@ -141,6 +148,8 @@ class AuditTrail:
                               "(fail closed) until it is restarted with a writable audit log",
                               exc)
             last = time.monotonic()
+            self.cpu_s += time.thread_time() - started
+            self.batches += 1
             for event in waiting:
                 event.set()
             if stop:
