@@ -12,14 +12,17 @@ by entry (dpfed.audit.cross_check, ``dpfed site audit --against``). The read-onl
 (GetRound, ListRounds, GetResult, ...) and the hellos that open a stream are not recorded.
 
 How it stays cheap at 1000 sites (docs/benchmarks.md, "Audit log"): a gRPC handler only puts
-(what, the request's raw bytes, the outcome) on a queue; the writer thread turns what
-gathered in ``interval_s`` into entries (the digest of the raw bytes; the fields from the
+(what, the request's raw bytes, the outcome) on a queue to a writer *process*, which turns
+what gathered in ``interval_s`` into entries (the digest of the raw bytes; the fields from the
 payload's JSON, a contribution's statistics cut out before parsing) and appends them in one
-SQLite transaction with one signed head (dpfed.audit.AuditLog.append_many). A spec or
-notice pushed to every site is described once (cached by its digest).
+SQLite transaction with one signed head (dpfed.audit.AuditLog.append_many). A spec or notice
+pushed to every site is hashed once here and described once there. In a thread of the
+aggregator's own process the same work held the GIL the event loop needs and cost about 5 %
+of a 1000-site round; in its own process it costs the loop a queue put per message.
 
-Fail closed: when the log cannot be written the writer stops, says why, and every audited
-call is refused UNAVAILABLE until the aggregator is restarted with a writable log. The entries
+Fail closed: when the log cannot be written, or the writer process dies, every audited call
+is refused UNAVAILABLE until the aggregator is restarted with a writable log; an aggregator
+whose log cannot be opened does not start. The entries
 of the last ``interval_s`` are not yet durable when a reply leaves: a crash can lose them (a
 crash can also lose a reply); the sites' logs still hold those messages, and a cross-check
 names them (docs/audit.md, "What is and is not detected").
@@ -29,8 +32,10 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import json
 import logging
+import multiprocessing
 import queue
 import threading
 import time
@@ -54,153 +59,301 @@ PUSH_STREAM = "Subscribe"
 # The big base64 fields of a contribution (its statistics, or a secure round's masked input):
 # the log never keeps them, so they are cut out before the payload's JSON is parsed.
 _BULK_KEYS = (b'"statistics":"', b'"masked":"')
-_STOP = object()
 # raw_decode: a third of json.loads's time on a 300-byte consent (no encoding sniffing).
 _DECODER = json.JSONDecoder()
 
 
-def _light_payload(payload: bytes) -> dict | None:
-    """A payload's JSON without a contribution's bulk fields (a 23 kB base64 string at
-    d = 64), or None if it is not a JSON object."""
+def _cut_bulk(payload: bytes) -> bytes:
+    """A payload without a contribution's bulk fields (their values emptied): the log never
+    keeps them, and they are most of a 23 kB contribution at d = 64."""
     for key in _BULK_KEYS:
         cut = payload.find(key)
         if cut >= 0:
             end = payload.find(b'"', cut + len(key))
             if end > 0:
                 payload = payload[:cut + len(key)] + payload[end:]
+    return payload
+
+
+def _light_payload(payload: bytes) -> dict | None:
+    """A payload's JSON without its bulk fields, or None if it is not a JSON object."""
     try:
-        obj = _DECODER.raw_decode(payload.decode("utf-8"))[0]
+        obj = _DECODER.raw_decode(_cut_bulk(payload).decode("utf-8"))[0]
     except ValueError:    # UnicodeDecodeError and JSONDecodeError too
         return None
     return obj if isinstance(obj, dict) else None
 
 
 class AuditTrail:
-    """The aggregator's batching writer of its audit log at ``path``."""
+    """The aggregator's audit log at ``path``, written by a process of its own.
 
-    #: How long the writer lets a batch gather (docs/benchmarks.md, "Audit log").
+    Describing, hashing, chaining and storing the 4000 entries of a 1000-site round takes
+    about 0.2 CPU-s; in a thread of the aggregator's process that work held the GIL the event
+    loop needs and cost about 5 % of the round (docs/benchmarks.md, "Audit log"). So the
+    handlers append (what, raw bytes, outcome) to a list (nothing else on the event loop); a
+    sender thread here, every ``interval_s``, hashes each request's bytes (hashlib releases
+    the GIL), cuts a contribution down to its small fields and sends the batch in one write to
+    the writer process (multiprocessing's forkserver: safe beside gRPC's threads, and a fork
+    of a preloaded server, so a start costs milliseconds after the first), which appends it in
+    one transaction with one signed head.
+
+    ``signing_key``: the path of the aggregator's Ed25519 key (the writer loads it). Raises
+    AuditError when the log cannot be opened. If the writer later fails (or dies), ``failed``
+    says why and every audited call is refused (``audited``)."""
+
+    #: How long a batch gathers (docs/benchmarks.md, "Audit log").
     INTERVAL_S = 0.1
+    #: Pushed envelopes remembered (their digests here, their descriptions in the writer).
+    PUSH_CACHE = 256
 
-    def __init__(self, path: str | Path, *, signing_key, interval_s: float | None = None,
-                 max_batch: int = 5000):
-        self.log = AuditLog(path, party=PARTY, signing_key=signing_key)
-        self.path = self.log.path
+    def __init__(self, path: str | Path, *, signing_key: str | Path,
+                 interval_s: float | None = None, start_timeout_s: float = 60.0):
+        self.path = Path(path)
         self.interval_s = self.INTERVAL_S if interval_s is None else interval_s
-        self.max_batch = max_batch
         # Why the log cannot be written (then every audited call is refused), or None.
         self.failed: str | None = None
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        # Pushed envelopes: the same spec object goes to every site (by id, the object held
-        # so its id is not reused), equal notices are described once (by digest).
-        self._digests: OrderedDict = OrderedDict()
-        self._records: OrderedDict = OrderedDict()
+        # The writer's CPU time and batches, reported when it stops (docs/benchmarks.md).
+        self.cpu_s: float | None = None
+        self.batches: int | None = None
+        # ... and this process's sender thread's (hashing, cutting, pickling is not counted).
+        self.sender_cpu_s = 0.0
+        self._pending: list = []
+        self._digests: OrderedDict = OrderedDict()     # id(envelope) -> (envelope, digest)
+        self._pushed: OrderedDict = OrderedDict()      # digests whose bytes the writer has
         self._last_push = None
-        # The writer thread's CPU time and batches so far (docs/benchmarks.md, "Audit log").
-        self.cpu_s = 0.0
-        self.batches = 0
-        self._thread = threading.Thread(target=self._run, name="aggregator-audit", daemon=True)
-        self._thread.start()
+        self._flushes: dict[int, threading.Event] = {}
+        self._tokens = itertools.count()
+        self._wake = threading.Event()
+        self._stopping = False
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["aggregator.audit"])
+        batches, self._send = ctx.Pipe(duplex=False)
+        status, child_status = ctx.Pipe(duplex=False)
+        self.process = ctx.Process(target=_writer_main, name="aggregator-audit", daemon=True,
+                                   args=(str(self.path), str(signing_key), batches,
+                                         child_status, self.PUSH_CACHE))
+        self.process.start()
+        batches.close()
+        child_status.close()
+        self._status = status
+        try:
+            ready = status.poll(start_timeout_s) and status.recv()
+        except (EOFError, OSError):
+            ready = None
+        if not ready or ready[0] != "ready":
+            self.process.join(5)
+            self._send.close()
+            raise AuditError(ready[1] if ready and ready[0] == "failed" else
+                             f"the audit log writer for {self.path} did not start")
+        self._monitor = threading.Thread(target=self._watch, name="aggregator-audit-status",
+                                         daemon=True)
+        self._monitor.start()
+        self._sender = threading.Thread(target=self._run, name="aggregator-audit-send",
+                                        daemon=True)
+        self._sender.start()
 
-    # -- called by the gRPC handlers (the event loop): a queue put, nothing else -------------
+    # -- called by the gRPC handlers (the event loop): a list append, nothing else ------------
     def received(self, what: str, data: bytes, outcome: str) -> None:
-        self._queue.put((RECEIVED, what, data, outcome))
+        self._pending.append(("r", what, data, outcome))
 
     def sent(self, envelope: pb.SignedEnvelope, peer: str) -> None:
-        self._queue.put((SENT, peer, envelope, ""))
+        self._pending.append(("s", peer, envelope))
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything queued before this call is committed (or dropped after a
-        failure); False on timeout."""
-        done = threading.Event()
-        self._queue.put(done)
+        failure); False on timeout or when the writer is gone."""
+        token = next(self._tokens)
+        done = self._flushes[token] = threading.Event()
+        if self.failed is None:
+            self._pending.append(("f", token))
+            self._wake.set()
+        else:
+            done.set()
         return done.wait(timeout)
 
     def close(self, timeout: float = 30.0) -> None:
-        if self._thread.is_alive():
-            self._queue.put(_STOP)
-            self._thread.join(timeout)
-        self.log.close()
+        """Commit what is queued and stop the writer."""
+        self._stopping = True
+        self._wake.set()
+        self._sender.join(timeout)
+        self.process.join(timeout)
+        if self.process.is_alive():
+            self.process.terminate()
+            self.process.join(5)
+        self._monitor.join(timeout)
 
-    # -- the writer thread ---------------------------------------------------------------------
+    # -- the sender thread ---------------------------------------------------------------------
     def _run(self) -> None:
-        last = 0.0
         while True:
-            first = self._queue.get()
-            wait = self.interval_s - (time.monotonic() - last)
-            if wait > 0 and first is not _STOP:
-                time.sleep(wait)        # let a batch gather: one transaction, one signature
-            items = [first]
-            while len(items) < self.max_batch:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            self._wake.wait(self.interval_s)
+            self._wake.clear()
+            stopping = self._stopping
+            items, self._pending = self._pending, []
             started = time.thread_time()
-            stop = any(i is _STOP for i in items)
-            waiting = [i for i in items if isinstance(i, threading.Event)]
-            records = [self._record(i) for i in items if isinstance(i, tuple)]
-            if records and self.failed is None:
-                try:
-                    self.log.append_many(records)
-                except (AuditError, ValueError) as exc:
-                    self.failed = str(exc)
-                    log.error("%s. The aggregator refuses every round message from now on "
-                              "(fail closed) until it is restarted with a writable audit log",
-                              exc)
-            last = time.monotonic()
-            self.cpu_s += time.thread_time() - started
-            self.batches += 1
-            for event in waiting:
-                event.set()
-            if stop:
+            batch = [self._prepare(item) for item in items]
+            self.sender_cpu_s += time.thread_time() - started
+            try:
+                if batch:
+                    self._send.send(batch)
+                if stopping:
+                    self._send.send(None)
+            except (OSError, ValueError):    # the writer is gone: _watch says so
+                for item in items:
+                    if item[0] == "f":
+                        self._flushes.pop(item[1], threading.Event()).set()
+            if stopping:
+                self._send.close()
                 return
 
-    def _record(self, item) -> Record:
-        direction, who, payload, outcome = item
-        if direction == RECEIVED:
-            digest = hashlib.sha256(payload).hexdigest()
+    def _prepare(self, item) -> tuple:
+        """What the writer needs of one message: a request's digest and its payload without
+        a contribution's bulk (so a round's 23 MB of statistics never cross the pipe); a
+        push's digest, and its bytes the first time."""
+        kind = item[0]
+        if kind == "r":
+            _, what, data, outcome = item
+            digest = hashlib.sha256(data).hexdigest()     # releases the GIL (> 2 kB)
             try:
-                envelope = pb.SignedEnvelope.FromString(payload)
+                envelope = pb.SignedEnvelope.FromString(data)
             except Exception:  # noqa: BLE001 - not an envelope: recorded as such
-                return Record(RECEIVED, "malformed", outcome=outcome, message_digest=digest)
-            message = _light_payload(envelope.payload)
-            if message is None:
-                return Record(RECEIVED, "malformed", outcome=outcome, message_digest=digest,
-                              signer=limits.clip_text(envelope.key_id, limits.MAX_KEY_ID_CHARS))
-            return describe(RECEIVED, envelope, peer=None, message=message, outcome=outcome,
-                            wire_digest=digest, release_digest=False)
-        envelope = payload
-        digest = self._push_digest(envelope)
-        record = self._records.get(digest)
-        if record is None:
-            phase = "consent" if envelope.payload_type == "dpfed.v1.RoundSpec" else ""
-            record = describe(SENT, envelope, peer="", wire_digest=digest, phase=phase,
-                              outcome="pushed")
-            self._remember(self._records, digest, record)
-        return record._replace(peer=who)
+                return ("r", digest, None, outcome)
+            light = pb.SignedEnvelope(payload_type=envelope.payload_type,
+                                      key_id=envelope.key_id,
+                                      payload=_cut_bulk(envelope.payload))
+            return ("r", digest, light.SerializeToString(), outcome)
+        if kind == "s":
+            digest, data = self._push_digest(item[2])
+            return ("s", item[1], digest, data)
+        return item          # ("f", token)
 
-    def _push_digest(self, envelope: pb.SignedEnvelope) -> str:
-        """The message digest of a pushed envelope. The spec is one object pushed to every
-        site (known by id; the object is held, so its id is not reused); a notice is a new
-        object per site with the same bytes, so the last one's fields are compared (a
-        memcmp) before its 15 kB (1000 participants) are serialised and hashed again."""
+    def _push_digest(self, envelope: pb.SignedEnvelope) -> tuple[str, bytes | None]:
+        """The message digest of a pushed envelope, and its bytes if the writer has not had
+        them. The spec is one object pushed to every site (known by id; the object is held,
+        so its id is not reused); a notice is a new object per site with the same bytes, so
+        the last one's fields are compared (a memcmp) before its 15 kB (1000 participants)
+        are serialised and hashed again."""
         cached = self._digests.get(id(envelope))
         if cached is not None and cached[0] is envelope:
-            return cached[1]
-        fields = (envelope.payload_type, envelope.key_id, envelope.signature, envelope.payload)
-        last = self._last_push
-        if last is not None and last[0] == fields:
-            return last[1]
-        digest = hashlib.sha256(envelope.SerializeToString(deterministic=True)).hexdigest()
-        self._remember(self._digests, id(envelope), (envelope, digest))
-        self._last_push = (fields, digest)
-        return digest
+            digest = cached[1]
+        else:
+            fields = (envelope.payload_type, envelope.key_id, envelope.signature,
+                      envelope.payload)
+            last = self._last_push
+            if last is not None and last[0] == fields:
+                digest = last[1]
+            else:
+                digest = hashlib.sha256(envelope.SerializeToString(deterministic=True)
+                                        ).hexdigest()
+                self._last_push = (fields, digest)
+            _remember(self._digests, id(envelope), (envelope, digest), self.PUSH_CACHE)
+        if digest in self._pushed:
+            return digest, None
+        # The writer remembers as many as this side, in the same (pipe) order.
+        _remember(self._pushed, digest, True, self.PUSH_CACHE)
+        return digest, envelope.SerializeToString(deterministic=True)
 
-    @staticmethod
-    def _remember(cache: OrderedDict, key, value, size: int = 64) -> None:
-        cache[key] = value
-        if len(cache) > size:
-            cache.popitem(last=False)
+    def _watch(self) -> None:
+        """The writer's reports: a failure, a flush done, its figures; EOF: it is gone."""
+        while True:
+            try:
+                message = self._status.recv()
+            except (EOFError, OSError):
+                if self.failed is None and self.cpu_s is None:
+                    self.process.join(5)
+                    self._fail(f"the audit log writer for {self.path} stopped (exit code "
+                               f"{self.process.exitcode})")
+                break
+            kind = message[0]
+            if kind == "failed":
+                self._fail(message[1])
+            elif kind == "flushed":
+                self._flushes.pop(message[1], threading.Event()).set()
+            elif kind == "stats":
+                self.cpu_s, self.batches = message[1], message[2]
+        for token in list(self._flushes):
+            self._flushes.pop(token, threading.Event()).set()
+
+    def _fail(self, why: str) -> None:
+        self.failed = why
+        log.error("%s. The aggregator refuses every round message from now on (fail closed) "
+                  "until it is restarted with a writable audit log", why)
+
+
+def _remember(cache: OrderedDict, key, value, size: int) -> None:
+    cache[key] = value
+    if len(cache) > size:
+        cache.popitem(last=False)
+
+
+# -- the writer process ------------------------------------------------------------------------
+
+def _writer_main(path: str, key_path: str, batches, status, push_cache: int) -> None:
+    """The writer process: open the log (report "ready" or "failed"), then append each batch
+    the aggregator sends in one transaction with one signed head, until None or the end of
+    the pipe (the aggregator is gone). Reports failures, flushes and, at the end, its CPU."""
+    from dpfed.wire.signing import SigningKey
+
+    try:
+        writer = AuditLog(path, party=PARTY, signing_key=SigningKey.load(key_path))
+    except (AuditError, OSError, ValueError) as exc:
+        status.send(("failed", f"cannot open the audit log {path}: {exc}"))
+        return
+    status.send(("ready", None))
+    described: OrderedDict = OrderedDict()     # digest -> Record of a pushed envelope
+    failed, count = False, 0
+    while True:
+        try:
+            batch = batches.recv()
+        except (EOFError, OSError):
+            break
+        if batch is None:
+            break
+        records, flushed = [], []
+        for item in batch:
+            if item[0] == "f":
+                flushed.append(item[1])
+            elif item[0] == "r":
+                records.append(_received_record(*item[1:]))
+            else:
+                records.append(_pushed_record(described, push_cache, *item[1:]))
+        if records and not failed:
+            try:
+                writer.append_many(records)
+                count += 1
+            except (AuditError, ValueError) as exc:
+                failed = True
+                status.send(("failed", str(exc)))
+        for token in flushed:
+            status.send(("flushed", token))
+    writer.close()
+    status.send(("stats", round(time.process_time(), 4), count))
+    status.close()
+
+
+def _received_record(digest: str, data: bytes | None, outcome: str) -> Record:
+    if data is None:
+        return Record(RECEIVED, "malformed", outcome=outcome, message_digest=digest)
+    envelope = pb.SignedEnvelope.FromString(data)
+    message = _light_payload(envelope.payload)
+    if message is None:
+        return Record(RECEIVED, "malformed", outcome=outcome, message_digest=digest,
+                      signer=limits.clip_text(envelope.key_id, limits.MAX_KEY_ID_CHARS))
+    return describe(RECEIVED, envelope, peer=None, message=message, outcome=outcome,
+                    wire_digest=digest, release_digest=False)
+
+
+def _pushed_record(described: OrderedDict, size: int, peer: str, digest: str,
+                   data: bytes | None) -> Record:
+    record = described.get(digest)
+    if record is None:
+        if data is None:    # not reached: both sides remember the same digests
+            return Record(SENT, "pushed", peer=peer, message_digest=digest, outcome="pushed")
+        envelope = pb.SignedEnvelope.FromString(data)
+        phase = "consent" if envelope.payload_type == "dpfed.v1.RoundSpec" else ""
+        record = describe(SENT, envelope, peer="", wire_digest=digest, phase=phase,
+                          outcome="pushed")
+        _remember(described, digest, record, size)
+    return record._replace(peer=peer)
 
 
 # -- the hook: gRPC handlers taking raw request bytes (aggregator.service.add_to_server) ------

@@ -100,7 +100,7 @@ class AggregatorServer:
         self.manager.recover()
         if self.signing_key is not None:
             try:   # fail closed: no start without a writable audit log
-                self.audit = AuditTrail(cfg.audit_path, signing_key=self.signing_key)
+                self.audit = AuditTrail(cfg.audit_path, signing_key=cfg.signing_key)
             except AuditError:
                 self.store.close()
                 raise

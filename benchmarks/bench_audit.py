@@ -4,8 +4,9 @@ Feeds an aggregator.audit.AuditTrail what a round of N sites at dimension d give
 spec pushed to every site, N consents received, a release notice pushed to every site, N
 contributions received: 4N entries, the real signed bytes) the way the gRPC handlers do
 (a queue put each, ``--spread`` seconds apart in total, as arrivals over a round), waits until
-everything is committed, and reports the writer thread's CPU time (and the whole process's), the
-time of the handlers' puts, and the batches (transactions and signed heads) written. End-to-end rounds with and without the log: ``dpfed bench round``.
+everything is committed, and reports the writer process's CPU time, this process's (the side the
+aggregator's event loop pays: the puts and the queue's feeder thread), the time of a put, and
+the batches (transactions and signed heads) written. End-to-end rounds with and without the log: ``dpfed bench round``.
 
     python benchmarks/bench_audit.py --sites 1000 --dim 64 --repeat 5 [--json]
 """
@@ -66,7 +67,9 @@ def run_once(sites: int, dim: int, spread_s: float, messages, interval_s: float)
     key = SigningKey.generate()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "aggregator.audit.sqlite"
-        trail = AuditTrail(path, signing_key=key, interval_s=interval_s)
+        key.save(Path(folder) / "aggregator.key")
+        trail = AuditTrail(path, signing_key=Path(folder) / "aggregator.key",
+                           interval_s=interval_s)
         heads0 = len(audit.read(path).heads)
         calls = ([lambda s=s: trail.sent(spec, s) for s in names]
                  + [lambda c=c: trail.received("SendPhase", c, "accepted") for c in consents]
@@ -84,8 +87,8 @@ def run_once(sites: int, dim: int, spread_s: float, messages, interval_s: float)
                 time.sleep(pause)
         assert trail.flush(120) and trail.failed is None
         wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
-        writer_cpu = trail.cpu_s
         trail.close()
+        writer_cpu = trail.cpu_s
         contents = audit.read(path)
         assert audit.verify(contents, {key.key_id: key.public_key}).ok
         entries = len(contents.rows) - 1
@@ -93,11 +96,11 @@ def run_once(sites: int, dim: int, spread_s: float, messages, interval_s: float)
         size = sum(p.stat().st_size for p in Path(folder).glob("*"))
     return {"sites": sites, "dim": dim, "entries": entries, "batches": batches,
             "spread_s": spread_s, "interval_s": interval_s, "wall_s": round(wall, 3),
-            # CPU of the writer thread (what the log costs the aggregator), and of this
-            # whole process (the writer, the puts and this loop's sleeps); bytes on disk.
+            # CPU of the writer process (its whole life: open, append, close), and of this
+            # process (the handlers' puts, the queue's feeder thread, this loop); bytes.
             "writer_cpu_s": round(writer_cpu, 4),
             "writer_us_per_entry": round(writer_cpu / entries * 1e6, 1),
-            "process_cpu_s": round(cpu, 4),
+            "process_cpu_s": round(cpu, 4), "sender_cpu_s": round(trail.sender_cpu_s, 4),
             "put_us_per_entry": round(put_s / entries * 1e6, 2), "bytes": size}
 
 

@@ -650,24 +650,62 @@ def test_a_site_log_truncated_with_its_anchor_is_caught_by_the_cross_check(feder
     assert "never recorded sending" in err and "only in aggregator's log (received)" in out
 
 
-def test_the_aggregator_refuses_round_messages_when_its_audit_log_fails(federation):
-    """Fail closed: once the writer cannot append, every audited call is UNAVAILABLE."""
+def test_the_aggregator_refuses_round_messages_when_its_audit_writer_dies(federation):
+    """Fail closed: once the writer process is gone (killed here; a disk error reports the
+    same way), every audited call is UNAVAILABLE; reads still answer."""
     import grpc
+    import os
+    import signal
     trail = federation.server.audit
-    assert trail is not None
-
-    def broken(records, **kw):
-        raise AuditError("cannot write the audit log agg.audit.sqlite: disk I/O error")
-    trail.log.append_many = broken
+    assert trail is not None and trail.process.is_alive()
     spec = federation.spec("r-fail")
-    federation.coordinator.start_round(spec)     # audited: its entry makes the writer fail
-    assert trail.flush(10) and trail.failed is not None
+    federation.coordinator.start_round(spec)
+    assert trail.flush(10) and trail.failed is None
+    os.kill(trail.process.pid, signal.SIGKILL)
+    deadline = time.time() + 10
+    while trail.failed is None and time.time() < deadline:
+        time.sleep(0.02)
+    assert "stopped" in trail.failed
     with pytest.raises(grpc.RpcError) as err:
         federation.stub.SendPhase(federation.consent("site-a", "r-fail"))
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "audit log cannot be written" in err.value.details()
-    # Reads are not audited and still answer.
     assert federation.manager.status("r-fail").round_id == "r-fail"
+
+
+def test_an_aggregator_whose_audit_log_cannot_be_opened_does_not_start(tmp_path):
+    from aggregator.config import config_from_dict
+    from aggregator.server import AggregatorServer
+    SigningKey.generate().save(tmp_path / "aggregator.key")
+    (tmp_path / "not-a-folder").write_text("")
+    server = AggregatorServer(config_from_dict(
+        {"listen": "127.0.0.1:0", "state_db": "agg.sqlite", "insecure": True,
+         "signing_key": "aggregator.key", "audit_log": "not-a-folder/audit.sqlite"}, tmp_path))
+    with pytest.raises(AuditError, match="cannot open the audit log"):
+        server.start()
+
+
+def test_the_aggregator_writer_records_what_the_handlers_queue(tmp_path):
+    """The writer process, directly: a malformed request, a spec pushed to two sites (one
+    description, two entries), a flush, and its figures after close."""
+    from aggregator.audit import AuditTrail
+    key = SigningKey.generate()
+    key.save(tmp_path / "k.key")
+    trail = AuditTrail(tmp_path / "a.sqlite", signing_key=tmp_path / "k.key", interval_s=0.01)
+    spec = key.sign(make_spec("r-w"))
+    trail.received("Contribute", b"\xff\x01not protobuf", "rejected INVALID_ARGUMENT")
+    trail.sent(spec, "site-a")
+    trail.sent(spec, "site-b")
+    assert trail.flush(10)
+    entries = audit.entries(audit.read(tmp_path / "a.sqlite"))
+    assert [(e["kind"], e["peer"], e["outcome"]) for e in entries[1:]] == [
+        ("malformed", "", "rejected INVALID_ARGUMENT"), ("spec", "site-a", "pushed"),
+        ("spec", "site-b", "pushed")]
+    assert entries[2]["message_digest"] == audit.message_digest(spec) == \
+        entries[3]["message_digest"]
+    trail.close()
+    assert not trail.process.is_alive() and trail.batches >= 1 and trail.cpu_s > 0
+    assert audit.verify(audit.read(tmp_path / "a.sqlite"), {key.key_id: key.public_key}).ok
 
 
 def test_an_aggregator_without_a_signing_key_keeps_no_audit_log(tmp_path):
