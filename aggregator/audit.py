@@ -30,19 +30,19 @@ names them (docs/audit.md, "What is and is not detected").
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import json
 import logging
-import multiprocessing
-import queue
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 from collections import OrderedDict
+from multiprocessing.connection import Connection
 from pathlib import Path
-
-import grpc
 
 from dpfed.audit import RECEIVED, SENT, AuditError, AuditLog, Record, describe
 from dpfed.v1 import dpfed_pb2 as pb
@@ -56,16 +56,18 @@ RECEIVED_CALLS = frozenset({"StartRound", "SendPhase", "Contribute", "Refuse"})
 #: The stream whose pushes are recorded as sent.
 PUSH_STREAM = "Subscribe"
 
-# The big base64 fields of a contribution (its statistics, or a secure round's masked input):
-# the log never keeps them, so they are cut out before the payload's JSON is parsed.
-_BULK_KEYS = (b'"statistics":"', b'"masked":"')
+# The big base64 fields (a contribution's statistics or masked input, a secure step's body:
+# up to 45 kB at 1000 sites): the log never keeps them, so they are cut out before a payload
+# crosses to the writer or its JSON is parsed. In canonical JSON a raw '"key":"' is a key:
+# inside a string every quote is escaped.
+_BULK_KEYS = (b'"statistics":"', b'"masked":"', b'"body":"')
 # raw_decode: a third of json.loads's time on a 300-byte consent (no encoding sniffing).
 _DECODER = json.JSONDecoder()
 
 
 def _cut_bulk(payload: bytes) -> bytes:
-    """A payload without a contribution's bulk fields (their values emptied): the log never
-    keeps them, and they are most of a 23 kB contribution at d = 64."""
+    """A payload without its bulk fields (their values emptied): the log never keeps them,
+    and they are most of a 23 kB contribution at d = 64."""
     for key in _BULK_KEYS:
         cut = payload.find(key)
         if cut >= 0:
@@ -93,13 +95,20 @@ class AuditTrail:
     handlers append (what, raw bytes, outcome) to a list (nothing else on the event loop); a
     sender thread here, every ``interval_s``, hashes each request's bytes (hashlib releases
     the GIL), cuts a contribution down to its small fields and sends the batch in one write to
-    the writer process (multiprocessing's forkserver: safe beside gRPC's threads, and a fork
-    of a preloaded server, so a start costs milliseconds after the first), which appends it in
-    one transaction with one signed head.
+    the writer process, which appends it in one transaction with one signed head.
 
-    ``signing_key``: the path of the aggregator's Ed25519 key (the writer loads it). Raises
-    AuditError when the log cannot be opened. If the writer later fails (or dies), ``failed``
-    says why and every audited call is refused (``audited``)."""
+    The writer is ``python -m aggregator.audit`` (a fresh interpreter, this one's sys.path;
+    about 0.3 s to import, overlapped with the rest of the aggregator's start), talking over
+    two inherited pipes: not multiprocessing, whose children re-import the parent's
+    ``__main__`` (``python -m dpfed_apps`` would start a second command line there), and no
+    fork of a process that runs gRPC's threads. It ignores SIGINT and SIGTERM (a Ctrl-C or a
+    service stop reaches the whole process group): it ends when the aggregator says so, after
+    committing what it was sent, or when the pipe closes because the aggregator is gone.
+
+    ``signing_key``: the path of the aggregator's Ed25519 key (the writer loads it).
+    ``ready`` waits for the writer and raises AuditError when the log cannot be opened
+    (the constructor does not wait). If the writer later fails (or dies), ``failed`` says why
+    and every audited call is refused (``audited``)."""
 
     #: How long a batch gathers (docs/benchmarks.md, "Audit log").
     INTERVAL_S = 0.1
@@ -112,7 +121,8 @@ class AuditTrail:
         self.interval_s = self.INTERVAL_S if interval_s is None else interval_s
         # Why the log cannot be written (then every audited call is refused), or None.
         self.failed: str | None = None
-        # The writer's CPU time and batches, reported when it stops (docs/benchmarks.md).
+        # The writer's CPU time since it was ready and its batches, reported when it stops
+        # (docs/benchmarks.md).
         self.cpu_s: float | None = None
         self.batches: int | None = None
         # ... and this process's sender thread's (hashing, cutting, pickling is not counted).
@@ -125,26 +135,46 @@ class AuditTrail:
         self._tokens = itertools.count()
         self._wake = threading.Event()
         self._stopping = False
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["aggregator.audit"])
-        batches, self._send = ctx.Pipe(duplex=False)
-        status, child_status = ctx.Pipe(duplex=False)
-        self.process = ctx.Process(target=_writer_main, name="aggregator-audit", daemon=True,
-                                   args=(str(self.path), str(signing_key), batches,
-                                         child_status, self.PUSH_CACHE))
-        self.process.start()
-        batches.close()
-        child_status.close()
-        self._status = status
+        batches_r, batches_w = os.pipe()
+        status_r, status_w = os.pipe()
+        env = dict(os.environ)
+        # The same modules as this process, wherever it was started from.
+        env["PYTHONPATH"] = os.pathsep.join(str(Path(p).resolve()) for p in sys.path if p)
         try:
-            ready = status.poll(start_timeout_s) and status.recv()
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "aggregator.audit", str(self.path), str(signing_key),
+                 str(batches_r), str(status_w), str(self.PUSH_CACHE)],
+                pass_fds=(batches_r, status_w), stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL, env=env)
+        except OSError as exc:
+            for fd in (batches_r, batches_w, status_r, status_w):
+                os.close(fd)
+            raise AuditError(f"cannot start the audit log writer: {exc}") from None
+        os.close(batches_r)
+        os.close(status_w)
+        self._send = Connection(batches_w, readable=False)
+        self._status = Connection(status_r, writable=False)
+        self._start_timeout_s = start_timeout_s
+        self._monitor = self._sender = None
+
+    def ready(self) -> None:
+        """Wait until the writer has opened the log; AuditError if it cannot (fail closed:
+        the aggregator does not start). Then the sender and the status threads run."""
+        try:
+            ready = self._status.poll(self._start_timeout_s) and self._status.recv()
         except (EOFError, OSError):
             ready = None
         if not ready or ready[0] != "ready":
-            self.process.join(5)
             self._send.close()
+            self._status.close()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
             raise AuditError(ready[1] if ready and ready[0] == "failed" else
-                             f"the audit log writer for {self.path} did not start")
+                             f"the audit log writer for {self.path} did not start (exit code "
+                             f"{self.process.returncode})")
         self._monitor = threading.Thread(target=self._watch, name="aggregator-audit-status",
                                          daemon=True)
         self._monitor.start()
@@ -174,13 +204,19 @@ class AuditTrail:
     def close(self, timeout: float = 30.0) -> None:
         """Commit what is queued and stop the writer."""
         self._stopping = True
-        self._wake.set()
-        self._sender.join(timeout)
-        self.process.join(timeout)
-        if self.process.is_alive():
-            self.process.terminate()
-            self.process.join(5)
-        self._monitor.join(timeout)
+        if self._sender is None:        # never ready: nothing was sent
+            self._send.close()
+        else:
+            self._wake.set()
+            self._sender.join(timeout)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self._monitor is not None:
+            self._monitor.join(timeout)
+        self._status.close()
 
     # -- the sender thread ---------------------------------------------------------------------
     def _run(self) -> None:
@@ -250,7 +286,9 @@ class AuditTrail:
             return digest, None
         # The writer remembers as many as this side, in the same (pipe) order.
         _remember(self._pushed, digest, True, self.PUSH_CACHE)
-        return digest, envelope.SerializeToString(deterministic=True)
+        light = pb.SignedEnvelope(payload_type=envelope.payload_type, key_id=envelope.key_id,
+                                  payload=_cut_bulk(envelope.payload))
+        return digest, light.SerializeToString()
 
     def _watch(self) -> None:
         """The writer's reports: a failure, a flush done, its figures; EOF: it is gone."""
@@ -259,9 +297,12 @@ class AuditTrail:
                 message = self._status.recv()
             except (EOFError, OSError):
                 if self.failed is None and self.cpu_s is None:
-                    self.process.join(5)
+                    try:
+                        self.process.wait(5)
+                    except subprocess.TimeoutExpired:
+                        pass
                     self._fail(f"the audit log writer for {self.path} stopped (exit code "
-                               f"{self.process.exitcode})")
+                               f"{self.process.returncode})")
                 break
             kind = message[0]
             if kind == "failed":
@@ -287,7 +328,8 @@ def _remember(cache: OrderedDict, key, value, size: int) -> None:
 
 # -- the writer process ------------------------------------------------------------------------
 
-def _writer_main(path: str, key_path: str, batches, status, push_cache: int) -> None:
+def _writer_main(path: str, key_path: str, batches: Connection, status: Connection,
+                 push_cache: int) -> None:
     """The writer process: open the log (report "ready" or "failed"), then append each batch
     the aggregator sends in one transaction with one signed head, until None or the end of
     the pipe (the aggregator is gone). Reports failures, flushes and, at the end, its CPU."""
@@ -299,6 +341,7 @@ def _writer_main(path: str, key_path: str, batches, status, push_cache: int) -> 
         status.send(("failed", f"cannot open the audit log {path}: {exc}"))
         return
     status.send(("ready", None))
+    started = time.process_time()       # the work, without the interpreter's start
     described: OrderedDict = OrderedDict()     # digest -> Record of a pushed envelope
     failed, count = False, 0
     while True:
@@ -326,8 +369,11 @@ def _writer_main(path: str, key_path: str, batches, status, push_cache: int) -> 
         for token in flushed:
             status.send(("flushed", token))
     writer.close()
-    status.send(("stats", round(time.process_time(), 4), count))
-    status.close()
+    try:
+        status.send(("stats", round(time.process_time() - started, 4), count))
+        status.close()
+    except OSError:     # the aggregator is gone
+        pass
 
 
 def _received_record(digest: str, data: bytes | None, outcome: str) -> Record:
@@ -386,6 +432,7 @@ def _hello_site(data: bytes) -> str:
 
 async def _refuse_if_failed(trail: AuditTrail, context) -> None:
     if trail.failed is not None:
+        import grpc     # not at the top: the writer process (this module's __main__) needs none
         await context.abort(grpc.StatusCode.UNAVAILABLE,
                             limits.clip_text(f"the aggregator's audit log cannot be written "
                                              f"({trail.failed}): it takes no round message "
@@ -415,12 +462,31 @@ def audited(trail: AuditTrail | None, what: str, handler, server_streaming: bool
         await _refuse_if_failed(trail, context)
         try:
             reply = await handler(data, context)
-        except asyncio.CancelledError:
-            trail.received(what, data, "cancelled")
-            raise
         except Exception:
             trail.received(what, data, f"rejected {_code(context)}")
+            raise
+        except BaseException:        # asyncio.CancelledError: the client went away
+            trail.received(what, data, "cancelled")
             raise
         trail.received(what, data, _outcome(reply))
         return reply
     return unary
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m aggregator.audit PATH KEY BATCHES_FD STATUS_FD PUSH_CACHE``: the writer
+    process AuditTrail starts (not a command for people)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    path, key_path, batches_fd, status_fd, push_cache = argv
+    _writer_main(path, key_path, Connection(int(batches_fd), writable=False),
+                 Connection(int(status_fd), readable=False), int(push_cache))
+    # The log is closed and the last report sent: skip the interpreter's teardown (numpy's
+    # and sqlite3's), which is most of a stop's time.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main(sys.argv[1:]))

@@ -14,7 +14,6 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from dpfed import faults
-from dpfed.audit import AuditError
 from dpfed.transport import SERVER_OPTIONS, add_server_port
 
 from aggregator.audit import AuditTrail
@@ -94,16 +93,24 @@ class AggregatorServer:
             except IdentityError as exc:    # fail closed: no start with a list we cannot read
                 raise ConfigError(f"tls.crl: {exc}") from None
         Path(cfg.state_db).parent.mkdir(parents=True, exist_ok=True)
-        self.store = RoundStore(cfg.state_db)
-        self.manager = RoundManager(self.store, self.registry, max_clock_skew_s=cfg.max_clock_skew_s,
-                                    skip_fit=cfg.skip_fit, signing_key=self.signing_key)
-        self.manager.recover()
         if self.signing_key is not None:
-            try:   # fail closed: no start without a writable audit log
-                self.audit = AuditTrail(cfg.audit_path, signing_key=cfg.signing_key)
-            except AuditError:
+            # Its writer process starts while the store opens and the rounds are recovered.
+            self.audit = AuditTrail(cfg.audit_path, signing_key=cfg.signing_key)
+        try:
+            self.store = RoundStore(cfg.state_db)
+            self.manager = RoundManager(self.store, self.registry,
+                                        max_clock_skew_s=cfg.max_clock_skew_s,
+                                        skip_fit=cfg.skip_fit, signing_key=self.signing_key)
+            self.manager.recover()
+            if self.audit is not None:
+                self.audit.ready()      # fail closed: no start without a writable audit log
+        except BaseException:
+            if self.audit is not None:
+                self.audit.close()
+                self.audit = None
+            if self.store is not None:
                 self.store.close()
-                raise
+            raise
         self._executor = futures.ThreadPoolExecutor(max_workers=cfg.max_workers,
                                                     thread_name_prefix="grpc")
         self._loop = asyncio.new_event_loop()

@@ -70,6 +70,7 @@ def run_once(sites: int, dim: int, spread_s: float, messages, interval_s: float)
         key.save(Path(folder) / "aggregator.key")
         trail = AuditTrail(path, signing_key=Path(folder) / "aggregator.key",
                            interval_s=interval_s)
+        trail.ready()
         heads0 = len(audit.read(path).heads)
         calls = ([lambda s=s: trail.sent(spec, s) for s in names]
                  + [lambda c=c: trail.received("SendPhase", c, "accepted") for c in consents]
