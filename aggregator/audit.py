@@ -90,8 +90,8 @@ class AuditTrail:
     """The aggregator's audit log at ``path``, written by a process of its own.
 
     Describing, hashing, chaining and storing the 4000 entries of a 1000-site round takes
-    about 0.2 CPU-s; in a thread of the aggregator's process that work held the GIL the event
-    loop needs and cost about 5 % of the round (docs/benchmarks.md, "Audit log"). So the
+    0.15-0.2 CPU-s; in a thread of the aggregator's process that work held the GIL the event
+    loop needs and cost 5-13 % of the round (docs/benchmarks.md, "Audit log"). So the
     handlers append (what, raw bytes, outcome) to a list (nothing else on the event loop); a
     sender thread here, every ``interval_s``, hashes each request's bytes (hashlib releases
     the GIL), cuts a contribution down to its small fields and sends the batch in one write to
@@ -101,7 +101,7 @@ class AuditTrail:
     about 0.3 s to import, overlapped with the rest of the aggregator's start), talking over
     two inherited pipes: not multiprocessing, whose children re-import the parent's
     ``__main__`` (``python -m dpfed_apps`` would start a second command line there), and no
-    fork of a process that runs gRPC's threads. It ignores SIGINT and SIGTERM (a Ctrl-C or a
+    forked copy of a process that runs gRPC's threads. It ignores SIGINT and SIGTERM (a Ctrl-C or a
     service stop reaches the whole process group): it ends when the aggregator says so, after
     committing what it was sent, or when the pipe closes because the aggregator is gone.
 
