@@ -569,10 +569,21 @@ def test_a_real_round_leaves_matching_entries_in_the_site_and_aggregator_logs(fe
         masked = parse_canonical(stored.envelope.payload, "dpfed.v1.Contribution").masked
         assert masked and hashlib.sha256(masked).hexdigest() in {
             e["release_digest"] for e in sent if e["round_id"] == "sec-1"}
-        received = {e["message_digest"]: e for e in agg if e["peer"] == site}
+        received = {}
+        for e in agg:
+            if e["peer"] == site:
+                received.setdefault(e["message_digest"], []).append(e)
         for e in sent:
-            assert received[e["message_digest"]]["outcome"] == "accepted"
-            assert received[e["message_digest"]]["kind"] == e["kind"]
+            theirs = received[e["message_digest"]]
+            assert {r["kind"] for r in theirs} == {e["kind"]}
+            outcomes = {r["outcome"] for r in theirs}
+            if e["kind"] == "contribution" or e["phase"] == "consent":
+                assert outcomes == {"accepted"}, (e["kind"], e["phase"], outcomes)
+            else:
+                # A secure step may arrive after the round has what it needs (or be retried
+                # after a slow answer): the aggregator refuses it as out of phase, and both
+                # logs say so. Anything else is a failure.
+                assert outcomes <= {"accepted", "rejected FAILED_PRECONDITION"}, outcomes
 
 
 def test_the_aggregator_log_holds_no_statistics(federation_rounds):
