@@ -38,8 +38,8 @@ from dpfed.metrics import LinearTestRanks  # noqa: E402
 from dpfed.noise import NoiseDescription  # noqa: E402
 from dpfed.sensitivity import noise_calibration  # noqa: E402
 from dpfed.statistics import Statistics, clipped_exact_statistics  # noqa: E402
-from evaluation.protocol import (ProtocolConfig, eligible_drugs, load_problem,  # noqa: E402
-                                 prepare_repeat)
+from dpfed_apps.evaluation.protocol import (ProtocolConfig, eligible_drugs,  # noqa: E402
+                                            load_problem, prepare_repeat)
 
 CELLS = [(700, 1, 2.0), (700, 1, 1.0), (300, 1, 1.0), (300, 3, 1.0), (700, 10, 1.0),
          (300, 10, 2.0)]

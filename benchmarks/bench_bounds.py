@@ -38,7 +38,7 @@ def bench(n, d, eps, repeat):
 def bench_table(repeat):
     from dpfed.auxiliary import AuxiliarySource
     from dpfed.bounds import choose_bounds_table
-    from evaluation.protocol import ProtocolConfig, load_problem, prepare_repeat
+    from dpfed_apps.evaluation.protocol import ProtocolConfig, load_problem, prepare_repeat
 
     cfg = ProtocolConfig(neighbouring="replace_one")
     problem = load_problem(1047, cfg)

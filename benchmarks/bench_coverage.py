@@ -3,7 +3,8 @@
     python benchmarks/bench_coverage.py [--reps 200] [--y-unit bound] [--out docs/coverage.md]
 
 Grid: d in {5, 10}, n in {100, 500, 2000}, eps in {0.5, 1, 2}, K in {1, 10}; the noise-aware
-fit (default) and the plug-in fit side by side (evaluation.coverage); then a clipped case.
+fit (default) and the plug-in fit side by side (dpfed_apps.evaluation.coverage); then a clipped
+case.
 ``--y-unit bound`` fits with the priors in units of the y bound, as a round does. Prints a
 markdown table.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from evaluation.coverage import coverage  # noqa: E402
+from dpfed_apps.evaluation.coverage import coverage  # noqa: E402
 
 
 def main(argv=None) -> int:

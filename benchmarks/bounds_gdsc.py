@@ -1,10 +1,10 @@
 """Bounds tuned on public-shaped auxiliary data vs today's, on the bundled GDSC data; and the
 forecast of ``dpfed plan`` against the realised gain (issue 9 parts 3-5).
 
-The protocol's splits (``evaluation.protocol``: 100 test lines, 10 public lines, the private
-pool, nested private sets), K = 1, closed-form fits, numpy Laplace noise with the mechanism's
-scales (a synthetic evaluation of a mechanism's utility; never a release). Per (drug, repeat,
-n, eps, neighbouring relation), with the exact Sxx sensitivity:
+The protocol's splits (``dpfed_apps.evaluation.protocol``: 100 test lines, 10 public lines,
+the private pool, nested private sets), K = 1, closed-form fits, numpy Laplace noise with the
+mechanism's scales (a synthetic evaluation of a mechanism's utility; never a release). Per (drug,
+repeat, n, eps, neighbouring relation), with the exact Sxx sensitivity:
 
 - ``today``: omegas of today's ``choose_bounds(n, d, eps)`` (Gaussian auxiliary data, paper
   search), default split, the plain closed form (lambda = lambda0 = 1; PSD projection);
@@ -33,8 +33,8 @@ import numpy as np
 from dpfed.auxiliary import AuxiliarySource
 from dpfed.bounds import choose_bounds, default_split
 from dpfed_apps.forecast import Mechanism, closed_form_fit, forecast_round, score_cell
-from evaluation.protocol import (ProtocolConfig, eligible_drugs, load_problem, prepare_repeat,
-                                 repeat_split)
+from dpfed_apps.evaluation.protocol import (ProtocolConfig, eligible_drugs, load_problem,
+                                            prepare_repeat, repeat_split)
 
 OMEGAS = (0.1, 0.2, 0.3, 0.5, 0.7, 1.0, 1.4, 2.0, 2.8)
 SHARES_CS = dict(ridge_cs=(0.0, 2.0, 8.0, 32.0))

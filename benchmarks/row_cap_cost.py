@@ -42,9 +42,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import evaluation.methods.robust_private as robust_private  # noqa: E402
-import evaluation.protocol as protocol  # noqa: E402
-import evaluation.runner as runner  # noqa: E402
+import dpfed_apps.evaluation.methods.robust_private as robust_private  # noqa: E402
+import dpfed_apps.evaluation.protocol as protocol  # noqa: E402
+import dpfed_apps.evaluation.runner as runner  # noqa: E402
 from dpfed.secagg.calibration import calibrate  # noqa: E402
 from dpfed.sensitivity import (noise_calibration, xtx_sensitivity,  # noqa: E402
                                xty_sensitivity)
@@ -103,7 +103,7 @@ def float_secure_inputs(capped: bool):
 
 
 def _run(config, drugs, bounds, design: str) -> list[dict]:
-    from evaluation.executor import SerialExecutor
+    from dpfed_apps.evaluation.executor import SerialExecutor
 
     production = robust_private.secure_inputs
     if design != "exact":

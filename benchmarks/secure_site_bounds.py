@@ -1,7 +1,7 @@
 """Diagnostic for issue 10: K-site secure aggregation with the clipping bounds of the *smallest
 site* (``choose_bounds(n // K, ...)``, what independent releases use) instead of the total n
-(``evaluation.protocol.bounds_size``, the default of ``dpfed evaluate``: the secure sum carries one
-noise draw over n rows, the trade-off of a single site with n rows).
+(``dpfed_apps.evaluation.protocol.bounds_size``, the default of ``dpfed evaluate``: the secure
+sum carries one noise draw over n rows, the trade-off of a single site with n rows).
 
     python benchmarks/secure_site_bounds.py --drugs 60 --repeats 5 --out /tmp/secevel-sitebounds
     python benchmarks/secure_vs_single.py /tmp/secevel-sitebounds/results.csv
@@ -19,8 +19,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import evaluation.protocol as protocol  # noqa: E402
-import evaluation.runner as runner  # noqa: E402
+import dpfed_apps.evaluation.protocol as protocol  # noqa: E402
+import dpfed_apps.evaluation.runner as runner  # noqa: E402
 
 
 def smallest_site_bounds(n: int, k: int, aggregation: str = "independent") -> int:
@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args(argv)
 
-    from evaluation.executor import SerialExecutor
-    from evaluation.report import write_report
+    from dpfed_apps.evaluation.executor import SerialExecutor
+    from dpfed_apps.evaluation.report import write_report
 
     protocol.bounds_size = runner.bounds_size = smallest_site_bounds
     t0 = time.monotonic()

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from evaluation.report import read_csv  # noqa: E402
+from dpfed_apps.evaluation.report import read_csv  # noqa: E402
 
 TARGET = 0.01
 

@@ -1,13 +1,14 @@
 """One way through the code (docs/architecture.md): the import-linter contracts of
 pyproject.toml hold, and they do fail when the code breaks them.
 
-Contracts: applications (dpfed_apps, evaluation) over the roles (site_node | aggregator |
-coordinator, independent of each other) over the fit (posterior) over the core (dpfed); the
-core and the coordinator import nothing beyond the core dependencies; the site never imports
-the fitting stack (posterior included); the aggregator never imports the certificate
-authority (dpfed_apps.ca); the console is a gRPC client of the aggregator only (no aggregator
-or site code, no sqlite3, no fitting stack, no posterior); no import cycles among the
-children of any package (import-linter's acyclic_siblings).
+Contracts: applications (dpfed_apps, dpfed_apps.evaluation) over the roles (site_node |
+aggregator | coordinator, independent of each other) over the fit (posterior) over the core
+(dpfed); the core and the coordinator import nothing beyond the core dependencies; the site
+never imports the fitting stack (posterior included); the aggregator never imports the
+certificate authority (dpfed_apps.ca); the console is a gRPC client of the aggregator only (no
+aggregator or site code, no sqlite3, no fitting stack, no posterior); no import cycles among
+the children of any package (import-linter's acyclic_siblings). Every top-level package of the
+checkout is a root package and sits in one layer (a folder is a layer).
 
 And no module-level import cycle anywhere in the project's modules (grimp's import graph,
 function-level imports included, strongly connected components by Tarjan's algorithm): a
@@ -183,6 +184,8 @@ def test_import_contracts_fail_on_a_violation(tmp_path):
         "coordinator/roundspec.py": "import posterior  # coordinator -> the fit -> SciPy",
         "site_node/config.py": "import posterior  # site -> the fit",
         "dpfed_apps/console/plot.py": "import posterior.quality  # console -> the fit",
+        # The experiment sits above the application libraries it uses.
+        "dpfed_apps/forecast.py": "import dpfed_apps.evaluation.protocol  # library -> experiment",
         # The circle issue 20 removed: the shared vocabulary importing the node back.
         "site_node/messages.py": "import site_node.node  # node -> messages -> node",
     })
@@ -201,6 +204,7 @@ def test_import_contracts_fail_on_a_violation(tmp_path):
     assert "coordinator.roundspec -> posterior" in out
     assert "site_node.config -> posterior" in out
     assert "dpfed_apps.console.plot -> posterior.quality" in out
+    assert "dpfed_apps.forecast -> dpfed_apps.evaluation.protocol" in out
     assert "No cycles are allowed in site_node" in out
     assert ".messages -> .node" in out or ".node -> .messages" in out
 
@@ -210,6 +214,21 @@ def test_the_cycle_contract_covers_every_root_package():
     contract, = (c for c in IMPORTLINTER["contracts"] if c["id"] == "no-cycles")
     assert sorted(contract["ancestors"]) == sorted(PACKAGES)
     assert "skip_descendants" not in contract and "ignore_imports" not in contract
+
+
+def test_every_top_level_package_is_one_layer():
+    """A folder is a layer: every package at the top of the checkout is a root package of the
+    contracts, and the layers contract places it, or each of its subpackages it names, in
+    exactly one layer (no top-level package such as a former ``evaluation/`` left outside)."""
+    top_level = {p.name for p in ROOT.iterdir()
+                 if (p / "__init__.py").is_file() and p.name not in {"tests", "benchmarks"}}
+    assert top_level == set(PACKAGES)
+    contract, = (c for c in IMPORTLINTER["contracts"] if c["id"] == "layers")
+    named = [m.strip() for layer in contract["layers"]
+             for m in layer.replace("|", ":").split(":")]
+    assert len(named) == len(set(named)), named
+    for package in PACKAGES:
+        assert package in named or any(m.startswith(package + ".") for m in named), package
 
 
 def test_no_module_level_import_cycles():

@@ -15,7 +15,7 @@ from scipy import integrate
 
 from dpfed.noise import NoiseDescription
 from dpfed.statistics import Statistics, exact_statistics
-from evaluation.coverage import coverage, prior_problem
+from dpfed_apps.evaluation.coverage import coverage, prior_problem
 from posterior import UnknownNoiseError, fit_posterior
 from posterior.noise_aware import (log_posterior_exact, log_posterior_exact_batch,
                                    log_posterior_noise_aware, log_posterior_noise_aware_batch,
@@ -208,7 +208,7 @@ def test_fallback_is_recorded_and_only_for_auto(monkeypatch):
     post = post_mod.fit_posterior(release + public, public=public, seed=0, draws=10)
     assert post.method == "nuts" and post.diagnostics["fallback_from"] == "laplace"
     assert "effective draws" in post.diagnostics["laplace_refusal"] and len(calls) == 1
-    from evaluation.methods.posterior_fit import FIT_LOG, posterior_beta
+    from dpfed_apps.evaluation.methods.posterior_fit import FIT_LOG, posterior_beta
     log = []
     token = FIT_LOG.set(log)
     try:

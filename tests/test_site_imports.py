@@ -23,7 +23,7 @@ SITE_MODULES = ["site_node", "site_node.config", "site_node.data", "site_node.po
                 "dpfed_apps.commands.site", "dpfed_apps.cli"]
 FITTING = ("aggregator", "posterior", "pymc", "pytensor", "arviz", "numba", "scipy")
 NOT_CORE = ("opendp", "pyarrow", "threadpoolctl", "pymc", "pytensor", "arviz", "numba", "scipy",
-            "matplotlib", "dask", "site_node", "aggregator", "posterior", "evaluation")
+            "matplotlib", "dask", "site_node", "aggregator", "posterior")
 
 # A sys.meta_path finder that makes the given top-level packages unimportable, as if they were
 # not installed (ModuleNotFoundError), and records every attempt.

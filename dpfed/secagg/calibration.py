@@ -110,7 +110,7 @@ class GridCalibration:
 
     def release_exact_many(self, sites) -> list[np.ndarray]:
         """``[release_exact(stats) for stats in sites]``, the shares drawn in one CSPRNG call
-        (as ``release_many``; ``evaluation.methods.robust_private.secure_inputs``)."""
+        (as ``release_many``; ``dpfed_apps.evaluation.methods.robust_private.secure_inputs``)."""
         return self._with_shares([self.encode_exact(stats) for stats in sites])
 
     def _with_shares(self, xs: list) -> list[np.ndarray]:

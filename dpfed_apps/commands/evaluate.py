@@ -56,7 +56,7 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _aggregations(text: str) -> tuple[str, ...]:
-    from evaluation.protocol import AGGREGATIONS
+    from dpfed_apps.evaluation.protocol import AGGREGATIONS
 
     names = _names(text)
     bad = [v for v in names if v not in AGGREGATIONS]
@@ -96,9 +96,9 @@ def evaluate(args) -> int:
     require("opendp", "site")
     if args.executor == "dask":
         require("dask.distributed", "evaluate")
-    from evaluation.executor import make_executor
-    from evaluation.protocol import QUICK, ProtocolConfig, bounds_table, eligible_drugs
-    from evaluation.runner import DEFAULT_METHODS, plan_tasks, run_grid
+    from dpfed_apps.evaluation.executor import make_executor
+    from dpfed_apps.evaluation.protocol import QUICK, ProtocolConfig, bounds_table, eligible_drugs
+    from dpfed_apps.evaluation.runner import DEFAULT_METHODS, plan_tasks, run_grid
 
     t0 = time.monotonic()
     options = {}
@@ -117,7 +117,7 @@ def evaluate(args) -> int:
     try:
         config = ProtocolConfig(**options)
         methods = args.methods or DEFAULT_METHODS
-        from evaluation.methods import get_method
+        from dpfed_apps.evaluation.methods import get_method
         for name in methods:
             get_method(name)
     except ValueError as exc:
@@ -146,7 +146,7 @@ def evaluate(args) -> int:
         f"eps {list(config.epsilons)}, K {list(config.sites)} "
         f"({'/'.join(config.aggregations)} for K >= 2), methods {', '.join(methods)}")
     # The Gaussian search serves every method but nonprivate (no bounds) and robust_private
-    # under public-shaped bounds (chosen per repeat in the workers, evaluation.protocol).
+    # under public-shaped bounds (chosen per repeat in the workers, dpfed_apps.evaluation.protocol).
     gaussian = [m for m in methods
                 if m != "nonprivate" and not (m == "robust_private" and config.bounds == "public")]
     bounds = {}
@@ -155,7 +155,7 @@ def evaluate(args) -> int:
         bounds = bounds_table(config, d, cache_dir=out / "bounds-cache")
     tasks = plan_tasks(drugs, config, methods, bounds, repeats_per_task=args.repeats_per_task,
                        cache_dir=out / "bounds-cache")
-    from evaluation.checkpoint import JournalMismatch, TaskJournal, fingerprint
+    from dpfed_apps.evaluation.checkpoint import JournalMismatch, TaskJournal, fingerprint
 
     journal = TaskJournal(out, fingerprint(config, methods, tasks))
     try:
@@ -174,7 +174,7 @@ def evaluate(args) -> int:
                         journal=journal)
     wall_s = time.monotonic() - t0
     require("matplotlib", "all")
-    from evaluation.report import write_report
+    from dpfed_apps.evaluation.report import write_report
 
     command = "dpfed evaluate " + " ".join(shlex.quote(a) for a in (args.argv or []))
     summary = write_report(rows, out, wall_s=wall_s, command=command)

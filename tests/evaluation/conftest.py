@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from evaluation.methods import PrivacySetting, TrainingData
+from dpfed_apps.evaluation.methods import PrivacySetting, TrainingData
 
 
 class Problem:

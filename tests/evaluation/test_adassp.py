@@ -3,8 +3,8 @@ import math
 import numpy as np
 import pytest
 
-import evaluation.methods.adassp as ad
-from evaluation.methods.adassp import AdaSSP
+import dpfed_apps.evaluation.methods.adassp as ad
+from dpfed_apps.evaluation.methods.adassp import AdaSSP
 
 METHOD = AdaSSP()
 

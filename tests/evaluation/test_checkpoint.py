@@ -1,4 +1,5 @@
-"""evaluation.checkpoint and ``dpfed evaluate --resume``: a stopped run keeps its finished tasks."""
+"""dpfed_apps.evaluation.checkpoint and ``dpfed evaluate --resume``: a stopped run keeps its
+finished tasks."""
 
 import json
 import os
@@ -9,10 +10,10 @@ import time
 
 import pytest
 
-from evaluation.checkpoint import JournalMismatch, TaskJournal, fingerprint
-from evaluation.executor import SerialExecutor
-from evaluation.protocol import ProtocolConfig
-from evaluation.runner import plan_tasks, run_grid
+from dpfed_apps.evaluation.checkpoint import JournalMismatch, TaskJournal, fingerprint
+from dpfed_apps.evaluation.executor import SerialExecutor
+from dpfed_apps.evaluation.protocol import ProtocolConfig
+from dpfed_apps.evaluation.runner import plan_tasks, run_grid
 
 ROW = {"drug": 1047, "repeat": 0, "method": "nonprivate", "spearman": float("nan")}
 
@@ -63,7 +64,7 @@ def test_run_grid_runs_only_what_the_journal_lacks(tmp_path, monkeypatch):
     with TaskJournal(tmp_path, desc).open(resume=False) as journal:
         first = run_grid(tasks[:1], SerialExecutor(), journal=journal)
     ran = []
-    import evaluation.runner as runner
+    import dpfed_apps.evaluation.runner as runner
 
     real = runner.run_task
     monkeypatch.setattr(runner, "run_task", lambda t: ran.append(t.repeats) or real(t))

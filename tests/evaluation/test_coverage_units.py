@@ -1,9 +1,10 @@
-"""evaluation.coverage's unit of y: the model's own, the round's y bound, or the released rms."""
+"""dpfed_apps.evaluation.coverage's unit of y: the model's own, the round's y bound, or the
+released rms."""
 
 import numpy as np
 import pytest
 
-from evaluation.coverage import _unit, coverage, prior_problem
+from dpfed_apps.evaluation.coverage import _unit, coverage, prior_problem
 
 
 def test_units_are_none_the_bound_or_the_released_rms_within_the_bound():

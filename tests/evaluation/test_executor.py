@@ -1,8 +1,10 @@
-"""evaluation.executor: serial, local process pool and Dask give every result exactly once."""
+"""dpfed_apps.evaluation.executor: serial, local process pool and Dask give every result exactly
+once."""
 
 import pytest
 
-from evaluation.executor import DaskExecutor, LocalExecutor, SerialExecutor, make_executor
+from dpfed_apps.evaluation.executor import (DaskExecutor, LocalExecutor, SerialExecutor,
+                                            make_executor)
 
 
 def square(x):  # top level: picklable for the process pool and Dask
@@ -43,8 +45,8 @@ def test_dask_local_cluster():
 @pytest.mark.slow
 def test_dask_runs_a_real_evaluation_task(tmp_path):
     pytest.importorskip("dask.distributed")
-    from evaluation.protocol import ProtocolConfig, bounds_table
-    from evaluation.runner import plan_tasks, run_grid
+    from dpfed_apps.evaluation.protocol import ProtocolConfig, bounds_table
+    from dpfed_apps.evaluation.runner import plan_tasks, run_grid
 
     cfg = ProtocolConfig(sizes=(0, 100), epsilons=(2.0,), sites=(1,), repeats=1)
     tasks = plan_tasks([1047], cfg, ("robust_private",), bounds_table(cfg, 10, cache_dir=tmp_path))

@@ -3,8 +3,8 @@ import itertools
 import numpy as np
 import pytest
 
-import evaluation.methods.functional_mechanism as fm
-from evaluation.methods.functional_mechanism import FunctionalMechanism
+import dpfed_apps.evaluation.methods.functional_mechanism as fm
+from dpfed_apps.evaluation.methods.functional_mechanism import FunctionalMechanism
 
 from .conftest import Recorder
 

@@ -1,6 +1,6 @@
 import numpy as np
 
-from evaluation.methods.nonprivate import NonPrivate
+from dpfed_apps.evaluation.methods.nonprivate import NonPrivate
 from posterior.closed_form import closed_form_mean
 
 

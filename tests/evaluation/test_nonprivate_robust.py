@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 
 import site_node.release
-from evaluation.methods import TrainingData
-from evaluation.methods.nonprivate import NonPrivate
-from evaluation.methods.nonprivate_robust import NonPrivateRobust
-from evaluation.methods.robust_private import RobustPrivate
+from dpfed_apps.evaluation.methods import TrainingData
+from dpfed_apps.evaluation.methods.nonprivate import NonPrivate
+from dpfed_apps.evaluation.methods.nonprivate_robust import NonPrivateRobust
+from dpfed_apps.evaluation.methods.robust_private import RobustPrivate
 
 from .conftest import Recorder
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-import evaluation.methods.output_perturbation as op
-from evaluation.methods.output_perturbation import OutputPerturbation, constrained_ridge
+import dpfed_apps.evaluation.methods.output_perturbation as op
+from dpfed_apps.evaluation.methods.output_perturbation import OutputPerturbation, constrained_ridge
 
 from .conftest import Recorder
 

@@ -4,10 +4,10 @@ it recovers beta when epsilon is generous, and its output is noisy at small epsi
 import numpy as np
 import pytest
 
-from evaluation.methods.adassp import AdaSSP
-from evaluation.methods.functional_mechanism import FunctionalMechanism
-from evaluation.methods.output_perturbation import OutputPerturbation
-from evaluation.methods.private_unclipped import PrivateUnclipped
+from dpfed_apps.evaluation.methods.adassp import AdaSSP
+from dpfed_apps.evaluation.methods.functional_mechanism import FunctionalMechanism
+from dpfed_apps.evaluation.methods.output_perturbation import OutputPerturbation
+from dpfed_apps.evaluation.methods.private_unclipped import PrivateUnclipped
 
 METHODS = {
     "adassp": AdaSSP(),

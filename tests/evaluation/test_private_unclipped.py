@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 import site_node.release
-from evaluation.methods.nonprivate import NonPrivate
-from evaluation.methods.private_unclipped import PrivateUnclipped
+from dpfed_apps.evaluation.methods.nonprivate import NonPrivate
+from dpfed_apps.evaluation.methods.private_unclipped import PrivateUnclipped
 
 from .conftest import Recorder
 

@@ -1,11 +1,11 @@
-"""evaluation.protocol: the Monte Carlo CV splits and the public-only pre-processing."""
+"""dpfed_apps.evaluation.protocol: the Monte Carlo CV splits and the public-only pre-processing."""
 
 import numpy as np
 import pytest
 
 from dpfed_apps.simulation import gdsc_problem
-from evaluation.protocol import (ProtocolConfig, bounds_table, eligible_drugs, prepare_repeat,
-                                 private_rows, repeat_split, site_size)
+from dpfed_apps.evaluation.protocol import (ProtocolConfig, bounds_table, eligible_drugs,
+                                            prepare_repeat, private_rows, repeat_split, site_size)
 
 
 def test_split_sizes_are_the_papers_and_disjoint():
@@ -89,7 +89,7 @@ def test_repeat_bounds_read_only_the_public_lines(tmp_path):
     of the repeat leaves it unchanged; changing one public line changes it."""
     import dataclasses
 
-    from evaluation.protocol import repeat_bounds
+    from dpfed_apps.evaluation.protocol import repeat_bounds
 
     cfg = ProtocolConfig(sizes=(0, 100, 300), epsilons=(1.0, 2.0), sites=(1, 3), repeats=1)
     problem = gdsc_problem(1047, cfg.features)

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from evaluation.methods import METHODS, Method, PrivacySetting, TrainingData, get_method
+from dpfed_apps.evaluation.methods import METHODS, Method, PrivacySetting, TrainingData, get_method
 
 NAMES = {"robust_private", "nonprivate", "nonprivate_robust", "private_unclipped",
          "output_perturbation", "functional_mechanism", "adassp"}
@@ -65,7 +65,7 @@ def test_every_method_fits_public_rows_only(problem):
 
 
 def test_privacy_setting_and_protocol_default_split_follow_the_relation():
-    from evaluation.protocol import ProtocolConfig
+    from dpfed_apps.evaluation.protocol import ProtocolConfig
     base = {"epsilon": 1.0, "x_bound": 0.5, "y_bound": 1.0}
     s = PrivacySetting(**base)
     assert (s.neighbouring, s.xtx_sensitivity) == ("add_remove", "exact")

@@ -1,11 +1,11 @@
-"""evaluation.report: summaries, tables, plots and the CSV round trip."""
+"""dpfed_apps.evaluation.report: summaries, tables, plots and the CSV round trip."""
 
 import math
 
 import numpy as np
 
-from evaluation.report import (markdown_table, ratio_table, read_csv, summarise, write_csv,
-                               write_report)
+from dpfed_apps.evaluation.report import (markdown_table, ratio_table, read_csv, summarise,
+                                          write_csv, write_report)
 
 
 def _rows():

@@ -3,8 +3,8 @@ import pytest
 
 import site_node.release
 from dpfed.statistics import exact_statistics
-from evaluation.methods import get_method
-from evaluation.methods.robust_private import RobustPrivate
+from dpfed_apps.evaluation.methods import get_method
+from dpfed_apps.evaluation.methods.robust_private import RobustPrivate
 from site_node.release import clipped_statistics
 
 from .conftest import Recorder

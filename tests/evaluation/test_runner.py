@@ -1,13 +1,14 @@
-"""evaluation.runner: one task's rows, the posterior fits, public-only rows and failing cells."""
+"""dpfed_apps.evaluation.runner: one task's rows, the posterior fits, public-only rows and failing
+cells."""
 
 import math
 
 import numpy as np
 import pytest
 
-from evaluation.executor import SerialExecutor
-from evaluation.protocol import ProtocolConfig, bounds_table
-from evaluation.runner import ROW_FIELDS, plan_tasks, run_grid, run_task
+from dpfed_apps.evaluation.executor import SerialExecutor
+from dpfed_apps.evaluation.protocol import ProtocolConfig, bounds_table
+from dpfed_apps.evaluation.runner import ROW_FIELDS, plan_tasks, run_grid, run_task
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +59,7 @@ def test_nonprivate_recovers_the_known_tp53_signal(cfg_and_bounds):
 
 def test_a_failing_method_is_recorded_not_raised(cfg_and_bounds, monkeypatch):
     cfg, bounds = cfg_and_bounds
-    import evaluation.methods as registry
+    import dpfed_apps.evaluation.methods as registry
 
     class Broken:
         name, private, posterior = "adassp", True, None
@@ -100,8 +101,8 @@ def test_robust_private_uses_the_public_shaped_table(cfg_and_bounds, monkeypatch
     """With bounds="public" (the default) robust_private's setting for every (n, K, eps) is
     the repeat's table entry (bounds x public sigmas, split, row-norm bound); the other
     methods keep the Gaussian table."""
-    from evaluation.methods.robust_private import RobustPrivate
-    from evaluation.protocol import load_problem, prepare_repeat, repeat_bounds
+    from dpfed_apps.evaluation.methods.robust_private import RobustPrivate
+    from dpfed_apps.evaluation.protocol import load_problem, prepare_repeat, repeat_bounds
 
     cfg, bounds = cfg_and_bounds
     seen = []

@@ -15,11 +15,11 @@ from dpfed.secagg.protocol import RoundConfig
 from dpfed.secagg.simulate import run_round
 from dpfed.sensitivity import expected_noise
 from dpfed.wire.signing import SigningKey
-from evaluation.methods import PrivacySetting
-from evaluation.methods.robust_private import (RobustPrivate, decode_secure_sum, secure_inputs,
-                                               secure_sum)
-from evaluation.protocol import ProtocolConfig, bounds_size, bounds_table, federations
-from evaluation.report import label, markdown_table, read_csv, summarise, write_csv
+from dpfed_apps.evaluation.methods import PrivacySetting
+from dpfed_apps.evaluation.methods.robust_private import (RobustPrivate, decode_secure_sum,
+                                                          secure_inputs, secure_sum)
+from dpfed_apps.evaluation.protocol import ProtocolConfig, bounds_size, bounds_table, federations
+from dpfed_apps.evaluation.report import label, markdown_table, read_csv, summarise, write_csv
 from site_node.release import clipped_statistics, release_many
 
 Z = 4.9  # two-sided ~1e-6 per check

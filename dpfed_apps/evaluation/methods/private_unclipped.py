@@ -24,8 +24,9 @@ from typing import ClassVar
 import numpy as np
 
 from dpfed.statistics import Statistics, exact_statistics
-from evaluation.methods.base import PrivacySetting, TrainingData, split_rows, validate_posterior
-from evaluation.methods.posterior_fit import posterior_beta
+from dpfed_apps.evaluation.methods.base import (PrivacySetting, TrainingData, split_rows,
+                                                validate_posterior)
+from dpfed_apps.evaluation.methods.posterior_fit import posterior_beta
 from site_node.release import release_many
 
 

@@ -35,8 +35,9 @@ from dpfed.secagg import fixedpoint
 from dpfed.secagg.calibration import GridCalibration, calibrate
 from dpfed.sensitivity import noise_calibration
 from dpfed.statistics import Statistics, clipped_exact_statistics, exact_statistics, validate_shapes
-from evaluation.methods.base import PrivacySetting, TrainingData, split_rows, validate_posterior
-from evaluation.methods.posterior_fit import posterior_beta
+from dpfed_apps.evaluation.methods.base import (PrivacySetting, TrainingData, split_rows,
+                                                validate_posterior)
+from dpfed_apps.evaluation.methods.posterior_fit import posterior_beta
 from site_node.release import exact_clipped_statistics, release_many
 
 
@@ -114,7 +115,7 @@ def clipped_public_statistics(data: TrainingData, setting: PrivacySetting) -> St
 
 @dataclass(frozen=True)
 class RobustPrivate:
-    """``posterior``: one of ``evaluation.methods.base.POSTERIORS`` ("laplace": the
+    """``posterior``: one of ``dpfed_apps.evaluation.methods.base.POSTERIORS`` ("laplace": the
     noise-aware fit, the default; "plug-in-advi": the paper's); ``draws``: m."""
 
     posterior: str = "laplace"

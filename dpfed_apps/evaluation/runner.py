@@ -36,8 +36,8 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 
 from dpfed.statistics import Statistics, exact_statistics
-from evaluation.protocol import (ProtocolConfig, RepeatData, bounds_size, federations, table_cell,
-                                 load_problem, prepare_repeat, site_size)
+from dpfed_apps.evaluation.protocol import (ProtocolConfig, RepeatData, bounds_size, federations,
+                                            table_cell, load_problem, prepare_repeat, site_size)
 from dpfed.metrics import TestRanks
 
 __all__ = ["Task", "TaskResult", "ROW_FIELDS", "plan_tasks", "run_task", "run_grid",
@@ -104,10 +104,10 @@ def _row(data: RepeatData, method: str, eps, n: int, k: int, neighbouring: str,
 
 def run_task(task: Task) -> TaskResult:
     """Every cell of ``task`` (module docstring)."""
-    from evaluation.methods import get_method
-    from evaluation.methods.base import PrivacySetting, TrainingData
-    from evaluation.methods.posterior_fit import FIT_LOG, posterior_beta
-    from evaluation.protocol import repeat_bounds
+    from dpfed_apps.evaluation.methods import get_method
+    from dpfed_apps.evaluation.methods.base import PrivacySetting, TrainingData
+    from dpfed_apps.evaluation.methods.posterior_fit import FIT_LOG, posterior_beta
+    from dpfed_apps.evaluation.protocol import repeat_bounds
     from dpfed.sensitivity import row_norm_bound
 
     t0 = time.perf_counter()
@@ -227,16 +227,17 @@ Progress = Callable[[int, int, TaskResult], None]
 
 def run_grid(tasks: Sequence[Task], executor, progress: Progress | None = None,
              journal=None) -> list[dict]:
-    """Run every task on ``executor`` (``evaluation.executor``); rows in completion order.
+    """Run every task on ``executor`` (``dpfed_apps.evaluation.executor``); rows in completion
+    order.
 
-    ``journal`` (``evaluation.checkpoint.TaskJournal``, opened): tasks it already holds are
-    not run again (their rows come first), and every finished task is recorded in it before
+    ``journal`` (``dpfed_apps.evaluation.checkpoint.TaskJournal``, opened): tasks it already holds
+    are not run again (their rows come first), and every finished task is recorded in it before
     the next result is taken, so a stopped run loses at most the tasks in flight."""
     rows: list[dict] = []
     total = len(tasks)
     todo = list(tasks)
     if journal is not None:
-        from evaluation.checkpoint import task_key
+        from dpfed_apps.evaluation.checkpoint import task_key
 
         todo = [t for t in tasks if task_key(t.drug, t.repeats) not in journal.done]
         wanted = {task_key(t.drug, t.repeats) for t in tasks}

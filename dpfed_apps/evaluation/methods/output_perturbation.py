@@ -48,8 +48,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from evaluation.methods.base import PrivacySetting, TrainingData
-from evaluation.methods.posterior_fit import public_only_beta
+from dpfed_apps.evaluation.methods.base import PrivacySetting, TrainingData
+from dpfed_apps.evaluation.methods.posterior_fit import public_only_beta
 from site_node.laplace import add_laplace_noise
 
 BALL_RADIUS = 1.0  # R: the constraint ||w||_2 <= R of the reference implementation

@@ -13,8 +13,8 @@ from typing import ClassVar
 import numpy as np
 
 from dpfed.statistics import exact_statistics
-from evaluation.methods.base import PrivacySetting, TrainingData, validate_posterior
-from evaluation.methods.posterior_fit import posterior_beta
+from dpfed_apps.evaluation.methods.base import PrivacySetting, TrainingData, validate_posterior
+from dpfed_apps.evaluation.methods.posterior_fit import posterior_beta
 
 
 @dataclass(frozen=True)

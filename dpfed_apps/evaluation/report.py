@@ -28,8 +28,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from evaluation.published import PUBLISHED, PUBLISHED_RATIO_N800, SIZES, published_value
-from evaluation.runner import ROW_FIELDS
+from dpfed_apps.evaluation.published import PUBLISHED, PUBLISHED_RATIO_N800, SIZES, published_value
+from dpfed_apps.evaluation.runner import ROW_FIELDS
 
 __all__ = ["summarise", "write_csv", "read_csv", "markdown_table", "published_table",
            "ratio_table", "plot_curves", "write_report", "label"]

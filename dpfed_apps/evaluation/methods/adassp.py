@@ -56,8 +56,8 @@ import numpy as np
 import opendp.prelude as dp
 
 from dpfed.statistics import symmetric_gram
-from evaluation.methods.base import PrivacySetting, TrainingData, split_rows
-from evaluation.methods.posterior_fit import public_only_beta
+from dpfed_apps.evaluation.methods.base import PrivacySetting, TrainingData, split_rows
+from dpfed_apps.evaluation.methods.posterior_fit import public_only_beta
 
 dp.enable_features("contrib")
 

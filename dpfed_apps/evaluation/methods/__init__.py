@@ -7,14 +7,14 @@ docstring states its mechanism, sensitivity and constants.
 
 from __future__ import annotations
 
-from evaluation.methods.adassp import AdaSSP
-from evaluation.methods.base import (DEFAULT_DELTA, Method, PrivacySetting, TrainingData)
-from evaluation.methods.functional_mechanism import FunctionalMechanism
-from evaluation.methods.nonprivate import NonPrivate
-from evaluation.methods.nonprivate_robust import NonPrivateRobust
-from evaluation.methods.output_perturbation import OutputPerturbation
-from evaluation.methods.private_unclipped import PrivateUnclipped
-from evaluation.methods.robust_private import RobustPrivate
+from dpfed_apps.evaluation.methods.adassp import AdaSSP
+from dpfed_apps.evaluation.methods.base import (DEFAULT_DELTA, Method, PrivacySetting, TrainingData)
+from dpfed_apps.evaluation.methods.functional_mechanism import FunctionalMechanism
+from dpfed_apps.evaluation.methods.nonprivate import NonPrivate
+from dpfed_apps.evaluation.methods.nonprivate_robust import NonPrivateRobust
+from dpfed_apps.evaluation.methods.output_perturbation import OutputPerturbation
+from dpfed_apps.evaluation.methods.private_unclipped import PrivateUnclipped
+from dpfed_apps.evaluation.methods.robust_private import RobustPrivate
 
 __all__ = ["METHODS", "get_method", "Method", "PrivacySetting", "TrainingData", "DEFAULT_DELTA"]
 

@@ -54,7 +54,7 @@ PAPER_SIZES = (0, 100, 200, 300, 400, 500, 600, 700, 800)
 #: How robust_private's K >= 2 site releases are combined (issue 10), the round modes of
 #: ``dpfed.secure_round``: "independent" (K releases, K noise draws on the sum) or "secure"
 #: (secure aggregation with distributed noise: one draw on the sum,
-#: ``evaluation.methods.robust_private.secure_sum``). K = 1 is always independent.
+#: ``dpfed_apps.evaluation.methods.robust_private.secure_sum``). K = 1 is always independent.
 AGGREGATIONS = _ROUND_MODES
 
 

@@ -39,8 +39,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from evaluation.methods.base import PrivacySetting, TrainingData, split_rows
-from evaluation.methods.posterior_fit import public_only_beta
+from dpfed_apps.evaluation.methods.base import PrivacySetting, TrainingData, split_rows
+from dpfed_apps.evaluation.methods.posterior_fit import public_only_beta
 from site_node.laplace import add_laplace_noise
 
 REGULARISATION_SDS = 5.0  # Zhang et al.'s implementation: 5 x sqrt(2) x Delta / eps

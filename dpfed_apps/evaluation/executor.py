@@ -2,7 +2,7 @@
 
 Every executor has ``map_unordered(fn, items)``: an iterator of ``fn(item)`` in completion
 order (so progress is reported as tasks finish), and is a context manager that releases its
-workers. ``fn`` must be a picklable top-level function (``evaluation.runner.run_task``).
+workers. ``fn`` must be a picklable top-level function (``dpfed_apps.evaluation.runner.run_task``).
 
 - ``SerialExecutor``: in this process (tests, debugging).
 - ``LocalExecutor`` (default of ``dpfed evaluate``): ``concurrent.futures.ProcessPoolExecutor``

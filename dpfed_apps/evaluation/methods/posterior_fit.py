@@ -19,8 +19,8 @@ from posterior.closed_form import closed_form_mean
 
 
 #: The fit actually used by the last ``posterior_beta`` calls of this process, when a caller
-#: (evaluation.runner) sets a list here: one entry per fit ("laplace", or "nuts" after the
-#: Laplace fit refused and the reference sampler took over).
+#: (dpfed_apps.evaluation.runner) sets a list here: one entry per fit ("laplace", or "nuts"
+#: after the Laplace fit refused and the reference sampler took over).
 FIT_LOG: ContextVar[list | None] = ContextVar("FIT_LOG", default=None)
 
 
@@ -30,8 +30,8 @@ def posterior_beta(stats: Statistics, *, posterior: str, draws: int, seed: int,
                    y_unit: float | None = None) -> np.ndarray:
     """The paper's predictor (eq. (8)): the posterior mean of ``beta``, so ``x @ beta`` is the
     average of x^T beta over the posterior. ``posterior`` is one of
-    ``evaluation.methods.base.POSTERIORS``; ``public`` the exact public statistics included
-    in ``stats`` and ``x_bound`` the private rows' clipping bound (the noise-aware model's
+    ``dpfed_apps.evaluation.methods.base.POSTERIORS``; ``public`` the exact public statistics
+    included in ``stats`` and ``x_bound`` the private rows' clipping bound (the noise-aware model's
     design prior). ``fallback="nuts"``: if the Laplace fit refuses, the reference NUTS fit
     (what a round's default method "auto" does; robust_private uses it); None: the refusal
     is raised (the comparison methods: a refused cell is counted, not rescued).

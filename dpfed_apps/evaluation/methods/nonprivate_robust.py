@@ -16,9 +16,9 @@ import numpy as np
 
 from dpfed.noise import EXACT
 from dpfed.statistics import Statistics
-from evaluation.methods.base import PrivacySetting, TrainingData, validate_posterior
-from evaluation.methods.posterior_fit import posterior_beta
-from evaluation.methods.robust_private import clipped_public_statistics
+from dpfed_apps.evaluation.methods.base import PrivacySetting, TrainingData, validate_posterior
+from dpfed_apps.evaluation.methods.posterior_fit import posterior_beta
+from dpfed_apps.evaluation.methods.robust_private import clipped_public_statistics
 from site_node.release import clipped_statistics
 
 

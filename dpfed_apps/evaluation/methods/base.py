@@ -28,9 +28,9 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from evaluation.protocol import AGGREGATIONS
 from dpfed.sensitivity import (check_neighbouring, check_norm_bound, check_xtx_rule,
                                default_budget_split, validate_privacy_parameters)
+from dpfed_apps.evaluation.protocol import AGGREGATIONS
 from posterior import FIT_METHODS
 
 __all__ = ["TrainingData", "PrivacySetting", "Method", "DEFAULT_DELTA", "POSTERIORS",
