@@ -22,7 +22,7 @@ def test_sum_of_k_releases_holds_k_draws_and_k_times_the_variance():
 
 
 def test_repeated_is_the_sum_of_k_copies_and_sum_noise_groups_equal_releases():
-    from aggregator.round_state import sum_noise
+    from aggregator.rounds.contributions import sum_noise
     one, other = _release(), _release(2.0)
     shared = NoiseDescription(xty=(NoiseTerm("discrete_laplace", 1.5, 3, grid=0.25, share=4),))
     for d in (one, other, shared, one + other):

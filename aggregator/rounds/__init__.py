@@ -29,17 +29,17 @@ Where each part is (one RoundContext, ``context``, is all they share):
     release         the sites' releases, plain or masked: admitted, group-committed, summed
     secure_steps    the sites' messages in the key and unmasking steps of a secure round
     secure_session  a secure round's secagg session: built, stepped, unmasked, replayed
+    fitting         FITTING: the sum plus the public statistics fitted, the result stored
     refusals        a site's refusal, in any phase that takes answers
     reads           status, result, sites, spending, ListRounds, what a site is pushed
     recovery        reloading every round after a restart
     live            what is held about a round in memory
-
-What a round's sum is made of (accepted releases, their noise, the total with the public
-statistics) is aggregator.round_state, shared with aggregator.fitting.
+    contributions   what a round's sum is made of: the accepted releases, the noise each
+                    must declare, the noise of their sum, the total with the public statistics
 
 Who sent a message and whether it is fresh is aggregator.authentication's; the sites' open
 streams are aggregator.subscribers'; what arrives on the wire is checked by
-aggregator.contribution_wire, and a closed round is fitted by aggregator.fitting.
+aggregator.contribution_wire.
 
 Rules every part keeps:
 
@@ -55,7 +55,7 @@ Rules every part keeps:
 """
 
 from aggregator.errors import Rejected
-from aggregator.round_state import round_expected_noise
+from aggregator.rounds.contributions import round_expected_noise
 from aggregator.rounds.manager import RoundManager
 
 __all__ = ["Rejected", "RoundManager", "round_expected_noise"]

@@ -13,7 +13,7 @@ from dpfed import noise as dpnoise
 from dpfed.v1 import dpfed_pb2 as pb
 
 from aggregator import aggregate
-from aggregator.round_state import AcceptedContribution
+from aggregator.rounds.contributions import AcceptedContribution
 from aggregator.rounds.states import (ADVERTISE, CONFIRM_STEP, CONSENT, FINAL, KEYS, RELEASE,
                                       RELEASE_STEP, SECURE_STATES, SHARE_KEYS, UNMASK_STEP)
 from aggregator.store import StoredContribution, StoredRound
@@ -45,8 +45,8 @@ class LiveRound:
     # until they are durable and published (then ``deadline_due``).
     storing: dict[str, AcceptedContribution] = field(default_factory=dict)
     deadline_due: bool = False
-    # What every contribution must declare (aggregator.round_state.round_expected_noise),
-    # computed once.
+    # What every contribution must declare
+    # (aggregator.rounds.contributions.round_expected_noise), computed once.
     expected_noise: dpnoise.NoiseDescription | None = None
     # ---- secure rounds (None / empty otherwise) ----
     # dpfed.secure_round.SecureRound and the aggregator's dpfed.secagg AggregatorSession,

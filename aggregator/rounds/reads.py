@@ -18,10 +18,10 @@ from dpfed.wire.canonical import canonical_bytes
 from aggregator import aggregate, identity
 from aggregator.contribution_wire import check_fields, parse_envelope
 from aggregator.errors import Rejected
-from aggregator.round_state import (AcceptedContribution, noise_of, stored_contribution, sum_noise,
-                                    with_public)
 from aggregator.rounds import secure_session
 from aggregator.rounds.context import RoundContext
+from aggregator.rounds.contributions import (AcceptedContribution, noise_of,
+                                             stored_contribution, sum_noise, with_public)
 from aggregator.rounds.recovery import load_contributions
 from aggregator.rounds.states import CONSENT, RELEASE, STATE_TO_PB
 

@@ -14,9 +14,9 @@ from dpfed.wire.canonical import parse_canonical
 
 from aggregator import aggregate
 from aggregator.contribution_wire import parse_envelope
-from aggregator.round_state import AcceptedContribution, noise_of, stored_contribution
 from aggregator.rounds import secure_session
 from aggregator.rounds.context import RoundContext
+from aggregator.rounds.contributions import AcceptedContribution, noise_of, stored_contribution
 from aggregator.rounds.live import LiveRound
 from aggregator.rounds.states import COLLECTING, FITTING, OPEN, RELEASE, SECURE_STATES
 from aggregator.rounds.transitions import Transitions

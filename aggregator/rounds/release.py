@@ -25,8 +25,9 @@ from dpfed.v1 import dpfed_pb2 as pb
 
 from aggregator import aggregate, identity
 from aggregator.errors import Rejected
-from aggregator.round_state import AcceptedContribution, declared_noise, round_expected_noise
 from aggregator.rounds import secure_session
+from aggregator.rounds.contributions import (AcceptedContribution, declared_noise,
+                                             round_expected_noise)
 from aggregator.rounds.live import Admission, LiveRound
 from aggregator.rounds.states import CONSENT, KEYS, RELEASE
 from aggregator.rounds.transitions import Phase

@@ -16,9 +16,9 @@ from dpfed.wire.signing import SignatureError, verify
 from aggregator import aggregate, identity
 from aggregator.contribution_wire import check_envelope_size
 from aggregator.errors import Rejected
-from aggregator.round_state import round_expected_noise
 from aggregator.rounds import secure_session
 from aggregator.rounds.context import RoundContext
+from aggregator.rounds.contributions import round_expected_noise
 from aggregator.rounds.deadlines import consent_deadline_ms
 from aggregator.rounds.live import LiveRound
 from aggregator.rounds.states import CONSENT

@@ -10,7 +10,7 @@ state starts.
   not hold, then writes the change in one store transaction, then changes the memory (so the
   in-memory view never runs ahead of what a restart would reload), then starts the new state:
   a collecting state wakes the sites it waits for and arms its deadline, FITTING queues the
-  fit (one at a time, on its own thread; aggregator.fitting.fit_round), which enters DONE.
+  fit (one at a time, on its own thread; aggregator.rounds.fitting.fit_round), which enters DONE.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ from dataclasses import dataclass
 from dpfed import secure_round
 from dpfed.secagg import errors as secagg_errors
 
-from aggregator.fitting import fit_round
 from aggregator.rounds import secure_session
 from aggregator.rounds.context import RoundContext
 from aggregator.rounds.deadlines import phase_deadline, step_deadline
+from aggregator.rounds.fitting import fit_round
 from aggregator.rounds.live import LiveRound
 from aggregator.rounds.states import (COLLECTING, CONSENT, DONE, FAILED, FITTING, RELEASE,
                                       SECURE_STATES, UNMASK_STEP, check_transition, next_phase)

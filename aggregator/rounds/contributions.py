@@ -1,9 +1,10 @@
-"""What a round's sum is made of: the releases it accepted (AcceptedContribution), the noise
-each must declare (checked when it is admitted), the noise their sum carries, and the total
-with the public statistics (which add none) that the model is fitted on.
+"""A round's contributions: the releases it accepted (AcceptedContribution), the noise each
+must declare (checked when it is admitted: ``round_expected_noise``, ``declared_noise``), the
+noise their sum carries (``sum_noise``), and the total with the public statistics (which add
+none) that the model is fitted on (``with_public``).
 
-The round itself -- its states, its phases, its transitions -- is aggregator.rounds, which
-imports this module (and aggregator.fitting, which imports it too), never the other way.
+Used by the phases that admit, reload and read contributions (release, recovery, reads) and
+by the FITTING phase (aggregator.rounds.fitting); it imports no other part of the round.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""Fitting a closed round: the sum of its releases plus the public statistics, the posterior
-(aggregator.aggregate.fit), and the stored result. A plain function; the round manager
-decides when it runs (one fit at a time, on its own thread)."""
+"""The FITTING phase: a closed round's sum of releases plus the public statistics, the
+posterior (aggregator.aggregate.fit), and the stored result. A plain function; entering
+FITTING (aggregator.rounds.transitions) decides when it runs (one fit at a time, on its own
+thread)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 from dpfed.v1 import dpfed_pb2 as pb
 
 from aggregator import aggregate
-from aggregator.round_state import AcceptedContribution, sum_noise, with_public
+from aggregator.rounds.contributions import AcceptedContribution, sum_noise, with_public
 from aggregator.store import StoredResult
 
 
