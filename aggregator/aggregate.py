@@ -217,6 +217,9 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
     if spec.HasField("preprocessing") and len(spec.preprocessing.x_mean) not in (0, d):
         problems.append(f"preprocessing has {len(spec.preprocessing.x_mean)} feature means "
                         f"for {d} features")
+    if spec.HasField("preprocessing") and len(spec.preprocessing.x_scale) not in (0, d):
+        problems.append(f"preprocessing has {len(spec.preprocessing.x_scale)} column scales "
+                        f"for {d} features")
     unknown = sorted(set(spec.sites) - set(registered_sites))
     if unknown:
         problems.append(f"invited sites are not registered: {', '.join(unknown)}")
@@ -330,7 +333,8 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "diagnostics": diagnostics,
         "timings": {"round_s": round_s, "fit_s": fit_s},
         "preprocessing": {"x_mean": list(pre.x_mean), "y_mean": pre.y_mean,
-                          "normalize_rows": pre.normalize_rows},
+                          "normalize_rows": pre.normalize_rows,
+                          **({"x_scale": list(pre.x_scale)} if pre.x_scale else {})},
         "public_source": spec.public_source,
         "x_bound": spec.x_bound,
         "y_bound": spec.y_bound,

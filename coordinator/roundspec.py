@@ -43,7 +43,7 @@ ROUND_KEYS = frozenset({"round_id", "target", "features", "epsilon", "x_bound", 
                         "colluders"})
 # Secure aggregation: rows per site assumed when round.toml gives no max_site_rows.
 DEFAULT_MAX_SITE_ROWS = 100_000
-PUBLIC_KEYS = frozenset({"path", "normalize_rows", "source"})
+PUBLIC_KEYS = frozenset({"path", "normalize_rows", "scale_columns", "source"})
 FIT_KEYS = frozenset({"method", "draws", "seed"})
 
 
@@ -227,7 +227,8 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
         path = base / public["path"]
         x_raw, y_raw = read_public_rows(path, target, features)
         pre = Preprocessing.from_public_data(x_raw, y_raw,
-                                             normalize_rows=bool(public.get("normalize_rows", True)))
+                                             normalize_rows=bool(public.get("normalize_rows", True)),
+                                             scale_columns=bool(public.get("scale_columns", True)))
         xp, yp = pre.apply(x_raw, y_raw)
         spec.public_source = str(public.get("source", f"{path.name}: {len(yp)} public rows"))
     else:
@@ -235,7 +236,8 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
             Preprocessing((0.0,) * d, 0.0, True)
         spec.public_source = "none"
     spec.preprocessing.CopyFrom(pb.Preprocessing(x_mean=list(pre.x_mean), y_mean=pre.y_mean,
-                                                 normalize_rows=pre.normalize_rows))
+                                                 normalize_rows=pre.normalize_rows,
+                                                 x_scale=list(pre.x_scale)))
     if "x_bound" in config and "y_bound" in config:
         spec.x_bound, spec.y_bound = float(config["x_bound"]), float(config["y_bound"])
     else:

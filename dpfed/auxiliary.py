@@ -256,6 +256,8 @@ class AuxiliarySource:
         x_raw = self._features(rng, params, total)
         pre = self.preprocessing
         centred = x_raw - np.asarray(pre.x_mean)
+        if pre.x_scale:   # the signal acts on the columns in the round's public units
+            centred = centred / np.asarray(pre.x_scale)
         m = self.m
         y_pub = self.y_public
         s_pub = float(np.std(y_pub, ddof=1))

@@ -247,7 +247,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
 
     x_public = np.asarray(x_public, dtype=np.float64)
     y_public = np.asarray(y_public, dtype=np.float64)
-    pre = preprocessing or Preprocessing.from_public_data(x_public, y_public)
+    pre = preprocessing or Preprocessing.from_public_data(x_public, y_public, scale_columns=True)
     source = AuxiliarySource(x_public, y_public, pre, feature_names=feature_names,
                              **({} if row_bootstrap is None else {"row_bootstrap": row_bootstrap}))
     if aggregation not in AGGREGATIONS:

@@ -327,7 +327,8 @@ class SiteNode:
 
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
-                                      source=spec.public_source or "coordinator")
+                                      source=spec.public_source or "coordinator",
+                                      x_scale=tuple(pre.x_scale))
         usable = finite_after_preprocessing(preprocessing, data.x, data.y)
         log_left_out(round_id, spec.target, data, int((~usable).sum()))
         try:

@@ -114,6 +114,11 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
                               f"{len(features)} features")
     if not all(math.isfinite(v) for v in pre.x_mean) or not math.isfinite(pre.y_mean):
         raise PolicyViolation("preprocessing means must be finite")
+    if len(pre.x_scale) not in (0, len(features)):
+        raise PolicyViolation(f"preprocessing has {len(pre.x_scale)} column scales for "
+                              f"{len(features)} features")
+    if not all(math.isfinite(v) and v > 0 for v in pre.x_scale):
+        raise PolicyViolation("preprocessing column scales must be finite and > 0")
 
 
 def check_aggregation(spec: pb.RoundSpec, policy: PolicyConfig) -> None:

@@ -33,6 +33,8 @@ def finite_after_preprocessing(preprocessing, x: np.ndarray, y: np.ndarray) -> n
     y = np.asarray(y, dtype=np.float64)
     with np.errstate(over="ignore", invalid="ignore"):
         z = x - np.asarray(preprocessing.x_mean, dtype=np.float64)
+        if getattr(preprocessing, "x_scale", ()):
+            z = z / np.asarray(preprocessing.x_scale, dtype=np.float64)
         ok = np.isfinite(z).all(axis=1) if z.size else np.ones(x.shape[0], dtype=bool)
         if preprocessing.normalize_rows:
             ok &= np.isfinite(np.einsum("ij,ij->i", z, z))

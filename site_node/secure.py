@@ -289,7 +289,8 @@ class SecureSite:
             return self._refuse(spec, spec_digest, exc.public_reason)
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
-                                      source=spec.public_source or "coordinator")
+                                      source=spec.public_source or "coordinator",
+                                      x_scale=tuple(pre.x_scale))
         # Row-wise rules only: every usable row is used, however many (no cap, and never a
         # refusal that would say how many rows the site has). The statistics are exact
         # integers of the quantised rows (dpfed.secagg.exact): no float error to bound, so

@@ -39,9 +39,11 @@ def _round_toml(**kw):
 def test_build_round_spec_from_public_data(tmp_path):
     x, y = _public_csv(tmp_path / "public.csv")
     spec = build_round_spec(_round_toml(round_id="r-7"), base_dir=tmp_path, now_ms=1000)
-    pre = Preprocessing.from_public_data(x, y)
+    # Continuous columns are divided by their public sd (issue 21; binary ones keep 1).
+    pre = Preprocessing.from_public_data(x, y, scale_columns=True)
     assert spec.round_id == "r-7" and list(spec.feature_names) == ["a", "b", "c"]
     assert list(spec.preprocessing.x_mean) == list(pre.x_mean)
+    np.testing.assert_allclose(spec.preprocessing.x_scale, np.std(x, axis=0, ddof=1))
     assert spec.preprocessing.y_mean == pre.y_mean and spec.preprocessing.normalize_rows
     # Public rows clipped like the private ones: box (0.3, 2.0), then the unit row-norm ball.
     xp, yp = pre.apply(x, y)
@@ -146,7 +148,7 @@ def test_bounds_and_split_chosen_on_public_shaped_data_when_not_given(tmp_path):
     conf = _round_toml(sites=["s1", "s2"], expected_site_n=200)
     del conf["x_bound"], conf["y_bound"]
     spec = build_round_spec(conf, base_dir=tmp_path, now_ms=1000)
-    pre = Preprocessing.from_public_data(x, y)
+    pre = Preprocessing.from_public_data(x, y, scale_columns=True)
     source = AuxiliarySource(x, y, pre, feature_names=["a", "b", "c"])
     table = choose_bounds_table(source, [(400, 2)], [2.0], x_norm_bound=1.0)
     choice = table[(400, 2, 2.0)]
@@ -165,7 +167,7 @@ def test_secure_round_bounds_are_chosen_for_one_draw_on_the_total(tmp_path):
                        aggregation="secure", noise_threshold=4)
     del conf["x_bound"], conf["y_bound"]
     spec = build_round_spec(conf, base_dir=tmp_path, now_ms=1000)
-    pre = Preprocessing.from_public_data(x, y)
+    pre = Preprocessing.from_public_data(x, y, scale_columns=True)
     source = AuxiliarySource(x, y, pre, feature_names=["a", "b", "c"])
     table = choose_bounds_table(source, [(200, 1), (200, 4)], [0.5], x_norm_bound=1.0)
     one, four = table[(200, 1, 0.5)], table[(200, 4, 0.5)]

@@ -8,14 +8,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class Preprocessing(_message.Message):
-    __slots__ = ("x_mean", "y_mean", "normalize_rows")
+    __slots__ = ("x_mean", "y_mean", "normalize_rows", "x_scale")
     X_MEAN_FIELD_NUMBER: _ClassVar[int]
     Y_MEAN_FIELD_NUMBER: _ClassVar[int]
     NORMALIZE_ROWS_FIELD_NUMBER: _ClassVar[int]
+    X_SCALE_FIELD_NUMBER: _ClassVar[int]
     x_mean: _containers.RepeatedScalarFieldContainer[float]
     y_mean: float
     normalize_rows: bool
-    def __init__(self, x_mean: _Optional[_Iterable[float]] = ..., y_mean: _Optional[float] = ..., normalize_rows: _Optional[bool] = ...) -> None: ...
+    x_scale: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, x_mean: _Optional[_Iterable[float]] = ..., y_mean: _Optional[float] = ..., normalize_rows: _Optional[bool] = ..., x_scale: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class NoiseTerm(_message.Message):
     __slots__ = ("law", "scale", "draws", "grid", "share")

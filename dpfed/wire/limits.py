@@ -141,6 +141,10 @@ def spec_problems(spec: pb.RoundSpec) -> list[str]:
         problems.append(f"preprocessing has {len(pre.x_mean)} means (at most {MAX_FEATURES})")
     elif not all(math.isfinite(v) for v in pre.x_mean) or not math.isfinite(pre.y_mean):
         problems.append("preprocessing means must be finite")
+    if len(pre.x_scale) > MAX_FEATURES:
+        problems.append(f"preprocessing has {len(pre.x_scale)} scales (at most {MAX_FEATURES})")
+    elif not all(math.isfinite(v) and v > 0 for v in pre.x_scale):
+        problems.append("preprocessing column scales must be finite and > 0")
     problems.append(_text(spec.public_source, "public_source", MAX_TEXT_CHARS))
     if spec.public_statistics and len(spec.public_statistics) != encoded_length(d):
         problems.append(f"public_statistics have {len(spec.public_statistics)} bytes, "

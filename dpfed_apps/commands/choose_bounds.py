@@ -75,8 +75,8 @@ def run(args) -> int:
                 raise ValueError("--public needs --target")
             names = [f for f in args.features.split(",") if f] if args.features else None
             prob = csv_problem(args.public, target=args.target, feature_names=names)
-            source = AuxiliarySource(prob.x, prob.y, Preprocessing.from_public_data(prob.x, prob.y),
-                                     feature_names=prob.feature_names)
+            pre = Preprocessing.from_public_data(prob.x, prob.y, scale_columns=True)
+            source = AuxiliarySource(prob.x, prob.y, pre, feature_names=prob.feature_names)
             psx, psy = source.scales()
             sigma_x = psx if sigma_x is None else sigma_x
             sigma_y = psy if sigma_y is None else sigma_y

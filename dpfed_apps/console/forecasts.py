@@ -63,7 +63,8 @@ def forecast_for_spec(spec: pb.RoundSpec, x_public: np.ndarray, y_public: np.nda
     from dpfed_apps.forecast import forecast_round
 
     pre = Preprocessing(tuple(spec.preprocessing.x_mean), spec.preprocessing.y_mean,
-                        spec.preprocessing.normalize_rows)
+                        spec.preprocessing.normalize_rows,
+                        x_scale=tuple(spec.preprocessing.x_scale))
     return forecast_round(x_public=x_public, y_public=y_public,
                           feature_names=list(spec.feature_names), preprocessing=pre,
                           n_per_site=n_per_site if len(n_per_site) > 1 else n_per_site[0],

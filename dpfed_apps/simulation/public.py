@@ -17,7 +17,10 @@ def public_preprocessing(problem: Problem, split: Split) -> Preprocessing:
     """Centring means from the public lines only (method.md section 4: never the sites')."""
     if split.public.size == 0:
         raise ValueError("the round needs public lines for its pre-processing means")
-    return Preprocessing.from_public_data(problem.x[split.public], problem.y[split.public])
+    # Continuous columns divided by their public sd (binary ones keep 1): one unit for every
+    # coordinate of the release's box and noise (dpfed.preprocess, issue 21).
+    return Preprocessing.from_public_data(problem.x[split.public], problem.y[split.public],
+                                          scale_columns=True)
 
 
 def round_bounds(n_per_site: int, d: int, epsilon: float, sigma_x: float,
