@@ -69,13 +69,13 @@ def test_zcdp_and_gdp_conversions():
 def test_agrees_with_dp_accounting_pld():
     pld = pytest.importorskip("dp_accounting.pld.privacy_loss_distribution")
     for mu, k in ((1.0, 1), (0.5, 4), (0.3, 10)):
-        p = pld.from_gaussian_mechanism(1.0 / mu, sensitivity=1.0, value_discretization_interval=1e-5)
+        p = pld.from_gaussian_mechanism(1.0 / mu, sensitivity=1.0, value_discretization_interval=1e-4)
         p = p.self_compose(k) if k > 1 else p
         total = g.compose_mu([mu] * k)
         for delta in (1e-5, 1e-8):
             # PLD's pessimistic estimate is an upper bound, within its discretisation of exact
             assert g.gaussian_epsilon(delta, total) == pytest.approx(
-                p.get_epsilon_for_delta(delta), abs=2e-4 * k)
+                p.get_epsilon_for_delta(delta), abs=1e-3 * k)
             assert g.gaussian_epsilon(delta, total) <= p.get_epsilon_for_delta(delta) + 1e-9
 
 
