@@ -14,6 +14,15 @@ distance of two neighbours by at most sqrt(size) 2^k, which OpenDP's privacy map
 The scale starts at sigma_for_rho(Delta_2, rho) and is nudged up (relative 1e-12 steps) until
 OpenDP's own map certifies a loss <= rho at distance Delta_2; the certified rho is returned and
 is what a ledger must charge (it is never above the requested rho).
+
+What to charge. OpenDP proves rho-zCDP for its discrete Gaussian, so
+``dpfed.accounting.ZCDP(certified)`` is the proof-backed event. ``dpfed.accounting.Gaussian``
+(the exact mu-GDP profile) is the *continuous* Gaussian's; the discrete Gaussian's exact
+profile is given by discrete-Gaussian tails instead (Canonne, Kamath & Steinke 2020, Theorem 7)
+and, on a grid 2^40 times finer than the sensitivity, agrees with it to far below any delta
+that matters, but that is an argument, not OpenDP's certificate. The difference in eps is a few
+per cent (one release of mu = 1 at delta 1e-6: 4.89 as GDP, 5.22 as rho = 0.5 through RDP); the ledger's
+choice is the next session's (docs/method.md section 13).
 """
 
 from __future__ import annotations
