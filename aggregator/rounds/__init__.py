@@ -31,6 +31,7 @@ Where each part is (one RoundContext, ``context``, is all they share):
     secure_session  a secure round's secagg session: built, stepped, unmasked, replayed
     fitting         FITTING: the sum plus the public statistics fitted, the result stored
     refusals        a site's refusal, in any phase that takes answers
+    slots           whether a site may answer the current step (release and secure steps)
     reads           status, result, sites, spending, ListRounds, what a site is pushed
     recovery        reloading every round after a restart
     live            what is held about a round in memory

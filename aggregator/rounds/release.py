@@ -29,6 +29,7 @@ from aggregator.rounds import secure_session
 from aggregator.rounds.contributions import (AcceptedContribution, declared_noise,
                                              round_expected_noise)
 from aggregator.rounds.live import Admission, LiveRound
+from aggregator.rounds.slots import check_slot
 from aggregator.rounds.states import CONSENT, KEYS, RELEASE
 from aggregator.rounds.transitions import Phase
 
@@ -200,19 +201,12 @@ class ReleasePhase(Phase):
             raise Rejected("FAILED_PRECONDITION", f"spec_digest {c.spec_digest[:16]} does not "
                                                   f"match round {rid!r} "
                                                   f"({live.stored.spec_digest[:16]})")
-        if site in live.contributions:
-            raise Rejected("ALREADY_EXISTS", f"site {site!r} already contributed a different "
-                                             f"release to round {rid!r}")
-        if site in live.storing:
-            # Retryable: once stored, a retry of the same release is answered as a duplicate.
-            raise Rejected("UNAVAILABLE", f"a contribution of site {site!r} to round {rid!r} "
-                                          f"is being stored; retry")
-        if site in live.refusals:
-            raise Rejected("ALREADY_EXISTS", f"site {site!r} refused round {rid!r}")
-        if live.secure is not None and site not in live.expected():
-            raise Rejected("FAILED_PRECONDITION", f"site {site!r} did not complete key "
-                                                  f"agreement in round {rid!r}: it must not "
-                                                  f"release")
+        # Not refused, no release taken (an identical one was answered as a duplicate before
+        # this) or being stored (retryable: once stored, a retry of the same release is
+        # answered as a duplicate), and in a secure round one of the sites that completed key
+        # agreement.
+        check_slot(live, site, answered=live.contributions, storing=live.storing,
+                   what="release")
         self.ctx.auth.check_fresh(c.timestamp_unix_ms, "Contribution")
 
     @staticmethod

@@ -14,6 +14,7 @@ from dpfed.v1 import dpfed_pb2 as pb
 from aggregator.errors import Rejected
 from aggregator.rounds import secure_session
 from aggregator.rounds.live import LiveRound
+from aggregator.rounds.slots import check_slot
 from aggregator.rounds.transitions import Phase
 
 log = logging.getLogger(__name__)
@@ -73,18 +74,8 @@ class SecureSteps(Phase):
             where = f"{live.state} ({live.step})" if live.step else live.state
             raise Rejected("FAILED_PRECONDITION", f"round {rid!r} is in {where}: a {step} "
                                                   f"message is out of phase")
-        if site in live.refusals:
-            raise Rejected("ALREADY_EXISTS", f"site {site!r} refused round {rid!r}")
-        if site in live.answers:
-            raise Rejected("ALREADY_EXISTS", f"site {site!r} already sent its {step} message "
-                                             f"for round {rid!r}")
-        if site in live.pending:
-            raise Rejected("UNAVAILABLE", f"the {step} message of site {site!r} is being "
-                                          f"stored; retry")
-        if site not in live.expected():
-            raise Rejected("FAILED_PRECONDITION", f"site {site!r} is not in the {step} step "
-                                                  f"of round {rid!r} (it missed an earlier "
-                                                  f"step)")
+        check_slot(live, site, answered=live.answers, storing=live.pending,
+                   what=f"{step} message")
         self.ctx.auth.check_fresh(m.timestamp_unix_ms, "PhaseMessage")
         return secure_session.check_secagg(live, m.body, site,
                                            secure_session.PHASE_MESSAGE_TYPES[step])
