@@ -80,6 +80,19 @@ _SETTLED_ESS = 400
 # Draws per round of the adaptive proposal (attempt 3; 2-6 rounds; 4x as many if it has not
 # settled after 6).
 _ADAPTIVE_PROPOSALS = 4000
+# Pareto k-hat above which an importance sample is not trusted (posterior.psis; Vehtari et
+# al. 2024: 0.7 for the sample sizes used here).
+_KHAT_MAX = 0.7
+# Modes whose Laplace mass is below this fraction of the largest one's are ignored.
+_MIN_MODE_MASS = 1e-3
+# HMC (attempt 4, posterior.hmc): chains, warm-up and kept iterations per chain (more kept
+# iterations for more draws: a quarter of draws / chains, up to 4x), leapfrog steps; chains
+# that disagree more than this split r-hat are refused.
+_HMC_CHAINS = 8
+_HMC_WARMUP = 40
+_HMC_ITERATIONS = 60
+_HMC_STEPS = 6
+_HMC_RHAT_MAX = 1.05
 # Proposals tried in turn: the default (posterior.laplace), then a wider, heavier-tailed t.
 _WIDER_PROPOSALS = ({}, dict(scale=2.0, df=3.0, proposals=16000, max_proposals=16000))
 
@@ -231,19 +244,34 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
     return post
 
 
+def _laplace_mass(lap) -> float:
+    """Log of a mode's Laplace estimate of its mass: log density + log sqrt(det cov)."""
+    return float(lap.log_density + 0.5 * np.linalg.slogdet(lap.cov)[1])
+
+
 def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,
                  check_first_attempt: bool = True) -> Posterior:
     """Laplace approximation + importance sampling (posterior.laplace) of the exact or the
-    noise-aware model, lambda0 integrated out and drawn given beta afterwards.
+    noise-aware model, lambda0 integrated out and drawn given beta afterwards; HMC
+    preconditioned by the Laplace approximation where importance sampling does not hold up.
 
     Attempt 1: the Laplace approximation at the mode found from the ridge start, its t
-    proposal. If that keeps fewer than ``_SETTLED_ESS`` effective draws, modes are sought
-    from more starting points (``posterior.targets.extra_starts``): with several, attempt 2, a
-    mixture of wider, heavier-tailed t proposals, one per distinct mode
-    (``posterior.laplace.mixture_importance``); with one, attempt 3, the proposal moved to
-    the target's weighted moments (``posterior.laplace.adaptive_importance``). The fit is
-    refused (``ConvergenceError``) if the result keeps fewer than ``_MIN_ESS``."""
+    proposal. It is trusted when its Pareto k-hat (``posterior.psis``) is at most
+    ``_KHAT_MAX`` and it keeps at least ``_SETTLED_ESS`` effective draws. Otherwise modes are
+    sought from more starting points (``posterior.targets.extra_starts``). With a k-hat
+    within the threshold but few effective draws (the target is skewed near one mode, or has
+    several): attempt 2, a mixture of wider, heavier-tailed t proposals, one per distinct mode
+    (``posterior.laplace.mixture_importance``), or attempt 3, with one mode, the proposal
+    moved to the target's weighted moments (``posterior.laplace.adaptive_importance``). If
+    the first k-hat is above the threshold (the approximation at the mode is not the
+    posterior: at d = 64 its mass lies ~3 sd away in log lambda), or the importance sample
+    that attempts 2-3 leave is not reliable (k-hat above the threshold or fewer than
+    ``_MIN_ESS`` effective draws), attempt 4: HMC preconditioned by the Laplace covariance
+    of the mode with the largest Laplace mass (``posterior.hmc``). The fit is refused
+    (``ConvergenceError``) if HMC's chains do not agree (split r-hat > ``_HMC_RHAT_MAX``) or
+    keep fewer than ``_MIN_ESS`` effective draws."""
     from posterior import noise_aware as na
+    from posterior.hmc import hmc
     from posterior.laplace import (adaptive_importance, distinct_modes, laplace_approximation,
                                    laplace_importance, mixture_importance)
 
@@ -253,24 +281,34 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,
     res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
                              neg_hessian=neg_hessian)
     attempt, modes = 1, 1
+    first_khat = res.khat
     # The exact model's posterior (exact statistics) is close to normal: its first attempt
     # is trusted down to _MIN_ESS; the noise-aware one's only from _SETTLED_ESS.
     settled = min(_SETTLED_ESS, 0.2 * max(res.proposals, 1)) \
         if model == "noise-aware" and check_first_attempt else _MIN_ESS
-    if res.ess < settled:
+    use_hmc = False
+    found = [res.laplace]
+    if res.laplace.converged and (res.ess < settled or res.khat > _KHAT_MAX):
         laps = [res.laplace] + [laplace_approximation(f, u, newton=newton,
                                                       neg_hessian=neg_hessian)
                                 for u in targets.extra_starts(stats, public, u0, res.laplace)]
         found = distinct_modes(laps)
         modes = len(found)
-        if modes > 1:
+        if found:
+            # Modes with a negligible Laplace mass (below 1e-3 of the largest) are dropped.
+            mass = np.array([_laplace_mass(lap) for lap in found])
+            found = [lap for lap, m in sorted(zip(found, mass), key=lambda t: -t[1])
+                     if m >= mass.max() + np.log(_MIN_MODE_MASS)]
+        if res.khat > _KHAT_MAX and len(found) == 1:
+            use_hmc = True
+        elif len(found) > 1:
             # Attempt 2: several modes, a mixture of wider t proposals, one per mode.
             attempt = 2
             wider = dict(_WIDER_PROPOSALS[1])
             res = mixture_importance(fb, found, draws=draws, rng=rng,
                                      proposals=wider["proposals"], df=wider["df"],
                                      scale=wider["scale"])
-        elif modes == 1:
+        elif len(found) == 1:
             # Attempt 3: one mode, but the target is skewed or ridge-shaped around it: move
             # the proposal to the target's weighted moments (adaptive_importance).
             attempt = 3
@@ -279,22 +317,62 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,
             if not res.settled:   # again with 4x the draws per round
                 res = adaptive_importance(fb, found[0], draws=draws, rng=rng,
                                           proposals=4 * _ADAPTIVE_PROPOSALS)
+        if attempt > 1 and (res.khat > _KHAT_MAX or res.ess < _MIN_ESS) and found:
+            use_hmc = True
     diag["importance_attempts"] = attempt
     diag["modes"] = modes
+    diag["importance_khat"] = float(first_khat) if attempt == 1 else float(res.khat)
     lap = res.laplace
-    diag.update(converged=bool(lap.converged and res.ess >= _MIN_ESS),
-                iterations=lap.iterations, gradient_norm=lap.gradient_norm,
+    diag.update(iterations=lap.iterations, gradient_norm=lap.gradient_norm,
                 importance_ess=res.ess, importance_proposals=res.proposals,
                 laplace_message=lap.message, optimiser=lap.optimiser,
                 newton_iterations=lap.newton_iterations)
     if not lap.converged:
+        diag["converged"] = False
         raise ConvergenceError(f"Laplace approximation failed: {lap.message}", diag)
-    if res.ess < _MIN_ESS:
-        raise ConvergenceError(
-            f"importance sampling kept only {res.ess:.0f} effective draws of "
-            f"{res.proposals}: the posterior is far from normal; use method='nuts'", diag)
-    beta_draws = res.draws[:, :d]
-    lam_draws = np.exp(res.draws[:, d])
+    if use_hmc:
+        # Attempt 4: HMC with the Laplace covariance of the heaviest mode as inverse mass.
+        top = found[0]
+        chol = np.linalg.cholesky(top.cov)
+        fgb = targets.gradient_batch(stats, public, model, x_bound)
+        starts = top.mode + rng.standard_normal((_HMC_CHAINS, d + 1)) @ chol.T
+        iterations = max(_HMC_ITERATIONS, -(-min(draws, 4 * _HMC_ITERATIONS * _HMC_CHAINS)
+                                            // _HMC_CHAINS) // 4)
+        h = hmc(fgb, top.mode, chol, starts, iterations=iterations, warmup=_HMC_WARMUP,
+                rng=rng, steps=_HMC_STEPS)
+        diag.update(importance_attempts=4, sampler="hmc", ess=h.ess, hmc_rhat=h.rhat,
+                    hmc_step_size=h.step_size, hmc_acceptance=h.acceptance,
+                    hmc_evaluations=h.evaluations, hmc_chains=_HMC_CHAINS,
+                    hmc_iterations=iterations, hmc_warmup=_HMC_WARMUP)
+        ok = h.rhat <= _HMC_RHAT_MAX and h.ess >= _MIN_ESS
+        diag["converged"] = bool(ok)
+        if not ok:
+            raise ConvergenceError(
+                f"importance sampling was unreliable (Pareto k-hat {diag['importance_khat']:.2f})"
+                f" and HMC kept {h.ess:.0f} effective draws with split r-hat {h.rhat:.3f}: "
+                "use method='nuts'", diag)
+        pool = h.samples.reshape(-1, d + 1)
+        # draws from the pooled chains: all of them, in a random order, repeated as needed
+        idx = rng.permutation(np.resize(rng.permutation(pool.shape[0]), draws))
+        u_draws = pool[idx]
+    else:
+        diag.update(sampler="importance", ess=res.ess)
+        ok = res.ess >= _MIN_ESS
+        diag["converged"] = bool(ok)
+        if not ok:
+            raise ConvergenceError(
+                f"importance sampling kept only {res.ess:.0f} effective draws of "
+                f"{res.proposals}: the posterior is far from normal; use method='nuts'", diag)
+        u_draws = res.draws
+    if diag["sampler"] == "importance" and diag["importance_khat"] > _KHAT_MAX:
+        diag.setdefault("warnings", []).append(
+            f"importance sampling: Pareto k-hat {diag['importance_khat']:.2f} > {_KHAT_MAX}: "
+            "the effective sample size is not reliable; compare with method='nuts'")
+    if diag["ess"] < 2 * _MIN_ESS:
+        diag.setdefault("warnings", []).append(
+            f"{diag['sampler']}: only {diag['ess']:.0f} effective draws; intervals are rough")
+    beta_draws = u_draws[:, :d]
+    lam_draws = np.exp(u_draws[:, d])
     lam0_draws = na.draw_lam0(beta_draws, rng)
     return Posterior("laplace", beta_draws.mean(axis=0), beta_draws, draws_summary(lam_draws),
                      draws_summary(lam0_draws), diag, rep, stats, model)

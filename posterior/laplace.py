@@ -17,7 +17,9 @@ from typing import Callable
 import numpy as np
 from scipy import optimize, special
 
-__all__ = ["LaplaceResult", "laplace_approximation", "ImportanceResult", "laplace_importance",
+from posterior.psis import pareto_khat
+
+__all__ = ["LaplaceResult", "laplace_approximation", "hessian", "hessian_batch", "ImportanceResult", "laplace_importance",
            "mixture_importance", "adaptive_importance", "distinct_modes", "default_proposals",
            "MAX_PROPOSALS"]
 
@@ -56,6 +58,19 @@ def hessian(f: LogDensity, u: np.ndarray, step: float = 1e-5) -> np.ndarray:
         e = np.zeros(k)
         e[i] = step * max(1.0, abs(u[i]))
         h[i] = (f(u + e)[1] - f(u - e)[1]) / (2 * e[i])
+    return 0.5 * (h + h.T)
+
+
+def hessian_batch(fgb: Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]], u: np.ndarray,
+                  step: float = 1e-5) -> np.ndarray:
+    """``hessian`` with the 2k gradients from one call of ``fgb`` (values, gradients at the
+    rows of a stack of points; ``posterior.batched``)."""
+    u = np.asarray(u, dtype=np.float64)
+    k = u.size
+    e = step * np.maximum(1.0, np.abs(u))
+    pts = np.concatenate([u + np.diag(e), u - np.diag(e)])
+    g = fgb(pts)[1]
+    h = (g[:k] - g[k:]) / (2.0 * e)[:, None]
     return 0.5 * (h + h.T)
 
 
@@ -131,6 +146,9 @@ class ImportanceResult:
     proposals: int             # proposal draws made
     laplace: LaplaceResult
     settled: bool = True       # adaptive_importance: the proposal stopped moving
+    # Pareto k-hat of the raw log importance ratios (posterior.psis): <= 0.7 the estimate is
+    # reliable, above it the ESS of the (truncated) weights cannot be believed.
+    khat: float = float("inf")
 
 
 def _log_mvt(z: np.ndarray, chol: np.ndarray, df: float) -> np.ndarray:
@@ -209,7 +227,8 @@ def laplace_importance(f: LogDensity, f_batch: Callable[[np.ndarray], np.ndarray
     ess = 0.0
     if np.any(np.isfinite(lw)):
         w, ess = _weights(lw)
-    if ess < top_up_ess and first < max_proposals:
+    # A top-up cannot repair weights with a heavy tail (k-hat > 0.7): not drawn then.
+    if ess < top_up_ess and first < max_proposals and pareto_khat(lw) <= 0.7:
         u2, lw2 = _propose(rng, max_proposals - first, lap.mode, chol, df, f_batch)
         u, lw = np.concatenate([u, u2]), np.concatenate([lw, lw2])
     total = lw.size
@@ -221,7 +240,7 @@ def laplace_importance(f: LogDensity, f_batch: Callable[[np.ndarray], np.ndarray
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), total - 1)
     out = u[rng.permutation(idx)]
-    return ImportanceResult(out, ess, total, lap)
+    return ImportanceResult(out, ess, total, lap, khat=pareto_khat(lw))
 
 
 def distinct_modes(laps, min_distance: float = 1.0) -> list[LaplaceResult]:
@@ -289,7 +308,8 @@ def mixture_importance(f_batch: Callable[[np.ndarray], np.ndarray], laps, *, dra
     w, ess = _weights(lw)
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
-    return ImportanceResult(u[rng.permutation(idx)], ess, u.shape[0], laps[0])
+    return ImportanceResult(u[rng.permutation(idx)], ess, u.shape[0], laps[0],
+                            khat=pareto_khat(lw))
 
 
 def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: LaplaceResult, *,
@@ -345,4 +365,4 @@ def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: Laplac
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
     return ImportanceResult(u[rng.permutation(idx)], ess, int(proposals) * (it + 1), lap,
-                            settled)
+                            settled, khat=pareto_khat(lw))

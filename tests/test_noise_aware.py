@@ -171,7 +171,8 @@ def test_unsettled_first_attempt_looks_for_modes_and_moves_the_proposal(monkeypa
 
     def first_fails(*args, **kw):
         res = real(*args, **kw)
-        return lap_mod.ImportanceResult(res.draws, 1.0, res.proposals, res.laplace)
+        return lap_mod.ImportanceResult(res.draws, 1.0, res.proposals, res.laplace,
+                                        khat=res.khat)
 
     monkeypatch.setattr(lap_mod, "laplace_importance", first_fails)
     post = post_mod.fit_posterior(release + public, public=public, seed=0, draws=2000)

@@ -156,6 +156,7 @@ def test_fit_posterior_compiled_matches_numpy_backend(d, monkeypatch):
     _, release, public = _problem(rng, d, 400, 1.0, 1)
     exact = exact_statistics(rng.standard_normal((200, d)), rng.standard_normal(200))
     for stats, pub in ((release + public, public), (exact, None)):
+        monkeypatch.setattr(targets, "LAPLACE_BACKEND", "numba")
         fast = fit_posterior(stats, public=pub, seed=3, draws=2000)
         monkeypatch.setattr(targets, "LAPLACE_BACKEND", "numpy")
         ref = fit_posterior(stats, public=pub, seed=3, draws=2000)
@@ -188,7 +189,8 @@ def test_fit_is_bit_identical_whether_compiled_here_or_loaded_from_cache(tmp_pat
     import subprocess
     import sys
 
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"),
+               DPFED_POSTERIOR_BACKEND="numba")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     outputs = [subprocess.run([sys.executable, "-c", _REFIT], env=env, cwd=root, check=True,
                               capture_output=True, text=True).stdout.split()
