@@ -18,8 +18,11 @@ began refusing statistics of unknown noise).
 
 The noise-aware section times ``fit_posterior(method="laplace")`` on releases with a known
 noise description (the default fit of noisy statistics): warm medians over ``--repeats`` fits
-(10 different releases, seeds cycled) at d = 10 and 64 with draws 5000 and 1000, and the first
-fit of a fresh process with Numba's disk cache present and with an empty one (first compile).
+(10 different releases, seeds cycled) at ``--dims`` (default d = 10 and 64; a fifth of the
+fits up to d = 64, a tenth above) with ``--draws`` (default 5000 and 1000): median, min-max,
+the sampler's ESS (importance or HMC), the first importance sample's Pareto k-hat, which
+sampler ran; and the first fit of a fresh process with Numba's disk cache present and with
+an empty one (``NUMBA_CACHE_DIR`` a new directory: the first fit of a new install).
 Its releases use numpy Laplace noise of the mechanism's scales from a seeded generator, so
 that runs on different commits fit the same statistics.
 """
@@ -69,9 +72,12 @@ s, pub = _noise_aware_release(10, 800, 0)
 t1 = time.perf_counter()
 p = fit_posterior(s, public=pub, seed=0, draws=1000)
 t2 = time.perf_counter()
+import sys as _sys
+numba_loaded = "numba" in _sys.modules
 p = fit_posterior(s, public=pub, seed=1, draws=1000)
 t3 = time.perf_counter()
-print(json.dumps({{"import_s": t1 - t0, "first_fit_s": t2 - t1, "second_fit_s": t3 - t2}}))
+print(json.dumps({{"import_s": t1 - t0, "first_fit_s": t2 - t1, "second_fit_s": t3 - t2,
+                  "numba_loaded": numba_loaded}}))
 """
 
 
@@ -111,6 +117,7 @@ def _time_noise_aware(d: int, draws: int, repeats: int, problems: int = 10) -> d
     except ConvergenceError:
         pass
     times, iters, ess, props, newton, refused = [], [], [], [], 0, 0
+    khat, samplers = [], {}
     for r in range(repeats):
         s, pub = data[r % problems]
         t0 = time.perf_counter()
@@ -121,14 +128,18 @@ def _time_noise_aware(d: int, draws: int, repeats: int, problems: int = 10) -> d
             refused += 1
         times.append(time.perf_counter() - t0)
         iters.append(dg["iterations"])
-        ess.append(dg["importance_ess"])
+        ess.append(dg.get("ess", dg["importance_ess"]))
+        khat.append(dg.get("importance_khat", float("nan")))
+        samplers[dg.get("sampler", "importance")] = samplers.get(dg.get("sampler",
+                                                                        "importance"), 0) + 1
         props.append(dg["importance_proposals"])
         newton += dg.get("optimiser") == "newton"
     return {"d": d, "draws": draws, "fits": repeats, "median_s": statistics.median(times),
             "min_s": min(times), "max_s": max(times),
             "median_iterations": statistics.median(iters), "median_ess": statistics.median(ess),
             "median_proposals": statistics.median(props), "newton_fits": newton,
-            "refused": refused}
+            "refused": refused, "min_ess": min(ess), "median_khat": statistics.median(khat),
+            "samplers": samplers, "load_average": os.getloadavg()}
 
 
 def _cold_noise_aware(empty_cache: bool) -> dict:
@@ -144,25 +155,30 @@ def _cold_noise_aware(empty_cache: bool) -> dict:
     return res
 
 
-def run_noise_aware(repeats: int = 50, cold: bool = True) -> dict:
+def run_noise_aware(repeats: int = 50, cold: bool = True, dims=(10, 64),
+                    draws=(1000, 5000)) -> dict:
     res = {}
     if cold:
         res["cold_empty_cache"] = _cold_noise_aware(True)
         res["cold_disk_cache"] = [_cold_noise_aware(False) for _ in range(3)]
-    res["warm"] = [_time_noise_aware(d, draws, repeats if d == 10 else max(repeats // 5, 3))
-                   for d in (10, 64) for draws in (1000, 5000)]
+    res["warm"] = [_time_noise_aware(d, n_draws, repeats if d <= 10 else
+                                     max(repeats // (5 if d <= 64 else 10), 3))
+                   for d in dims for n_draws in draws]
     return res
 
 
 def markdown_noise_aware(res: dict) -> str:
-    lines = ["| fit | median | min - max | iterations | ESS | proposals | Newton | refused |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| fit | median | min - max | iterations | ESS median (min) | k-hat | sampler "
+             "| refused | load |",
+             "|---|---:|---:|---:|---:|---:|---|---:|---:|"]
     for w in res["warm"]:
+        samplers = ", ".join(f"{k} {v}" for k, v in sorted(w.get("samplers", {}).items()))
         lines.append(
             f"| warm d = {w['d']}, draws {w['draws']} ({w['fits']} fits) | "
             f"{w['median_s'] * 1e3:.2f} ms | {w['min_s'] * 1e3:.2f} - {w['max_s'] * 1e3:.2f} ms | "
-            f"{w['median_iterations']:.0f} | {w['median_ess']:.0f} | "
-            f"{w['median_proposals']:.0f} | {w['newton_fits']}/{w['fits']} | {w['refused']} |")
+            f"{w['median_iterations']:.0f} | {w['median_ess']:.0f} ({w.get('min_ess', 0):.0f}) | "
+            f"{w.get('median_khat', float('nan')):.2f} | {samplers} | {w['refused']} | "
+            f"{w.get('load_average', [float('nan')])[0]:.1f} |")
     for key, what in (("cold_disk_cache", "new process, Numba disk cache present"),
                       ("cold_empty_cache", "new process, empty Numba cache (first compile)")):
         if key not in res:
@@ -324,9 +340,15 @@ def main(argv=None) -> int:
                     help="only the noise-aware Laplace fit (--repeats warm fits at d = 10, "
                          "a fifth of them at d = 64)")
     ap.add_argument("--no-cold", action="store_true", help="noise-aware: skip the cold fits")
+    ap.add_argument("--dims", type=int, nargs="+", default=[10, 64],
+                    help="noise-aware: dimensions (a fifth of --repeats fits up to d = 64, a "
+                         "tenth above)")
+    ap.add_argument("--draws", type=int, nargs="+", default=[1000, 5000],
+                    help="noise-aware: draws per fit")
     args = ap.parse_args(argv)
     if args.noise_aware:
-        res = run_noise_aware(args.repeats, cold=not args.no_cold)
+        res = run_noise_aware(args.repeats, cold=not args.no_cold, dims=tuple(args.dims),
+                              draws=tuple(args.draws))
         res["machine"] = {"python": platform.python_version(), "cpus": os.cpu_count(),
                           "load_average": os.getloadavg()}
         print(json.dumps(res, indent=2) if args.json else markdown_noise_aware(res))
