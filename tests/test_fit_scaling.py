@@ -196,3 +196,29 @@ def test_unconverged_hmc_is_refused_and_low_ess_is_reported(monkeypatch):
     post = fit_posterior(s, public=pub, seed=0, draws=500, method="laplace")
     assert any("effective draws" in w for w in post.diagnostics["warnings"])
     assert fit_mod._MIN_ESS <= post.diagnostics["ess"] < 2 * fit_mod._MIN_ESS
+
+
+_FRESH = """
+import sys
+import numpy as np
+from posterior import fit_posterior
+from tests.test_noise_aware import _problem
+_, release, public = _problem(np.random.default_rng(5), 10, 300, 1.0, 1)
+post = fit_posterior(release + public, public=public, draws=400, seed=3)
+print(post.diagnostics["sampler"], "numba" in sys.modules)
+"""
+
+
+def test_default_fit_compiles_nothing(tmp_path):
+    """A fresh interpreter's default fit loads no Numba (nothing to compile on a new install:
+    the first `dpfed simulate` pays no JIT), unless DPFED_POSTERIOR_BACKEND=numba asks."""
+    import os
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "DPFED_POSTERIOR_BACKEND"}
+    env["NUMBA_CACHE_DIR"] = str(tmp_path / "numba")
+    out = subprocess.run([sys.executable, "-c", _FRESH], env=env, cwd=root, check=True,
+                         capture_output=True, text=True).stdout.split()
+    assert out == ["importance", "False"]
+    assert not (tmp_path / "numba").exists()
