@@ -1,0 +1,148 @@
+"""Coverage of 90 % intervals in the product's own setting (issue 21 item 2).
+
+    python benchmarks/coverage_product.py [--reps 60] [--unit bound,public_rms]
+
+Each problem: (lambda, lambda0, beta) from the priors of method.md section 1 (y's own units),
+rows of unit norm, n private rows, 10 public rows. Then what a round does: the bounds, split
+and ridge from the bound search on auxiliary data shaped like the public rows
+(``dpfed.bounds.choose_bounds_table``, row-norm bound R = 1 so Bx = 1; By = omega_y sigma_y,
+sigma_y the public rows'), the private y clipped at By, K independent releases (numpy Laplace
+of the add/remove mechanism's law and scales, row-norm bound: this tests the fit), the public
+rows clipped like the private ones, ``fit_posterior(y_unit=...)``. Coverage is of the clipped
+data's least-squares coefficients (what clipped statistics estimate) and, beside it, of the
+generating beta. Width: mean 90 % interval width, and its ratio to the noise-free posterior's
+(the exact clipped statistics of the same rows, same unit).
+
+Units (``--unit``): ``bound`` = By (the round's unit, ``aggregator.aggregate.fit``);
+``public_rms`` = a candidate, the root mean square of the public rows' clipped responses
+(``public_rms_unit``: public, exact, no release value enters it), kept within [By / 4, By].
+Measured and not adopted (docs/evaluation.md, issue 21).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def public_rms_unit(y_bound: float, public) -> float:
+    """sqrt(Syy / n) of the clipped public rows, kept within [By / 4, By]; By with < 2 rows."""
+    if public is None or public.n < 2 or not public.yty > 0:
+        return float(y_bound)
+    return float(min(max(np.sqrt(public.yty / public.n), 0.25 * y_bound), y_bound))
+
+
+def problem(rng, d, n, eps, k, unit_names, n_public=10):
+    from dpfed.auxiliary import AuxiliarySource
+    from dpfed.bounds import choose_bounds_table
+    from dpfed.preprocess import Preprocessing
+    from dpfed.sensitivity import expected_noise
+    from dpfed.statistics import Statistics, clipped_exact_statistics
+
+    lam, lam0 = rng.gamma(2, 0.5), rng.gamma(2, 0.5)
+    beta = rng.standard_normal(d) / np.sqrt(lam0)
+    x = rng.standard_normal((n + n_public, d))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = x @ beta + rng.standard_normal(n + n_public) / np.sqrt(lam)
+    xp, yp, xq, yq = x[n:], y[n:], x[:n], y[:n]
+    pre = Preprocessing((0.0,) * d, 0.0, True, source="synthetic")
+    source = AuxiliarySource(xp, yp, pre)
+    choice = choose_bounds_table(source, [(n, k)], [eps], x_norm_bound=1.0, n_datasets=3,
+                                 n_noise=2, seed=int(rng.integers(1 << 30)))[(n, k, float(eps))]
+    bx, by = choice.bounds(*source.scales())
+    split = choice.budget_split
+    yc = np.clip(yq, -by, by)
+    exact = clipped_exact_statistics(xq, yq, bx, by, 1.0)
+    beta_clipped = np.linalg.lstsq(xq, yc, rcond=None)[0]
+    one = expected_noise(d, eps, bx, by, split, x_norm_bound=1.0)
+    noise = sum([one] * (k - 1), one)
+    m = d * (d + 1) // 2
+    values = exact.upper_values().copy()
+    sc = {p: getattr(one, p)[0].scale for p in ("xtx", "xty", "yty", "n")}
+    for _ in range(k):
+        values[:m] += rng.laplace(size=m) * sc["xtx"]
+        values[m:m + d] += rng.laplace(size=d) * sc["xty"]
+        values[-1] += rng.laplace() * sc["yty"]
+    n_rel = max(n + int(np.sum(np.round(rng.laplace(size=k) * sc["n"]))), 1)
+    release = Statistics.from_upper(d, n_rel, values, noise)
+    public = clipped_exact_statistics(xp, yp, bx, by, 1.0)
+    units = {"bound": by, "public_rms": public_rms_unit(by, public)}
+    return dict(beta=beta, beta_clipped=beta_clipped, bx=bx, by=by, release=release,
+                public=public, exact=exact, units={u: units[u] for u in unit_names},
+                omega_y=choice.omega_y)
+
+
+def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
+    from posterior import PosteriorError, fit_posterior
+
+    rng = np.random.default_rng([seed, d, n, int(eps * 10), k])
+    acc = {(u, f): {"hit": [], "hit_gen": [], "w": [], "w0": []}
+           for u in unit_names for f in ("aware", "plugin")}
+    failed = 0
+    for r in range(reps):
+        p = problem(rng, d, n, eps, k, unit_names)
+        for u, unit in p["units"].items():
+            try:
+                ref = fit_posterior(p["exact"] + p["public"], y_unit=unit, draws=draws, seed=r)
+                lo0, hi0 = ref.credible_interval(0.9).T
+                for f in ("aware", "plugin"):
+                    post = fit_posterior(p["release"] + p["public"], public=p["public"],
+                                         x_bound=p["bx"], y_unit=unit, draws=draws, seed=r,
+                                         plug_in=(f == "plugin"))
+                    lo, hi = post.credible_interval(0.9).T
+                    a = acc[(u, f)]
+                    a["hit"].append((p["beta_clipped"] >= lo) & (p["beta_clipped"] <= hi))
+                    a["hit_gen"].append((p["beta"] >= lo) & (p["beta"] <= hi))
+                    a["w"].append(np.mean(hi - lo))
+                    a["w0"].append(np.mean(hi0 - lo0))
+            except PosteriorError:
+                failed += 1
+    out = {}
+    for key, a in acc.items():
+        out[key] = {"cov": float(np.mean(a["hit"])), "cov_gen": float(np.mean(a["hit_gen"])),
+                    "width": float(np.mean(a["w"])),
+                    "ratio": float(np.mean(a["w"]) / np.mean(a["w0"]))}
+    return out, failed
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=60)
+    ap.add_argument("--unit", default="bound,public_rms")
+    ap.add_argument("--d", default="5,10")
+    ap.add_argument("--n", default="100,500,2000")
+    ap.add_argument("--eps", default="0.5,1,2")
+    ap.add_argument("--k", default="1,10")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    units = args.unit.split(",")
+    t0 = time.time()
+    head = "| d | n | eps | K |"
+    for u in units:
+        head += f" {u}: noise-aware (gen. beta) | width (x noise-free) | plug-in |"
+    print(head + " refused |")
+    print("|" + "---|" * (4 + 3 * len(units) + 1))
+    grid = itertools.product(*(map(float if a == "eps" else int, getattr(args, a).split(","))
+                               for a in ("d", "n", "eps", "k")))
+    for d, n, eps, k in grid:
+        res, failed = run_cell(d, n, eps, k, args.reps, units, seed=args.seed)
+        line = f"| {d} | {n} | {eps:g} | {k} |"
+        for u in units:
+            a, p = res[(u, "aware")], res[(u, "plugin")]
+            line += (f" {a['cov']:.3f} ({a['cov_gen']:.3f}) | {a['width']:.2f} "
+                     f"(x{a['ratio']:.2f}) | {p['cov']:.3f} |")
+        print(line + f" {failed} |", flush=True)
+    print(f"{args.reps} problems per cell; {time.time() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
