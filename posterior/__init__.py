@@ -5,14 +5,19 @@ One entry point, ``fit_posterior`` (``posterior.fit``: which model, which strate
 order); each inference strategy and each piece of maths in a module of its own:
 
 - ``fit``: ``fit_posterior``, the sequence of a fit (repair, start, Laplace and importance
-  sampling, extra starts, mixture or adaptive rounds, NUTS fallback); ``METHODS``,
+  sampling, extra starts, mixture or adaptive rounds, HMC when the importance sample's
+  k-hat is above 0.7, NUTS fallback); ``METHODS``,
   ``MODELS``, and ``FIT_METHODS``, the names a round spec, ``dpfed simulate`` and the
   evaluation give a fit (``fit_method_options`` turns one into ``fit_posterior``'s arguments);
 - ``result``: ``Posterior`` and the errors a fit raises;
 - ``targets``: each model's log density for the Laplace fit (compiled or numpy) and the
   starting points of its mode search;
 - ``laplace``: Laplace approximation and importance sampling of any smooth log density
-  (generic maths);
+  (generic maths); ``psis``: the Pareto k-hat that says whether an importance sample can be
+  trusted; ``hmc``: HMC preconditioned by the Laplace approximation, where it cannot (large
+  d); ``chains``: the chains' ESS and r-hat;
+- ``batched``: the densities and gradients vectorised over many points in numpy (the default
+  backend: nothing to compile);
 - ``noise_aware``: the noise-aware model of released statistics (numpy densities, the
   reference); ``noise_aware_jit``: their compiled (Numba) twins and a damped Newton;
 - ``nuts``: NUTS on the PyMC models, the reference sampler and the fallback;

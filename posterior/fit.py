@@ -22,8 +22,10 @@ Methods (``method=``):
   ``diagnostics["fallback_from"]`` say which ran.
 - ``"laplace"``: Laplace approximation with importance sampling
   (``posterior.laplace.laplace_importance``) of the posterior of (beta, log lambda) with
-  lambda0 integrated out; compiled with Numba (posterior.noise_aware_jit; the numpy
-  reference in posterior.noise_aware), milliseconds. Works for every model.
+  lambda0 integrated out, checked by its Pareto k-hat (``posterior.psis``); where that is
+  above 0.7 (large d), HMC preconditioned by the Laplace covariance (``posterior.hmc``).
+  Densities in numpy over stacks of points (``posterior.batched``; the compiled twins of
+  posterior.noise_aware_jit with ``DPFED_POSTERIOR_BACKEND=numba``). Works for every model.
 - ``"nuts"``: PyMC's NUTS on the PyMC definition of the model (the reference;
   ``posterior.nuts``); reports divergences, r-hat and ESS (ArviZ).
 - ``"advi"``, ``"fixed"``: the paper's mean-field ADVI (``posterior.advi``; Honkela et al.
