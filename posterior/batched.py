@@ -22,6 +22,7 @@ definite: a guard) get -inf and a zero gradient.
 from __future__ import annotations
 
 import numpy as np
+from scipy.linalg import solve_triangular
 from scipy.linalg.lapack import dpotri as _potri
 
 from posterior import noise_aware as na
@@ -30,6 +31,10 @@ __all__ = ["noise_aware_logp", "noise_aware_logp_grad", "exact_logp", "exact_log
 
 _LOG_2PI = float(np.log(2 * np.pi))
 _MAX_LOG_LAMBDA = 60.0
+# From this matrix size on, the triangular solve and potri of the Cholesky factor beat
+# numpy's LU-based solve and inv (measured per matrix: k = 129, 58 against 250 us and 470
+# against 1040 us; at k = 11 numpy's are 5-10 x faster, Python's loop over potri dominating).
+_LARGE = 64
 
 
 def _prior(us: np.ndarray, d: int, grad: bool):
@@ -164,11 +169,14 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     else:
         pub_v, pub_g = 0.0, 0.0
     if not grad:
-        z = np.linalg.solve(chol, r[:, :, None])[:, :, 0]
+        if k >= _LARGE:
+            z = solve_triangular(chol, r[:, :, None], lower=True)[:, :, 0]
+        else:
+            z = np.linalg.solve(chol, r[:, :, None])[:, :, 0]
         val = prior_v + pub_v - 0.5 * logdet - 0.5 * np.sum(z * z, axis=1) \
             - 0.5 * k * _LOG_2PI
         return np.where(ok, val, -np.inf), None
-    w = _inverse_from_cholesky(chol)
+    w = _inverse_from_cholesky(chol) if k > _LARGE else np.linalg.inv(c)
     alpha = np.einsum("mij,mj->mi", w, r)
     val = prior_v + pub_v - 0.5 * logdet - 0.5 * np.einsum("ij,ij->i", r, alpha) \
         - 0.5 * k * _LOG_2PI

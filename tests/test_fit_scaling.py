@@ -4,7 +4,8 @@ sampling and HMC.
 
 What is checked, each able to fail:
 - posterior.batched equals the reference densities and gradients of posterior.noise_aware
-  (d = 1, 3, 10, 40; with and without public rows; the exact model);
+  (d = 1, 3, 10, 40, 70: both linear-algebra paths; with and without public rows; the
+  exact model);
 - posterior.psis.pareto_khat is small for light-tailed ratios and above 0.7 for ratios with
   an infinite variance;
 - posterior.chains: the ESS of independent draws is about their number, of an AR(1) chain
@@ -47,7 +48,7 @@ def _rel(a, b):
     return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
 
 
-@pytest.mark.parametrize("d", (1, 3, 10, 40))
+@pytest.mark.parametrize("d", (1, 3, 10, 40, 70))
 def test_batched_densities_equal_the_reference(d):
     rng = np.random.default_rng(d)
     _, release, public = _problem(rng, d, 20 * d + 100, 1.0, 1)
