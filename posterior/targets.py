@@ -2,8 +2,9 @@
 posterior density on u = (beta, log lambda), lambda0 integrated out (method.md sections 1 and
 8; ``posterior.noise_aware``), and where to start looking for its modes.
 
-The densities are numpy functions vectorised over many points (``posterior.batched``; BFGS
-for the mode, the Hessian from one batched call), by default: nothing to compile, so the
+The densities are numpy functions vectorised over many points (``posterior.batched``; damped
+Newton for the mode with each Hessian from one batched call of k gradients, BFGS if that
+fails), by default: nothing to compile, so the
 first fit of a new install costs what every fit costs. ``DPFED_POSTERIOR_BACKEND=numba`` in
 the environment (or ``LAPLACE_BACKEND = "numba"``) selects the compiled twins of
 ``posterior.noise_aware_jit`` with their damped Newton instead: faster per fit at d ~ 10
@@ -19,12 +20,12 @@ import numpy as np
 
 from dpfed.statistics import Statistics
 from posterior import batched
-from posterior.laplace import hessian_batch
+from posterior.laplace import hessian_batch, newton_batched
 
 __all__ = ["LAPLACE_BACKEND", "laplace_functions", "gradient_batch", "start", "extra_starts"]
 
-#: How the Laplace fit evaluates the densities: "numpy" (``posterior.batched``, BFGS for the
-#: mode; default) or "numba" (compiled twins in ``posterior.noise_aware_jit``, damped Newton).
+#: How the Laplace fit evaluates the densities: "numpy" (``posterior.batched``, damped Newton
+#: for the mode; default) or "numba" (compiled twins in ``posterior.noise_aware_jit``, damped Newton).
 LAPLACE_BACKEND = os.environ.get("DPFED_POSTERIOR_BACKEND", "numpy")
 
 
@@ -55,16 +56,17 @@ def laplace_functions(stats, public, model, x_bound=None):
         t = target_for(model, stats, inp)
         return t.logp_grad, t.logp_batch, u0, t.newton, t.neg_hessian
     fgb = gradient_batch(stats, public, model, x_bound, inp)
-
-    def f(u):
-        v, g = fgb(np.asarray(u, dtype=np.float64)[None, :])
-        return float(v[0]), g[0]
-
+    # One point at a time (BFGS): the reference functions, fewer numpy calls than a stack of 1.
     if model == "noise-aware":
+        f = lambda u: na.log_posterior_noise_aware(u, inp)  # noqa: E731
         fb = lambda us: batched.noise_aware_logp(us, inp)  # noqa: E731
     else:
+        f = lambda u: na.log_posterior_exact(u, stats)  # noqa: E731
         fb = lambda us: batched.exact_logp(us, stats)  # noqa: E731
-    return f, fb, u0, None, lambda u: -hessian_batch(fgb, u)
+    def newton(u, tol, max_iterations=100):
+        return newton_batched(f, fgb, u, tol=tol, max_iterations=max_iterations)
+
+    return f, fb, u0, newton, lambda u: -hessian_batch(fgb, u)
 
 
 def gradient_batch(stats, public, model, x_bound=None, inp=None):
