@@ -200,12 +200,39 @@ class AggregatorServer:
 CONTRIBUTE_METHOD = f"/{SERVICE_NAME}/Contribute"
 
 
+def warm_up_fit() -> None:
+    """Import what a round's fit needs (posterior and SciPy, about 1 CPU-s) on a background
+    thread of a serving aggregator, while sites connect, instead of at start (before it
+    listens) or in the first fit; with the Numba backend also load its compiled code. A
+    failure only means the fit does it later, as before."""
+    import importlib
+
+    # What the default fit imports when it runs (posterior.fit imports them lazily).
+    for name in ("posterior", "posterior.noise_aware", "posterior.hmc", "posterior.laplace",
+                 "posterior.quality"):
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - the fit reports its own errors
+            log.debug("fit warm-up skipped: %s", exc)
+    # Compiled code only when the fit uses it (DPFED_POSTERIOR_BACKEND=numba; the default
+    # numpy backend has none, and then no Numba is loaded and no cache written).
+    try:
+        from posterior import targets
+        if getattr(targets, "LAPLACE_BACKEND", "numpy") == "numba":
+            from posterior import noise_aware_jit
+            noise_aware_jit.warm_up()
+    except Exception as exc:  # noqa: BLE001
+        log.debug("fit warm-up skipped: %s", exc)
+
+
 def serve(config_path: str | Path, *, insecure: bool = False) -> int:
     """Run until SIGTERM or SIGINT, then shut down gracefully. ``insecure``: plaintext gRPC
     (the command line's --insecure)."""
     server = AggregatorServer(load_config(config_path, insecure=insecure),
                               interceptors=faults.hold_interceptors(CONTRIBUTE_METHOD))
     server.start()
+    # The fit's modules are imported while sites connect, not before listening or in a fit.
+    threading.Thread(target=warm_up_fit, name="fit-warm-up", daemon=True).start()
     stopping = threading.Event()
 
     def on_signal(signum, _frame):

@@ -71,16 +71,34 @@ def _dpfed(*argv) -> subprocess.CompletedProcess:
                           text=True, timeout=300, env=env)
 
 
+# `dpfed aggregator serve` whose command first imports PyMC (and so ArviZ), as a NUTS fit does
+# mid-run: the command itself no longer imports it at start (tests/test_start_imports.py).
+_SERVE_WITH_PYMC = (
+    "import importlib, sys\n"
+    "from dpfed_apps import cli\n"
+    "from dpfed_apps.commands import aggregator\n"
+    "serve = aggregator.serve\n"
+    "aggregator.serve = lambda args: (importlib.import_module('pymc'), serve(args))[1]\n"
+    "sys.exit(cli.main(sys.argv[1:]))\n")
+
+
 def test_a_run_that_loads_pymc_and_arviz_prints_no_library_lines(tmp_path):
-    """`dpfed aggregator serve` imports PyMC (and so ArviZ) before it reads its config: at the
-    default level stderr holds only our own error line; --log-level DEBUG after the command
-    lets the library INFO lines through (so they are quietened, not lost)."""
+    """A command that imports PyMC (and so ArviZ) before it reads its config: at the default
+    level stderr holds only our own error line; --log-level DEBUG after the command lets the
+    library INFO lines through (so they are quietened, not lost)."""
     missing = str(tmp_path / "missing.toml")
-    quiet = _dpfed("aggregator", "serve", "--config", missing)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+
+    def serve(*extra):
+        return subprocess.run([sys.executable, "-c", _SERVE_WITH_PYMC, "aggregator", "serve",
+                               "--config", missing, *extra], capture_output=True, text=True,
+                              timeout=300, env=env)
+
+    quiet = serve()
     assert quiet.returncode == exitcodes.USAGE
     lines = quiet.stderr.strip().splitlines()
     assert lines == [f"dpfed aggregator serve: config file {missing} does not exist"], lines
-    loud = _dpfed("aggregator", "serve", "--config", missing, "--log-level", "DEBUG")
+    loud = serve("--log-level", "DEBUG")
     assert "arviz" in loud.stderr
 
 

@@ -20,11 +20,13 @@ example:
 
 
 def serve(args) -> int:
-    from dpfed_apps.cli import require
+    from dpfed_apps.cli import require_installed
 
-    # Fail fast on a site-only installation, naming the extra, instead of a traceback.
+    # Fail fast on a site-only installation, naming the extra, instead of a traceback. Checked,
+    # not imported: PyMC takes seconds to import and only the NUTS fits use it (posterior
+    # imports it then); tests/test_start_imports.py keeps it out of the start path.
     for module in ("scipy", "pymc"):
-        require(module, "aggregator")
+        require_installed(module, "aggregator")
     from aggregator.config import ConfigError, load_config
     from aggregator.server import serve as run_server
     from dpfed.audit import AuditError
@@ -65,7 +67,8 @@ def register(subparsers) -> None:
     s.add_argument("--insecure", action="store_true",
                    help="plaintext gRPC without certificates, even if the config has [tls] "
                         "(local tests only)")
-    s.set_defaults(func=serve)
+    # Stopped and closed by serve itself: no interpreter teardown after it (cli.exit_at_once).
+    s.set_defaults(func=serve, exit_at_once=True)
 
     a = sub.add_parser(
         "audit", help="show and verify the audit log (round messages received and pushed)",

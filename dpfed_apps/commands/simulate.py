@@ -77,7 +77,9 @@ def register(subparsers) -> None:
                    help="after the round, keep the federation running and serve the "
                         "coordinator's web console on 127.0.0.1:PORT (default 8765; 0: a free "
                         "port) until Ctrl-C")
-    p.set_defaults(func=run)
+    # Every child stopped, the work folder removed, the report printed when run returns: no
+    # interpreter teardown after it (cli.exit_at_once).
+    p.set_defaults(func=run, exit_at_once=True)
 
 
 def console_hold(port: int, out):
@@ -133,11 +135,12 @@ class _Interrupts:
 
 def run(args) -> int:
     from dpfed_apps import simulation
-    from dpfed_apps.cli import require
+    from dpfed_apps.cli import require, require_installed
 
-    # The simulation runs every role: it needs the site and the aggregator extras.
+    # The simulation runs every role: it needs the site and the aggregator extras. Checked,
+    # not imported (PyMC alone takes seconds; the default fit never imports it).
     for module, extra in (("opendp", "all"), ("scipy", "all"), ("pymc", "all")):
-        require(module, extra)
+        require_installed(module, extra)
     if args.console is not None:
         for module in ("starlette", "uvicorn", "jinja2", "multipart"):
             require(module, "console")

@@ -23,6 +23,10 @@ from dpfed.tomlwriter import to_toml
 from dpfed_apps.simulation.problem import Problem, Split, site_ids
 
 COORDINATOR_ID = "coordinator"
+#: What ``dpfed site serve`` imports before it dials (dpfed_apps.commands.site.cmd_serve): a
+#: site process imports them while the aggregator starts (``launch_command``).
+SITE_MODULES = ("dpfed_apps.cli", "site_node.client", "site_node.node", "site_node.ledger",
+                "dpfed.audit", "dpfed.identity", "dpfed.transport")
 # The round's split: the add/remove default of dpfed.sensitivity (Sxx, Sxy, Syy, n).
 from dpfed.sensitivity import DEFAULT_SPLIT_ADD_REMOVE as DEFAULT_BUDGET_SPLIT  # noqa: E402
 
@@ -46,6 +50,15 @@ def write_rows_csv(path: Path, problem: Problem, rows: np.ndarray, incomplete=()
                         repr(float(problem.y[r]))])
         for r in incomplete:
             w.writerow(problem.incomplete[r])
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts TCP connections on ``host:port`` now."""
+    try:
+        with socket.create_connection((host, port), timeout=0.5):
+            return True
+    except OSError:
+        return False
 
 
 def free_port() -> int:
@@ -244,6 +257,23 @@ def dpfed_command(log_level: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "dpfed_apps.cli", "--log-level", log_level, *args]
 
 
+def launch_command(modules, log_level: str, *args: str) -> list[str]:
+    """``dpfed ARGS`` in a process that imports ``modules`` first and then waits for ``go``
+    (dpfed_apps.launch)."""
+    return [sys.executable, "-m", "dpfed_apps.launch", ",".join(modules), "--",
+            "--log-level", log_level, *args]
+
+
+def go(child: "ChildProcess") -> None:
+    """Let a gated child (``launch_command``) run its command; closes its stdin. A child that
+    already died is left to ``check_alive``."""
+    try:
+        child.popen.stdin.write(b"go\n")
+        child.popen.stdin.close()
+    except (BrokenPipeError, OSError):
+        pass
+
+
 def aggregator_command(config_path: Path, log_level: str = "INFO") -> list[str]:
     return dpfed_command(log_level, "aggregator", "serve", "--config", str(config_path))
 
@@ -273,7 +303,10 @@ class LocalFederation:
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def _spawn(self, name: str, command: list[str], env: dict | None = None) -> ChildProcess:
+    def _spawn(self, name: str, command: list[str], env: dict | None = None, *,
+               gated: bool = False) -> ChildProcess:
+        """``gated``: stdin is a pipe; the command (a ``launch_command``) waits for a line
+        on it (``go``) before it runs."""
         log_path = self.layout.logs / f"{name}.log"
         log = log_path.open("ab")
         try:
@@ -281,7 +314,8 @@ class LocalFederation:
             # ourselves, in order, instead of racing their own interrupt handling.
             popen = subprocess.Popen(
                 command,
-                stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                stdout=log, stderr=subprocess.STDOUT,
+                stdin=subprocess.PIPE if gated else subprocess.DEVNULL,
                 cwd=self.layout.root, env={**child_environment(), **(env or {})},
                 start_new_session=True)
         finally:
@@ -293,16 +327,25 @@ class LocalFederation:
     def start(self, *, timeout_s: float = 60.0, stop_after_keys=()) -> None:
         """Start the aggregator and the sites. ``stop_after_keys``: sites that stop (SIGKILL
         themselves, the DPFED_TEST_CRASH_AT fault hook) right after their key shares were
-        taken in a secure round: they drop out after key agreement, before releasing."""
-        self.progress(f"starting aggregator on {self.address}")
+        taken in a secure round: they drop out after key agreement, before releasing.
+
+        The site processes start together with the aggregator and import their modules
+        meanwhile (dpfed_apps.launch); each runs ``dpfed site serve`` once the
+        aggregator answers its health check (``go``), so it dials a listening aggregator."""
+        self.progress(f"starting aggregator and {len(self.site_names)} site processes on "
+                      f"{self.address}")
         self._spawn("aggregator", aggregator_command(self.layout.aggregator_config,
                                                      self.log_level))
-        self.wait_aggregator_healthy(timeout_s)
+        sites = []
         for name in self.site_names:
             env = {"DPFED_TEST_CRASH_AT": "after_share_keys"} if name in stop_after_keys else None
-            self._spawn(name, dpfed_command(self.log_level, "site", "serve", "--config",
-                                            str(self.layout.site_config(name))), env)
-        self.progress(f"started {len(self.site_names)} site processes; waiting for them to connect")
+            sites.append(self._spawn(name, launch_command(
+                SITE_MODULES, self.log_level, "site", "serve", "--config",
+                str(self.layout.site_config(name))), env, gated=True))
+        self.wait_aggregator_healthy(timeout_s)
+        for child in sites:
+            go(child)
+        self.progress(f"aggregator ready; {len(self.site_names)} sites dialling it")
 
     def check_alive(self) -> None:
         for child in self.children:
@@ -317,6 +360,14 @@ class LocalFederation:
         from dpfed.transport import client_channel
 
         deadline = time.monotonic() + timeout_s
+        # First until its port accepts connections (every 20 ms, cheap): a gRPC channel whose
+        # first connection is refused waits out gRPC's reconnect backoff (1 s, then 1.6 s...)
+        # before it tries again, however soon the aggregator listens.
+        while not port_open(self.port):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise FederationFailed(f"aggregator not listening after {timeout_s:.0f} s")
+            time.sleep(0.02)
         # Over mutual TLS with the coordinator's certificate: the aggregator admits no other.
         with client_channel(self.address, self.layout.tls(COORDINATOR_ID)) as channel:
             stub = health_pb2_grpc.HealthStub(channel)
@@ -330,7 +381,7 @@ class LocalFederation:
                     pass
                 if time.monotonic() > deadline:
                     raise FederationFailed(f"aggregator not healthy after {timeout_s:.0f} s")
-                time.sleep(0.2)
+                time.sleep(0.05)
 
     def wait_sites_connected(self, coordinator, timeout_s: float = 60.0) -> None:
         """Poll ListSites until every site holds its outbound stream open."""
@@ -347,7 +398,7 @@ class LocalFederation:
             if time.monotonic() > deadline:
                 raise FederationFailed(f"sites not connected after {timeout_s:.0f} s: "
                                        f"{', '.join(sorted(wanted - connected))}")
-            time.sleep(0.2)
+            time.sleep(0.05)
 
     def stop(self, grace_s: float = 5.0) -> None:
         """SIGTERM every child, then SIGKILL what is left after ``grace_s``. Sites first,

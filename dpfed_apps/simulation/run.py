@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,6 +103,30 @@ def _import_coordinator():
     return Coordinator, build_round_spec
 
 
+def warm_up_fits() -> None:
+    """Import what the baselines' fit needs (posterior and SciPy; with the Numba backend also
+    its compiled code) on a background thread. A failure only means the baselines do it
+    themselves, as before."""
+    import importlib
+
+    # What the default fit imports when it runs (posterior.fit imports them lazily).
+    for name in ("posterior", "posterior.noise_aware", "posterior.hmc", "posterior.laplace",
+                 "posterior.quality"):
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the fit reports its own errors
+            pass
+    # Compiled code only when the fit uses it (DPFED_POSTERIOR_BACKEND=numba; the default
+    # numpy backend has none, and then no Numba is loaded and no cache written).
+    try:
+        from posterior import targets
+        if getattr(targets, "LAPLACE_BACKEND", "numpy") == "numba":
+            from posterior import noise_aware_jit
+            noise_aware_jit.warm_up()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def run_simulation(options: SimulationOptions, progress: Progress = _stderr_progress, *,
                    hold=None) -> dict:
     """Run the whole federation once; returns the result dict (see ``format_report``).
@@ -179,6 +204,9 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     layout.round_config.write_text(to_toml(config))
 
     Coordinator, build_round_spec = _import_coordinator()
+    # The baselines' fit code is imported here while the processes start (this process
+    # mostly waits for them), instead of after the round.
+    threading.Thread(target=warm_up_fits, name="fit-warm-up", daemon=True).start()
     federation = LocalFederation(layout, names, port, progress, options.log_level)
     failed = True
     try:
@@ -200,7 +228,8 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                      + (f"; {', '.join(dropping)} stop after key agreement" if dropping else ""))
             status = coordinator.start_round(spec)
             round_id = status.round_id
-            status = coordinator.wait(round_id, options.round_timeout_s)
+            # Polled every 50 ms (GetRound is a read): the round and fit take a few tenths.
+            status = coordinator.wait(round_id, options.round_timeout_s, poll_s=0.05)
             from dpfed.v1 import dpfed_pb2 as pb
 
             if status.state != pb.RoundStatus.DONE:
