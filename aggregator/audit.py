@@ -11,14 +11,17 @@ wire bytes: the digest the site computes of the same message, so the two logs ma
 by entry (dpfed.audit.cross_check, ``dpfed site audit --against``). The read-only calls
 (GetRound, ListRounds, GetResult, ...) and the hellos that open a stream are not recorded.
 
-How it stays cheap at 1000 sites (docs/benchmarks.md, "Audit log"): a gRPC handler only puts
-(what, the request's raw bytes, the outcome) on a queue to a writer *process*, which turns
-what gathered in ``interval_s`` into entries (the digest of the raw bytes; the fields from the
-payload's JSON, a contribution's statistics cut out before parsing) and appends them in one
-SQLite transaction with one signed head (dpfed.audit.AuditLog.append_many). A spec or notice
-pushed to every site is hashed once here and described once there. In a thread of the
-aggregator's own process the same work held the GIL the event loop needs and cost about 5 %
-of a 1000-site round; in its own process it costs the loop a queue put per message.
+How it stays cheap at 1000 sites (docs/benchmarks.md, "Audit log"): a gRPC handler only
+appends (what, the request's raw bytes, the outcome) to a list; a push is serialised by the
+hook itself (gRPC then sends those bytes as they are: no second serialisation), and its bytes
+appended. Every ``interval_s`` a sender thread hashes those bytes (the exact bytes received or
+sent) and passes them to a writer *process*, which turns them into entries (the fields from
+the payload's JSON, a contribution's statistics cut out before parsing) and appends them in
+one SQLite transaction with one signed head (dpfed.audit.AuditLog.append_many). A spec or
+notice pushed to every site is serialised and hashed once here and described once there. In a
+thread of the aggregator's own process the same work held the GIL the event loop needs and
+cost about 5 % of a 1000-site round; in its own process it costs the loop a list append per
+message.
 
 Fail closed: when the log cannot be written, or the writer process dies, every audited call
 is refused UNAVAILABLE until the aggregator is restarted with a writable log; an aggregator
@@ -57,8 +60,8 @@ RECEIVED_CALLS = frozenset({"StartRound", "SendPhase", "Contribute", "Refuse"})
 PUSH_STREAM = "Subscribe"
 
 # The big base64 fields (a contribution's statistics or masked input, a secure step's body:
-# up to 45 kB at 1000 sites): the log never keeps them, so they are cut out before a payload
-# crosses to the writer or its JSON is parsed. In canonical JSON a raw '"key":"' is a key:
+# up to 45 kB at 1000 sites): the log never keeps them, so the writer cuts them out before
+# it parses a payload's JSON. In canonical JSON a raw '"key":"' is a key:
 # inside a string every quote is escaped.
 _BULK_KEYS = (b'"statistics":"', b'"masked":"', b'"body":"')
 # raw_decode: a third of json.loads's time on a 300-byte consent (no encoding sniffing).
@@ -92,10 +95,14 @@ class AuditTrail:
     Describing, hashing, chaining and storing the 4000 entries of a 1000-site round takes
     0.15-0.2 CPU-s; in a thread of the aggregator's process that work held the GIL the event
     loop needs and cost 5-13 % of the round (docs/benchmarks.md, "Audit log"). So the
-    handlers append (what, raw bytes, outcome) to a list (nothing else on the event loop); a
-    sender thread here, every ``interval_s``, hashes each request's bytes (hashlib releases
-    the GIL), cuts a contribution down to its small fields and sends the batch in one write to
-    the writer process, which appends it in one transaction with one signed head.
+    handlers append (what, raw bytes, outcome) to a list (nothing else on the event loop; a
+    push's bytes are the ones gRPC sends, ``push``); a sender thread here, every
+    ``interval_s``, hashes those bytes (hashlib releases the GIL) and sends the batch, bytes
+    and digests, in one write to the writer process, which parses and describes them (a
+    contribution's statistics and a secure step's body cut out first) and appends them in one
+    transaction with one signed head. Nothing is parsed, cut or serialised again here: for
+    secure rounds, whose every step pushes each site a notice of its own, that was most of
+    this process's share of the cost.
 
     The writer is ``python -m aggregator.audit`` (a fresh interpreter, this one's sys.path;
     about 0.3 s to import, overlapped with the rest of the aggregator's start), talking over
@@ -128,9 +135,9 @@ class AuditTrail:
         # ... and this process's sender thread's (hashing, cutting, pickling is not counted).
         self.sender_cpu_s = 0.0
         self._pending: list = []
-        self._digests: OrderedDict = OrderedDict()     # id(envelope) -> (envelope, digest)
         self._pushed: OrderedDict = OrderedDict()      # digests whose bytes the writer has
-        self._last_push = None
+        self._last_push = None          # (bytes, digest) of the last push hashed (sender)
+        self._last_object = None        # (envelope, bytes) last serialised by ``push``
         self._flushes: dict[int, threading.Event] = {}
         self._tokens = itertools.count()
         self._wake = threading.Event()
@@ -186,8 +193,24 @@ class AuditTrail:
     def received(self, what: str, data: bytes, outcome: str) -> None:
         self._pending.append(("r", what, data, outcome))
 
-    def sent(self, envelope: pb.SignedEnvelope, peer: str) -> None:
-        self._pending.append(("s", peer, envelope))
+    def push(self, envelope: pb.SignedEnvelope, peer: str) -> bytes:
+        """``envelope``'s wire bytes, recorded as pushed to ``peer``: the stream hook yields
+        these bytes and gRPC sends them as they are (no response serializer), so the digest
+        is that of the exact bytes sent. The spec is one object pushed to every site: it is
+        serialised once (the object is held, so ``is`` cannot match a new one)."""
+        last = self._last_object
+        if last is not None and last[0] is envelope:
+            data = last[1]
+        else:
+            data = envelope.SerializeToString()
+            self._last_object = (envelope, data)
+        self._pending.append(("s", peer, data))
+        return data
+
+    def sent(self, message: bytes | pb.SignedEnvelope, peer: str) -> None:
+        """Record ``message`` (its wire bytes, or an envelope: serialised by the sender
+        thread) as pushed to ``peer``."""
+        self._pending.append(("s", peer, message))
 
     def flush(self, timeout: float = 30.0) -> bool:
         """Wait until everything queued before this call is committed (or dropped after a
@@ -242,53 +265,38 @@ class AuditTrail:
                 return
 
     def _prepare(self, item) -> tuple:
-        """What the writer needs of one message: a request's digest and its payload without
-        a contribution's bulk (so a round's 23 MB of statistics never cross the pipe); a
-        push's digest, and its bytes the first time."""
+        """What the writer needs of one message: a request's digest and its bytes as
+        received; a push's digest, and its bytes the first time. Hashing is all this
+        process does (hashlib releases the GIL above 2 kB); parsing the envelope and cutting
+        out a contribution's statistics happen in the writer (the pipe carries the bytes:
+        one copy under the GIL, the pickling; the write itself releases it)."""
         kind = item[0]
         if kind == "r":
             _, what, data, outcome = item
-            digest = hashlib.sha256(data).hexdigest()     # releases the GIL (> 2 kB)
-            try:
-                envelope = pb.SignedEnvelope.FromString(data)
-            except Exception:  # noqa: BLE001 - not an envelope: recorded as such
-                return ("r", digest, None, outcome)
-            light = pb.SignedEnvelope(payload_type=envelope.payload_type,
-                                      key_id=envelope.key_id,
-                                      payload=_cut_bulk(envelope.payload))
-            return ("r", digest, light.SerializeToString(), outcome)
+            return ("r", hashlib.sha256(data).hexdigest(), data, outcome)
         if kind == "s":
             digest, data = self._push_digest(item[2])
             return ("s", item[1], digest, data)
         return item          # ("f", token)
 
-    def _push_digest(self, envelope: pb.SignedEnvelope) -> tuple[str, bytes | None]:
-        """The message digest of a pushed envelope, and its bytes if the writer has not had
-        them. The spec is one object pushed to every site (known by id; the object is held,
-        so its id is not reused); a notice is a new object per site with the same bytes, so
-        the last one's fields are compared (a memcmp) before its 15 kB (1000 participants)
-        are serialised and hashed again."""
-        cached = self._digests.get(id(envelope))
-        if cached is not None and cached[0] is envelope:
-            digest = cached[1]
+    def _push_digest(self, data: bytes | pb.SignedEnvelope) -> tuple[str, bytes | None]:
+        """The message digest of a push's wire bytes, and the bytes if the writer has not had
+        them. A notice is a new object per site, often with the same bytes (a release notice,
+        a secure round's keys notice: 45 kB at 1000 sites), so the bytes are compared with
+        the last push's (a memcmp, or ``is`` for the spec) before they are hashed again."""
+        if not isinstance(data, bytes):         # ``sent`` with an envelope
+            data = data.SerializeToString()
+        last = self._last_push
+        if last is not None and last[0] == data:
+            digest = last[1]
         else:
-            fields = (envelope.payload_type, envelope.key_id, envelope.signature,
-                      envelope.payload)
-            last = self._last_push
-            if last is not None and last[0] == fields:
-                digest = last[1]
-            else:
-                digest = hashlib.sha256(envelope.SerializeToString(deterministic=True)
-                                        ).hexdigest()
-                self._last_push = (fields, digest)
-            _remember(self._digests, id(envelope), (envelope, digest), self.PUSH_CACHE)
+            digest = hashlib.sha256(data).hexdigest()
+            self._last_push = (data, digest)
         if digest in self._pushed:
             return digest, None
         # The writer remembers as many as this side, in the same (pipe) order.
         _remember(self._pushed, digest, True, self.PUSH_CACHE)
-        light = pb.SignedEnvelope(payload_type=envelope.payload_type, key_id=envelope.key_id,
-                                  payload=_cut_bulk(envelope.payload))
-        return digest, light.SerializeToString()
+        return digest, data
 
     def _watch(self) -> None:
         """The writer's reports: a failure, a flush done, its figures; EOF: it is gone."""
@@ -376,10 +384,19 @@ def _writer_main(path: str, key_path: str, batches: Connection, status: Connecti
         pass
 
 
-def _received_record(digest: str, data: bytes | None, outcome: str) -> Record:
-    if data is None:
-        return Record(RECEIVED, "malformed", outcome=outcome, message_digest=digest)
+def _light(data: bytes) -> pb.SignedEnvelope:
+    """The envelope of ``data`` without its signature and its payload's bulk fields (the
+    entries never keep them); DecodeError if ``data`` is not an envelope."""
     envelope = pb.SignedEnvelope.FromString(data)
+    return pb.SignedEnvelope(payload_type=envelope.payload_type, key_id=envelope.key_id,
+                             payload=_cut_bulk(envelope.payload))
+
+
+def _received_record(digest: str, data: bytes, outcome: str) -> Record:
+    try:
+        envelope = _light(data)
+    except Exception:  # noqa: BLE001 - not an envelope: recorded as such
+        return Record(RECEIVED, "malformed", outcome=outcome, message_digest=digest)
     message = _light_payload(envelope.payload)
     if message is None:
         return Record(RECEIVED, "malformed", outcome=outcome, message_digest=digest,
@@ -394,7 +411,7 @@ def _pushed_record(described: OrderedDict, size: int, peer: str, digest: str,
     if record is None:
         if data is None:    # not reached: both sides remember the same digests
             return Record(SENT, "pushed", peer=peer, message_digest=digest, outcome="pushed")
-        envelope = pb.SignedEnvelope.FromString(data)
+        envelope = _light(data)
         phase = "consent" if envelope.payload_type == "dpfed.v1.RoundSpec" else ""
         record = describe(SENT, envelope, peer="", wire_digest=digest, phase=phase,
                           outcome="pushed")
@@ -439,24 +456,26 @@ async def _refuse_if_failed(trail: AuditTrail, context) -> None:
                                              f"until it is restarted"))
 
 
-def audited(trail: AuditTrail | None, what: str, handler, server_streaming: bool):
-    """``handler`` (a gRPC method handler taking the raw request bytes) recording what it
-    receives or pushes in ``trail``; ``handler`` itself for calls that are not recorded."""
+def audited(trail: AuditTrail | None, what: str, handler, server_streaming: bool,
+            serialize):
+    """(handler, response serializer): ``handler`` (a gRPC method handler taking the raw
+    request bytes) recording what it receives or pushes in ``trail``, and the serializer for
+    its replies (``serialize``; None for the push stream, which yields the bytes it recorded);
+    ``handler`` and ``serialize`` themselves for calls that are not recorded."""
     if trail is None:
-        return handler
+        return handler, serialize
     if server_streaming:
         if what != PUSH_STREAM:
-            return handler
+            return handler, serialize
 
         async def stream(data: bytes, context):
             await _refuse_if_failed(trail, context)
             site = _hello_site(data)
             async for reply in handler(data, context):
-                trail.sent(reply, site)
-                yield reply
-        return stream
+                yield trail.push(reply, site)     # the bytes gRPC sends, as hashed
+        return stream, None
     if what not in RECEIVED_CALLS:
-        return handler
+        return handler, serialize
 
     async def unary(data: bytes, context):
         await _refuse_if_failed(trail, context)
@@ -470,7 +489,7 @@ def audited(trail: AuditTrail | None, what: str, handler, server_streaming: bool
             raise
         trail.received(what, data, _outcome(reply))
         return reply
-    return unary
+    return unary, serialize
 
 
 def _main(argv: list[str]) -> int:

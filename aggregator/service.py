@@ -266,9 +266,11 @@ def add_to_server(servicer: AggregatorServicer, server: grpc.aio.Server) -> None
     for m in SERVICE.methods:
         request_class = GetMessageClass(m.input_type)
         fn = _parsing(m.name, getattr(servicer, m.name), request_class, m.server_streaming)
-        # The audit log (aggregator.audit): round messages received and pushed, by digest.
-        fn = audited(getattr(servicer, "audit", None), m.name, fn, m.server_streaming)
         serialize = GetMessageClass(m.output_type).SerializeToString
+        # The audit log (aggregator.audit): round messages received and pushed, by digest
+        # (a recorded push is serialised by the hook, which yields the bytes it hashed).
+        fn, serialize = audited(getattr(servicer, "audit", None), m.name, fn,
+                                m.server_streaming, serialize)
         make = (grpc.unary_stream_rpc_method_handler if m.server_streaming
                 else grpc.unary_unary_rpc_method_handler)
         handlers[m.name] = make(fn, request_deserializer=None, response_serializer=serialize)

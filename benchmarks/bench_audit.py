@@ -3,10 +3,12 @@
 Feeds an aggregator.audit.AuditTrail what a round of N sites at dimension d gives it (the
 spec pushed to every site, N consents received, a release notice pushed to every site, N
 contributions received: 4N entries, the real signed bytes) the way the gRPC handlers do
-(a queue put each, ``--spread`` seconds apart in total, as arrivals over a round), waits until
-everything is committed, and reports the writer process's CPU time, this process's (the side the
-aggregator's event loop pays: the puts and the queue's feeder thread), the time of a put, and
-the batches (transactions and signed heads) written. End-to-end rounds with and without the log: ``dpfed bench round``.
+(a list append each, a push serialised, ``--spread`` seconds apart in total, as arrivals over
+a round), waits until everything is committed, and reports the writer process's CPU time, this
+process's (the side the aggregator pays: the appends, the pushes' serialisation, which gRPC
+would do anyway, and the sender thread: ``sender_cpu_s``), the time of an append, and the
+batches (transactions and signed heads) written. End-to-end rounds with and without the log:
+``dpfed bench round``; secure rounds: benchmarks/bench_audit_rounds.py.
 
     python benchmarks/bench_audit.py --sites 1000 --dim 64 --repeat 5 [--json]
 """
@@ -72,9 +74,10 @@ def run_once(sites: int, dim: int, spread_s: float, messages, interval_s: float)
                            interval_s=interval_s)
         trail.ready()
         heads0 = len(audit.read(path).heads)
-        calls = ([lambda s=s: trail.sent(spec, s) for s in names]
+        # What the hooks call: ``push`` serialises a push (the bytes gRPC then sends).
+        calls = ([lambda s=s: trail.push(spec, s) for s in names]
                  + [lambda c=c: trail.received("SendPhase", c, "accepted") for c in consents]
-                 + [lambda s=s, n=n: trail.sent(n, s) for s, n in zip(names, notices)]
+                 + [lambda s=s, n=n: trail.push(n, s) for s, n in zip(names, notices)]
                  + [lambda c=c: trail.received("Contribute", c, "accepted")
                     for c in contributions])
         pause = spread_s / len(calls)
