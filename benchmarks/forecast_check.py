@@ -1,22 +1,32 @@
 """Does `dpfed plan`'s forecast band hold the realised gain? (issue 21 item 3)
 
     python benchmarks/forecast_check.py [--splits 10] [--eps 2] [--data airfoil_self_noise,...]
+        [--fits closed_form,posterior] [--populations default,public] [--gdsc-drugs 10]
 
 Per split of a UCI set (../shared/data/uci; original rows, no replication): 300 test rows, 10
-public rows, the rest one site's private rows. The round as a round runs it (the round's
-pre-processing with public column scales and row norm; bounds, split and ridge from
-``round_choice``; OpenDP release; noise-aware fit with the public rows' own likelihood and
-y_unit = By) gives the realised gain = Spearman(private + public) - Spearman(public only) on the
-test rows. Beside it, from the public rows only, ``dpfed_apps.forecast.forecast_round`` with the
-same bounds, split and ridge: its one-round 10-90 % band of the gain, with its default fit (the
-closed form with the noise-matched ridge) and, with ``--posterior``, the production posterior
-adapter (``posterior_fit("laplace")``). Prints the share of rounds whose realised gain lies in
-the band, and the mean forecast and realised gains.
+public rows, the rest one site's private rows; per GDSC drug (``--gdsc-drugs``, every k-th
+eligible drug whose pool reaches ``--gdsc-n``; the evaluation protocol's split of repeat 0..:
+100 test lines, 10 public lines, the first ``--gdsc-n`` pool lines one site). The round as a
+round runs it (the round's pre-processing with public column scales and row norm; bounds,
+split and ridge from ``round_choice``; OpenDP release; ``fit_posterior`` with the public rows'
+exact clipped statistics as ``public=``, x_bound = Bx, y_unit = By, as
+aggregator.rounds.fitting passes them) gives the realised gain = Spearman(private + public) -
+Spearman(public only, ``fit_posterior(public, y_unit=By)``) on the test rows. Beside it, from
+the public rows only, ``dpfed_apps.forecast.forecast_round`` with the same bounds, split and
+ridge, for each fit (``closed_form``: the closed form with the noise-matched ridge;
+``posterior``: ``posterior_fit()``, the production posterior with the same inputs as a round)
+and each auxiliary population (``default``: ``dpfed.auxiliary``'s defaults, R^2 ~ Beta(2,
+20), independent columns with half the rows public copies; ``public``:
+``PUBLIC_FIT_POPULATION``, R^2 from the public rows' own fit, rows bootstrapped from the public
+rows). Prints, per data set and variant, the share of rounds whose realised gain lies in the
+one-round 10-90 % band and the mean forecast and realised gains; ``--json FILE`` keeps every
+round.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -28,74 +38,166 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def one_split(x, y, eps, rng, fits, n_datasets, n_noise):
+def one_round(xp, yp, xq, yq, xt, yt, pre, eps, rng, variants, n_datasets, n_noise,
+              feature_names=None):
+    """Raw public (xp, yp), private (xq, yq) and test (xt, yt) rows; ``pre`` the round's
+    public pre-processing. Returns {"realised": gain, variant: (mean, q10, q90), ...}."""
     from dpfed.metrics import spearman
-    from dpfed.preprocess import Preprocessing
     from dpfed.statistics import clipped_exact_statistics
-    from dpfed_apps.forecast import forecast_round, posterior_fit
+    from dpfed_apps.forecast import PUBLIC_FIT_POPULATION, forecast_round, posterior_fit
     from dpfed_apps.simulation.public import round_choice
     from posterior import fit_posterior
     from site_node.release import release_statistics
 
-    perm = rng.permutation(len(y))
-    test, pub, priv = perm[:300], perm[300:310], perm[310:]
-    pre = Preprocessing.from_public_data(x[pub], y[pub], scale_columns=True)
-    zp, yp = pre.apply(x[pub], y[pub])
-    zq, yq = pre.apply(x[priv], y[priv])
-    zt = pre.transform_x(x[test])
-    ch = round_choice([len(priv)], x.shape[1], eps, x[pub], y[pub], pre, draws=1,
-                      seed=int(rng.integers(1 << 30)))
+    zp, ypp = pre.apply(xp, yp)
+    zq, yqq = pre.apply(xq, yq)
+    zt = pre.transform_x(xt)
+    ch = round_choice([len(yq)], xp.shape[1], eps, xp, yp, pre, draws=1,
+                      feature_names=feature_names, seed=int(rng.integers(1 << 30)))
     bx, by, norm = ch["x_bound"], ch["y_bound"], ch["x_norm_bound"]
-    public = clipped_exact_statistics(zp, yp, bx, by, norm)
-    rel = release_statistics(zq, yq, epsilon=eps, x_bound=bx, y_bound=by,
+    public = clipped_exact_statistics(zp, ypp, bx, by, norm)
+    rel = release_statistics(zq, yqq, epsilon=eps, x_bound=bx, y_bound=by,
                              budget_split=ch["budget_split"], x_norm_bound=norm)
     private = fit_posterior(rel + public, public=public, x_bound=bx, y_unit=by, draws=1000,
                             seed=0)
     public_only = fit_posterior(public, y_unit=by, draws=1000, seed=0)
-    realised = (spearman(private.predict(zt), y[test])
-                - spearman(public_only.predict(zt), y[test]))
-    out = {"realised": float(realised)}
-    for name in fits:
-        fit = None if name == "closed_form" else posterior_fit("laplace")
-        fc = forecast_round(x_public=x[pub], y_public=y[pub], preprocessing=pre,
-                            n_per_site=[len(priv)], epsilons=[eps], bounds=(bx, by),
+    realised = spearman(private.predict(zt), yt) - spearman(public_only.predict(zt), yt)
+    out = {"realised": float(realised), "bounds": (bx, by)}
+    seed = int(rng.integers(1 << 30))     # the same populations for every variant
+    for name in variants:
+        fit_name, pop = name.split("/")
+        t0 = time.perf_counter()
+        fc = forecast_round(x_public=xp, y_public=yp, preprocessing=pre,
+                            feature_names=feature_names,
+                            n_per_site=[len(yq)], epsilons=[eps], bounds=(bx, by),
                             budget_split=ch["budget_split"], ridge_c=ch["ridge_c"],
                             aggregation="secure", n_datasets=n_datasets, n_noise=n_noise,
-                            seed=int(rng.integers(1 << 30)), fit=fit)
+                            seed=seed,
+                            fit=None if fit_name == "closed_form" else posterior_fit(),
+                            population=None if pop == "default" else PUBLIC_FIT_POPULATION)
         g = fc["per_epsilon"][0]["gain"]
         out[name] = (g["mean"], g["q10"], g["q90"])
+        out[name + ":s"] = time.perf_counter() - t0
+        out["r2_mean:" + pop] = fc["auxiliary"]["r2_mean"]
     return out
 
 
-def main(argv=None) -> int:
-    from uci import load
+def synthetic(rng, n=1310, d=6):
+    """Simulated rounds' data (``--data synth``): correlated columns (one log-normal), a
+    linear signal of R^2 ~ U(0.1, 0.7) on a random beta, skewed noise; a new data set per
+    split."""
+    cov = 0.6 * np.eye(d) + 0.4
+    x = rng.multivariate_normal(np.zeros(d), cov, size=n) * rng.uniform(0.5, 3.0, size=d)
+    x[:, 0] = np.exp(x[:, 0] / 2)
+    r2 = rng.uniform(0.1, 0.7)
+    s = x @ rng.standard_normal(d)
+    e = rng.gamma(4.0, size=n)
+    e = (e - e.mean()) / e.std()
+    y = 10.0 + s / s.std() * np.sqrt(r2) + np.sqrt(1 - r2) * e
+    return x, y
 
+
+def uci_rounds(name, splits, eps, variants, n_datasets, n_noise):
+    from uci import load
+    from dpfed.preprocess import Preprocessing
+
+    if name != "synth":
+        _, x, y = load(ROOT.parent / "shared" / "data" / "uci" / f"{name}.csv")
+    rng = np.random.default_rng(0)
+    for _ in range(splits):
+        if name == "synth":
+            x, y = synthetic(rng)
+        perm = rng.permutation(len(y))
+        test, pub, priv = perm[:300], perm[300:310], perm[310:]
+        pre = Preprocessing.from_public_data(x[pub], y[pub], scale_columns=True)
+        yield one_round(x[pub], y[pub], x[priv], y[priv], x[test], y[test], pre, eps, rng,
+                        variants, n_datasets, n_noise)
+
+
+def gdsc_rounds(drugs, n, eps, variants, n_datasets, n_noise):
+    from dpfed_apps.evaluation.protocol import (ProtocolConfig, eligible_drugs, load_problem,
+                                                prepare_repeat, repeat_split)
+
+    cfg = ProtocolConfig()
+    every = eligible_drugs(cfg.min_lines)
+    done = 0
+    for drug in every[::max(1, len(every) // (3 * drugs))]:
+        if done == drugs:
+            break
+        problem = load_problem(drug, cfg)
+        if problem.n - cfg.n_test - cfg.n_candidates < n:
+            continue
+        done += 1
+        split = repeat_split(problem.n, cfg, drug, 0)
+        data = prepare_repeat(problem, cfg, drug, 0)
+        priv = split.private_pool[:n]
+        rng = np.random.default_rng([drug, 21])
+        out = one_round(problem.x[split.public], problem.y[split.public], problem.x[priv],
+                        problem.y[priv], problem.x[split.test], problem.y[split.test],
+                        data.preprocessing, eps, rng, variants, n_datasets, n_noise,
+                        feature_names=list(cfg.features))
+        out["drug"] = int(drug)
+        yield out
+
+
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", default="airfoil_self_noise,concrete_strength,wine_quality_red")
+    ap.add_argument("--data", default="airfoil_self_noise,concrete_strength,wine_quality_red",
+                    help="UCI sets (comma-separated; empty: none; 'synth': simulated data)")
     ap.add_argument("--splits", type=int, default=10)
+    ap.add_argument("--gdsc-drugs", type=int, default=0, help="GDSC drugs (one round each)")
+    ap.add_argument("--gdsc-n", type=int, default=700)
     ap.add_argument("--eps", type=float, default=2.0)
-    ap.add_argument("--posterior", action="store_true")
+    ap.add_argument("--fits", default="closed_form", help="closed_form,posterior")
+    ap.add_argument("--populations", default="default", help="default,public")
+    ap.add_argument("--variants", default=None,
+                    help="fit/population pairs, e.g. closed_form/default,posterior/public "
+                         "(overrides --fits x --populations)")
     ap.add_argument("--n-datasets", type=int, default=12)
     ap.add_argument("--n-noise", type=int, default=5)
+    ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
-    fits = ["closed_form"] + (["posterior"] if args.posterior else [])
+    variants = (args.variants.split(",") if args.variants else
+                [f"{f}/{p}" for f in args.fits.split(",") for p in args.populations.split(",")])
     t0 = time.time()
-    print("| data | eps | fit | rounds | forecast gain (mean) | realised gain (mean) "
-          "| realised in [q10, q90] |")
-    print("|---|---|---|---|---|---|---|")
-    for name in args.data.split(","):
-        _, x, y = load(ROOT.parent / "shared" / "data" / "uci" / f"{name}.csv")
-        rng = np.random.default_rng(0)
-        rows = [one_split(x, y, args.eps, rng, fits, args.n_datasets, args.n_noise)
-                for _ in range(args.splits)]
-        for r in rows:
-            print("  ", r, file=sys.stderr, flush=True)
-        for f in fits:
-            inside = np.mean([r[f][1] <= r["realised"] <= r[f][2] for r in rows])
-            print(f"| {name} | {args.eps:g} | {f} | {len(rows)} | "
-                  f"{np.mean([r[f][0] for r in rows]):+.3f} | "
-                  f"{np.mean([r['realised'] for r in rows]):+.3f} | {inside:.2f} |", flush=True)
-    print(f"{args.splits} splits per data set; {time.time() - t0:.0f} s")
+    sets = [(name, lambda name=name: uci_rounds(name, args.splits, args.eps, variants,
+                                                 args.n_datasets, args.n_noise))
+            for name in args.data.split(",") if name]
+    if args.gdsc_drugs:
+        sets.append((f"GDSC (n = {args.gdsc_n})",
+                     lambda: gdsc_rounds(args.gdsc_drugs, args.gdsc_n, args.eps, variants,
+                                         args.n_datasets, args.n_noise)))
+    lines = ["| data | eps | forecast (fit / population) | rounds | forecast gain (mean) "
+             "| realised gain (mean) | mean abs. error | realised in [q10, q90] | s per forecast |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    every = {}
+    pooled = {v: [] for v in variants}
+    for name, gen in sets:
+        rows = []
+        for r in gen():
+            print("  ", name, {k: (np.round(v, 3).tolist() if not isinstance(v, int) else v)
+                               for k, v in r.items()}, file=sys.stderr, flush=True)
+            rows.append(r)
+        every[name] = rows
+        for v in variants:
+            inside = [r[v][1] <= r["realised"] <= r[v][2] for r in rows]
+            pooled[v] += inside
+            lines.append(
+                f"| {name} | {args.eps:g} | {v} | {len(rows)} | "
+                f"{np.mean([r[v][0] for r in rows]):+.3f} | "
+                f"{np.mean([r['realised'] for r in rows]):+.3f} | "
+                f"{np.mean([abs(r[v][0] - r['realised']) for r in rows]):.3f} | "
+                f"{np.mean(inside):.2f} | {np.median([r[v + ':s'] for r in rows]):.1f} |")
+        print("\n".join(lines[-len(variants):]), flush=True)
+    for v in variants:
+        lines.append(f"| pooled | {args.eps:g} | {v} | {len(pooled[v])} | | | | "
+                     f"{np.mean(pooled[v]):.2f} | |")
+    print("\n".join(lines))
+    print(f"{args.splits} splits per UCI set, {args.gdsc_drugs} GDSC drugs; "
+          f"{args.n_datasets} populations x {args.n_noise} noise draws per forecast; "
+          f"{time.time() - t0:.0f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(every, default=float))
     return 0
 
 

@@ -120,6 +120,21 @@ class AuxiliarySource:
     ``x_public`` (m x d raw features) and ``y_public`` (m raw targets) must be *public* rows;
     ``preprocessing`` the round's public pre-processing. ``groups`` overrides the exclusive
     groups found from ``feature_names``; ``r2_prior`` is Beta(a, b) of the signal's R^2.
+
+    ``r2_from_public`` (default False: the R^2 is drawn from ``r2_prior`` alone): each
+    population's R^2 is drawn from its posterior given the public rows (``r2_posterior``):
+    ``r2_prior`` times the marginal likelihood of the public target under the sampler's own
+    model (signal c^T beta with beta ~ N(0, s^2 I) of variance R^2 sigma_y^2, noise of
+    variance (1 - R^2) sigma_y^2, sigma_y integrated under a Jeffreys prior, the mean
+    profiled out). ``row_jitter`` (default False): rows copied from public rows
+    (``row_bootstrap``) get the continuous columns' smoothed-bootstrap jitter (Silverman's
+    bandwidth), so that ``row_bootstrap = 1`` (every row a public row's copy, the columns'
+    dependence kept) still gives a full-rank design when d >= m. ``condition_on_public``
+    (default False; needs ``r2_from_public``): each population is drawn from its posterior
+    given the public rows, not from the prior: R^2, then sigma_y^2 and beta from their
+    conditional posteriors given the public target (Gaussian, conjugate), and the population's
+    public rows *are* the real public rows (so a public-only model fitted on them is the
+    round's own, and the signal it misses is what the public rows leave unknown).
     """
 
     x_public: np.ndarray
@@ -129,6 +144,9 @@ class AuxiliarySource:
     groups: tuple[tuple[int, ...], ...] | None = None
     r2_prior: tuple[float, float] = DEFAULT_R2_PRIOR
     row_bootstrap: float = DEFAULT_ROW_BOOTSTRAP
+    r2_from_public: bool = False
+    row_jitter: bool = False
+    condition_on_public: bool = False
     _kinds: tuple = field(init=False, repr=False)
 
     def __post_init__(self):
@@ -201,6 +219,9 @@ class AuxiliarySource:
         h.update(self.preprocessing.to_json().encode())
         h.update(repr((self.groups, self.r2_prior, self.x_public.shape,
                        self.row_bootstrap)).encode())
+        if self.r2_from_public or self.row_jitter or self.condition_on_public:
+            h.update(repr((self.r2_from_public, self.row_jitter,   # defaults' keys unchanged
+                           self.condition_on_public)).encode())
         return h.hexdigest()[:32]
 
     # -- sampling ------------------------------------------------------------------------------
@@ -225,7 +246,61 @@ class AuxiliarySource:
             # (e.g. a mutation common in one tissue), which independent columns lose.
             copy = rng.random(rows) < self.row_bootstrap
             x[copy] = self.x_public[rng.integers(0, self.m, size=int(copy.sum()))]
+            if self.row_jitter:
+                k = int(copy.sum())
+                for j, kind in self._kinds:
+                    if kind == "continuous":
+                        sd = float(np.std(self.x_public[:, j], ddof=1))
+                        if sd > 0:
+                            x[copy, j] += 1.06 * sd * self.m ** (-0.2) * rng.standard_normal(k)
         return x
+
+    def _centred_public(self) -> np.ndarray:
+        pre = self.preprocessing
+        c = self.x_public - np.asarray(pre.x_mean)
+        if pre.x_scale:
+            c = c / np.asarray(pre.x_scale)
+        return c
+
+    def r2_posterior(self, grid_size: int = 200) -> tuple[np.ndarray, np.ndarray]:
+        """(grid of R^2, posterior probabilities) given the public rows (class docstring,
+        ``r2_from_public``). Public rows only. The model is ``sample``'s: public signal
+        covariance R^2 sigma_y^2 K with K = C C^T / (tr(C C^T) / m), C the centred raw
+        features in the round's column units; sigma_y^2 under p(s^2) ~ 1 / s^2 integrated
+        out; the public mean profiled out (the m - 1 contrasts orthogonal to 1)."""
+        m = self.m
+        grid = (np.arange(grid_size) + 0.5) / grid_size
+        a, b = self.r2_prior
+        log_prior = (a - 1) * np.log(grid) + (b - 1) * np.log1p(-grid)
+        c = self._centred_public()
+        g = c @ c.T
+        tr = float(np.trace(g))
+        y = self.y_public - self.y_public.mean()
+        if not (tr > 0 and m >= 3 and float(y @ y) > 0):
+            w = np.exp(log_prior - log_prior.max())
+            return grid, w / w.sum()
+        k = g / (tr / m)
+        ev, vec = np.linalg.eigh(np.eye(m) - np.full((m, m), 1.0 / m))
+        h = vec[:, ev > 0.5]                          # m x (m - 1) contrasts
+        kk, u = np.linalg.eigh(h.T @ k @ h)
+        z2 = (u.T @ (h.T @ y)) ** 2
+        lam = (1.0 - grid)[:, None] + grid[:, None] * np.maximum(kk, 0.0)[None, :]
+        ll = -0.5 * np.log(lam).sum(axis=1) - 0.5 * (m - 1) * np.log((z2[None, :] / lam).sum(axis=1))
+        lp = ll + log_prior
+        w = np.exp(lp - lp.max())
+        return grid, w / w.sum()
+
+    def _draw_r2(self, rng: np.random.Generator) -> float:
+        if not self.r2_from_public:
+            return float(rng.beta(*self.r2_prior))
+        cached = self.__dict__.get("_r2_cache")
+        if cached is None:
+            cached = self.r2_posterior()
+            object.__setattr__(self, "_r2_cache", cached)
+        grid, w = cached
+        step = grid[1] - grid[0] if grid.size > 1 else 0.0
+        r2 = float(rng.choice(grid, p=w) + step * (rng.random() - 0.5))
+        return min(max(r2, 1e-6), 1 - 1e-6)
 
     def sample_raw_features(self, rng: np.random.Generator, rows: int) -> np.ndarray:
         """Raw (not pre-processed) features of ``rows`` rows of one new population."""
@@ -264,22 +339,58 @@ class AuxiliarySource:
         if not (math.isfinite(s_pub) and s_pub > 0):
             s_pub = 1.0
         sigma_y = s_pub * math.sqrt((m - 1) / rng.chisquare(m - 1))
-        r2 = float(rng.beta(*self.r2_prior))
-        beta = rng.standard_normal(self.d)
-        signal = centred @ beta
-        sd_signal = float(np.std(signal))
-        signal = signal * (math.sqrt(r2) * sigma_y / sd_signal) if sd_signal > 0 else 0.0 * signal
+        r2 = self._draw_r2(rng)
+        if self.condition_on_public:
+            beta, sigma_y = self._conditional_beta(rng, r2)
+            signal = centred @ beta
+        else:
+            beta = rng.standard_normal(self.d)
+            signal = centred @ beta
+            sd_signal = float(np.std(signal))
+            signal = signal * (math.sqrt(r2) * sigma_y / sd_signal) if sd_signal > 0 else 0.0 * signal
         z_pub = (y_pub - y_pub.mean()) / (float(np.std(y_pub)) or 1.0)
         h = 0.5   # smoothed bootstrap: sqrt(1 - h^2) * resample + h * N(0, 1) keeps variance 1
         z = math.sqrt(1 - h * h) * rng.choice(z_pub, size=total) + h * rng.standard_normal(total)
         noise = math.sqrt(1.0 - r2) * sigma_y * z
         delta = sigma_y / math.sqrt(m) * rng.standard_normal()
+        if self.condition_on_public:
+            # The population's mean given the public mean (the signal is centred on the public
+            # rows): the residual's share of sigma_y.
+            delta = math.sqrt(1.0 - r2) * sigma_y / math.sqrt(m) * rng.standard_normal()
         y_raw = pre.y_mean + delta + signal + noise
         x_all = pre.transform_x(x_raw)
         y_all = pre.transform_y(y_raw)
         i1, i2 = n, n + n_test
+        if self.condition_on_public:
+            xp_, yp_ = pre.apply(self.x_public, self.y_public)
+            return AuxiliaryData(x_all[:i1], y_all[:i1], xp_, yp_, x_all[i1:i2],
+                                 y_raw[i1:i2], r2, sigma_y)
         return AuxiliaryData(x_all[:i1], y_all[:i1], x_all[i2:], y_all[i2:],
                              x_all[i1:i2], y_raw[i1:i2], r2, sigma_y)
+
+    def _conditional_beta(self, rng: np.random.Generator, r2: float) -> tuple[np.ndarray, float]:
+        """(beta, sigma_y) from their posterior given the public target and R^2 (the model of
+        ``r2_posterior``: beta ~ N(0, tau^2 I), tau^2 = R^2 sigma_y^2 / (tr(C^T C) / m),
+        residual variance (1 - R^2) sigma_y^2, p(sigma_y^2) ~ 1 / sigma_y^2)."""
+        m = self.m
+        c = self._centred_public()
+        y = self.y_public - self.y_public.mean()
+        t = float(np.trace(c.T @ c)) / m
+        if not t > 0:
+            return np.zeros(self.d), float(np.std(self.y_public, ddof=1) or 1.0)
+        k = (c @ c.T) / t
+        v = (1.0 - r2) * np.eye(m) + r2 * k
+        ev, vec = np.linalg.eigh(np.eye(m) - np.full((m, m), 1.0 / m))
+        h = vec[:, ev > 0.5]
+        yh = h.T @ y
+        q = float(yh @ np.linalg.solve(h.T @ v @ h, yh))
+        sigma2 = q / rng.chisquare(m - 1)
+        noise_var = max((1.0 - r2) * sigma2, 1e-12)
+        prec = c.T @ c / noise_var + np.eye(self.d) * (t / max(r2 * sigma2, 1e-12))
+        chol = np.linalg.cholesky(prec)
+        mean = np.linalg.solve(prec, c.T @ y / noise_var)
+        beta = mean + np.linalg.solve(chol.T, rng.standard_normal(self.d))
+        return beta, math.sqrt(sigma2)
 
 
 def gaussian_auxiliary(rng: np.random.Generator, n: int, d: int, n_test: int) -> AuxiliaryData:

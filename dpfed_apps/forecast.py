@@ -35,7 +35,17 @@ from dpfed.auxiliary import AuxiliarySource
 from dpfed.preprocess import Preprocessing
 
 __all__ = ["NoiseScales", "Mechanism", "closed_form_fit", "posterior_fit", "simulate_release",
-           "score_cell", "forecast_round", "DEFAULT_RIDGE_C", "summarise"]
+           "score_cell", "forecast_round", "DEFAULT_RIDGE_C", "summarise",
+           "PUBLIC_FIT_POPULATION"]
+
+#: The auxiliary populations a forecast simulates on when they are learned from the public
+#: rows (docs/evaluation.md, issue 21 "Forecasts"): R^2 from its posterior given the public
+#: rows under a uniform prior, every row a public row's copy with the continuous columns'
+#: jitter (the columns' dependence kept), beta and sigma_y from their posterior given the
+#: public rows, and the real public rows as the population's public rows.
+PUBLIC_FIT_POPULATION = {"r2_prior": (1.0, 1.0), "r2_from_public": True,
+                         "row_bootstrap": 1.0, "row_jitter": True,
+                         "condition_on_public": True}
 
 #: Ridge c used when the bounds are given rather than chosen (no search to choose c in).
 DEFAULT_RIDGE_C = 8.0
@@ -112,27 +122,60 @@ def closed_form_fit(ridge_c: float = 0.0) -> Fit:
     return fit
 
 
-def posterior_fit(method: str = "laplace", **kwargs) -> Fit:
-    """Adapter to the production posterior ``posterior.fit_posterior(stats,
-    method=...)`` on ``Statistics`` carrying a ``dpfed.noise.NoiseDescription`` of the
-    simulated noise; predictions use ``beta_mean``. Imported when called (not at import)."""
+def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0, **kwargs) -> Fit:
+    """The production posterior as a forecast's fit: ``posterior.fit_posterior`` called the
+    way a round's FITTING phase calls it (``aggregator.rounds.fitting.fit_round`` ->
+    ``aggregator.aggregate.fit``): the summed statistics (release + the public rows' exact
+    clipped statistics) carrying the release's ``NoiseDescription``, ``public=`` the exact
+    public statistics (their own likelihood and the design prior), ``x_bound=`` the round's
+    Bx and ``y_unit=`` its By. ``score_cell`` passes ``public``, ``x_bound`` and ``y_unit``
+    (the attribute ``production`` tells it to); predictions use ``beta_mean``. ``method``
+    "auto" is a round's default (Laplace + importance sampling, HMC / NUTS fallbacks).
+    ``draws`` (1000; a round's default is 5000: the mean of beta only needs a few hundred
+    effective draws) and ``seed`` are fit_posterior's. ``public_only(public, y_unit)`` is the
+    public-only baseline a round compares with (``aggregator.aggregate.information``).
+    Imported when called (not at import)."""
 
-    def fit(sxx, sxy, syy, n, noise: NoiseScales | None) -> np.ndarray:
-        from posterior import fit_posterior
+    def _noise(noise: NoiseScales | None):
         from dpfed.noise import EXACT, NoiseDescription
-        from dpfed.statistics import Statistics
 
-        desc = EXACT if noise is None else NoiseDescription.single(
-            "laplace", xtx=noise.xtx, xty=noise.xty, yty=noise.yty, n=noise.n, draws=noise.draws)
+        return EXACT if noise is None else NoiseDescription.single(
+            "laplace", xtx=noise.xtx, xty=noise.xty, yty=noise.yty, n=noise.n,
+            draws=noise.draws)
+
+    def fit(sxx, sxy, syy, n, noise: NoiseScales | None, *, public=None, x_bound=None,
+            y_unit=None) -> np.ndarray:
+        from posterior import fit_posterior
+
         out = []
         for b in range(sxx.shape[0]):
-            a = np.triu(sxx[b])
-            a = a + np.triu(a, 1).T
-            stats = Statistics(a, sxy[b], float(syy[b]), max(int(round(float(n[b]))), 1), desc)
-            out.append(np.asarray(fit_posterior(stats, method=method, **kwargs).beta_mean))
+            stats = _statistics(sxx[b], sxy[b], syy[b], n[b], _noise(noise))
+            post = fit_posterior(stats, method=method, public=public, x_bound=x_bound,
+                                 y_unit=y_unit, draws=draws, seed=seed, **kwargs)
+            out.append(np.asarray(post.beta_mean))
         return np.array(out)
 
+    def public_only(public, y_unit=None) -> np.ndarray:
+        from posterior import fit_posterior
+
+        post = fit_posterior(public, y_unit=y_unit, draws=draws, seed=seed)
+        return np.asarray(post.beta_mean)
+
+    fit.production = True  # type: ignore[attr-defined]
+    fit.public_only = public_only  # type: ignore[attr-defined]
+    fit.__name__ = f"posterior_{method}"
     return fit
+
+
+def _statistics(sxx, sxy, syy, n, noise):
+    """``Statistics`` of one simulated sum: Sxx's upper triangle mirrored (as a release
+    mirrors it), n rounded to an integer >= 1 (a release's n is an integer)."""
+    from dpfed.statistics import Statistics
+
+    a = np.triu(np.asarray(sxx, dtype=np.float64))
+    a = a + np.triu(a, 1).T
+    return Statistics(a, np.asarray(sxy, dtype=np.float64), float(syy),
+                      max(int(round(float(n))), 1), noise)
 
 
 def _symmetric_noise(rng, shape, d):
@@ -179,20 +222,36 @@ def _spearman_many(x_test, y_test, betas) -> np.ndarray:
 
 def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, fit: Fit,
                n_noise: int) -> dict:
-    """Spearman on the test rows of: public-only (closed form, lambda = lambda0 = 1, exact public
-    statistics), private + public (``n_noise`` simulated releases of ``sites`` + the exact public
-    statistics, fitted by ``fit``) and non-private (every row, unclipped, closed form)."""
+    """Spearman on the test rows of: public-only, private + public (``n_noise`` simulated
+    releases of ``sites`` + the exact public statistics, fitted by ``fit``) and non-private
+    (every row, unclipped, closed form).
+
+    With the closed form: public-only is the closed form (lambda = lambda0 = 1) of the
+    unclipped public rows. With a production fit (``posterior_fit``: attribute
+    ``production``) both are what a round computes: the public rows clipped like the private
+    ones (``dpfed.statistics.clipped_exact_statistics``, as the coordinator's round spec
+    carries them) given to the fit as ``public=`` with ``x_bound`` = Bx and ``y_unit`` = By,
+    and public-only = ``fit_posterior(public, y_unit=By)``."""
     d = x_test.shape[1]
-    sxx_p = x_public.T @ x_public
-    sxy_p = x_public.T @ y_public
-    syy_p = float(y_public @ y_public)
     exact = closed_form_fit(0.0)
-    pub = exact(sxx_p[None], sxy_p[None], np.array([syy_p]), np.array([len(y_public)]), None)
     sxx, sxy, syy, n, sc = simulate_release(rng, sites, mech, n_noise)
-    # With the private release, the public rows clipped like the private ones (as a round's
-    # spec carries them, coordinator.roundspec); public-only uses them as they are.
-    xc, yc = mech.clip_rows(x_public), np.clip(y_public, -mech.y_bound, mech.y_bound)
-    beta = fit(sxx + xc.T @ xc, sxy + xc.T @ yc, syy + float(yc @ yc), n + len(y_public), sc)
+    if getattr(fit, "production", False):
+        from dpfed.statistics import clipped_exact_statistics
+
+        public = clipped_exact_statistics(x_public, y_public, mech.x_bound, mech.y_bound,
+                                          mech.x_norm_bound)
+        pub = fit.public_only(public, y_unit=mech.y_bound)[None]
+        beta = fit(sxx + public.xtx, sxy + public.xty, syy + public.yty, n + public.n, sc,
+                   public=public, x_bound=mech.x_bound, y_unit=mech.y_bound)
+    else:
+        sxx_p = x_public.T @ x_public
+        sxy_p = x_public.T @ y_public
+        syy_p = float(y_public @ y_public)
+        pub = exact(sxx_p[None], sxy_p[None], np.array([syy_p]), np.array([len(y_public)]), None)
+        # With the private release, the public rows clipped like the private ones (as a
+        # round's spec carries them, coordinator.roundspec); public-only uses them as they are.
+        xc, yc = mech.clip_rows(x_public), np.clip(y_public, -mech.y_bound, mech.y_bound)
+        beta = fit(sxx + xc.T @ xc, sxy + xc.T @ yc, syy + float(yc @ yc), n + len(y_public), sc)
     xa = np.vstack([x_public] + [x for x, _ in sites])
     ya = np.concatenate([y_public] + [y for _, y in sites])
     nonp = exact((xa.T @ xa)[None], (xa.T @ ya)[None], np.array([ya @ ya]), np.array([len(ya)]), None)
@@ -207,6 +266,15 @@ def summarise(values) -> dict:
         return {"mean": None, "q10": None, "q90": None}
     return {"mean": float(v.mean()), "q10": float(np.quantile(v, 0.1)),
             "q90": float(np.quantile(v, 0.9))}
+
+
+def _r2_mean(source: AuxiliarySource) -> float:
+    """Mean R^2 the populations are drawn with (prior, or posterior given the public rows)."""
+    if source.r2_from_public:
+        grid, w = source.r2_posterior()
+        return float(grid @ w)
+    a, b = source.r2_prior
+    return a / (a + b)
 
 
 def _split_sizes(n_per_site) -> list[int]:
@@ -226,7 +294,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
                    n_test: int = 100, n_datasets: int = 20, n_noise: int = 10, seed: int = 0,
                    fit: Fit | None = None, choose_datasets: int = 10, choose_noise: int = 10,
                    omegas=None, row_bootstrap: float | None = None,
-                   x_norm_bound="auto", aggregation: str = "independent") -> dict:
+                   x_norm_bound="auto", aggregation: str = "independent",
+                   population: dict | None = None) -> dict:
     """Forecast what a round buys, per epsilon (module docstring). Public inputs only.
 
     ``n_per_site``: an int (one site) or the list of the K sites' n. ``bounds``: "choose"
@@ -240,6 +309,10 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     ``aggregation``: "independent" (each site's release carries its own draw) or "secure"
     (secure aggregation, method.md section 10: the sum of all sites' rows carries one draw,
     forecast as one release of the total n).
+    ``population``: options of the ``AuxiliarySource`` the round is *simulated* on (the
+    bounds are still chosen on the default source, as a round chooses them), e.g.
+    ``PUBLIC_FIT_POPULATION`` (R^2 from the public rows' own fit, rows bootstrapped from the
+    public rows with jitter). None: the default source for both.
     Returns a JSON-ready dict; see ``docs/evaluation.md`` ("dpfed plan") for the keys.
     """
     from dpfed.secure_round import AGGREGATIONS, SECURE
@@ -250,6 +323,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     pre = preprocessing or Preprocessing.from_public_data(x_public, y_public, scale_columns=True)
     source = AuxiliarySource(x_public, y_public, pre, feature_names=feature_names,
                              **({} if row_bootstrap is None else {"row_bootstrap": row_bootstrap}))
+    sim_source = source if not population else AuxiliarySource(
+        x_public, y_public, pre, feature_names=feature_names, **dict(population))
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     sizes = _split_sizes(n_per_site)
@@ -301,7 +376,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         pub, nonp, priv = [], [], []
         for child in np.random.SeedSequence(seed).spawn(n_datasets):  # same populations per eps
             rng = np.random.default_rng(child)
-            data = source.sample(rng, sum(draw_sizes), n_test)
+            data = sim_source.sample(rng, sum(draw_sizes), n_test)
             bounds_idx = np.cumsum(draw_sizes)[:-1]
             sites = list(zip(np.split(data.x, bounds_idx), np.split(data.y, bounds_idx)))
             cell = score_cell(rng, sites, data.x_public, data.y_public, data.x_test,
@@ -343,7 +418,11 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         "n_datasets": n_datasets, "n_noise": n_noise, "n_test": n_test, "seed": seed,
         "auxiliary": {"column_kinds": {str(k): v for k, v in source.column_kinds().items()},
                       "exclusive_groups": [list(g) for g in source.groups],
-                      "r2_prior_beta": list(source.r2_prior)},
+                      "r2_prior_beta": list(sim_source.r2_prior),
+                      "r2_from_public": sim_source.r2_from_public,
+                      "r2_mean": _r2_mean(sim_source),
+                      "row_bootstrap": sim_source.row_bootstrap,
+                      "row_jitter": sim_source.row_jitter},
         "per_epsilon": results,
         "notes": ("public inputs only; auxiliary populations shaped like the public rows "
                   "(dpfed.auxiliary); gain = Spearman(private+public) - Spearman(public-only) "

@@ -59,6 +59,15 @@ def register(subparsers) -> None:
     p.add_argument("--budget-split", default=None,
                    help="Sxx,Sxy,Syy[,n] shares (default: 0.35,0.60,0.03,0.02 add/remove, "
                         "0.35,0.60,0.05 replace-one)")
+    p.add_argument("--fit", choices=["closed_form", "posterior"], default="closed_form",
+                   help="the forecast's fit: closed_form (default; the closed form with the "
+                        "noise-matched ridge, ~1 s) or posterior (the production posterior "
+                        "with a round's inputs: public statistics, x_bound, y_unit = By; "
+                        "about 0.05-0.3 s per fit, datasets x noise-draws fits per epsilon)")
+    p.add_argument("--population", choices=["default", "public"], default="default",
+                   help="auxiliary populations: default (R^2 ~ Beta(2, 20), public-shaped "
+                        "columns) or public (R^2, beta and rows from the public rows' own "
+                        "fit; docs/evaluation.md issue 21 'Forecasts')")
     p.add_argument("--datasets", type=int, default=20, help="auxiliary populations (default 20)")
     p.add_argument("--noise-draws", type=int, default=10, help="noise draws each (default 10)")
     p.add_argument("--seed", type=int, default=0)
@@ -109,6 +118,8 @@ def _aggregation(args) -> str:
         return args.aggregation
     if args.config:
         import tomllib
+        from pathlib import Path
+
         mode = tomllib.loads(Path(args.config).read_text()).get("aggregation", "independent")
         if mode not in ("independent", "secure"):
             raise ValueError("round.toml: aggregation must be independent or secure")
@@ -117,7 +128,7 @@ def _aggregation(args) -> str:
 
 
 def run(args) -> int:
-    from dpfed_apps.forecast import forecast_round
+    from dpfed_apps.forecast import PUBLIC_FIT_POPULATION, forecast_round, posterior_fit
 
     try:
         x_pub, y_pub, names, cfg_bounds, cfg_split = _inputs(args)
@@ -144,7 +155,11 @@ def run(args) -> int:
                                 neighbouring=args.neighbouring,
                                 xtx_sensitivity=args.xtx_sensitivity, budget_split=split,
                                 n_datasets=args.datasets, n_noise=args.noise_draws,
-                                seed=args.seed, aggregation=_aggregation(args))
+                                seed=args.seed, aggregation=_aggregation(args),
+                                fit=posterior_fit() if getattr(args, "fit", None) == "posterior"
+                                else None,
+                                population=PUBLIC_FIT_POPULATION
+                                if getattr(args, "population", None) == "public" else None)
     except (ValueError, KeyError, OSError) as exc:
         print(f"dpfed plan: {exc}", file=sys.stderr)
         return exitcodes.USAGE
