@@ -96,6 +96,8 @@ _HMC_WARMUP = 40
 _HMC_ITERATIONS = 60
 _HMC_STEPS = 6
 _HMC_RHAT_MAX = 1.05
+# Runs on from the last states (4x, then 16x the kept iterations) before a refusal.
+_HMC_EXTENSIONS = 2
 # Proposals tried in turn: the default (posterior.laplace), then a wider, heavier-tailed t.
 _WIDER_PROPOSALS = ({}, dict(scale=2.0, df=3.0, proposals=16000, max_proposals=16000))
 
@@ -339,14 +341,25 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,
         chol = np.linalg.cholesky(top.cov)
         fgb = targets.gradient_batch(stats, public, model, x_bound)
         starts = top.mode + rng.standard_normal((_HMC_CHAINS, d + 1)) @ chol.T
-        iterations = _HMC_ITERATIONS
-        h = hmc(fgb, top.mode, chol, starts, iterations=iterations, warmup=_HMC_WARMUP,
-                rng=rng, steps=_HMC_STEPS)
+        # Chains that have not agreed yet are run on from where they stand, with a new
+        # warm-up and 4x then 16x the kept iterations, before the fit is refused: a few
+        # d ~ 10 releases with a borderline k-hat needed more than 60 iterations (7 of 448
+        # evaluation cells refused before this).
+        evaluations = 0
+        for extension in range(_HMC_EXTENSIONS + 1):
+            iterations = _HMC_ITERATIONS * 4 ** extension
+            h = hmc(fgb, top.mode, chol, starts, iterations=iterations, warmup=_HMC_WARMUP,
+                    rng=rng, steps=_HMC_STEPS)
+            evaluations += h.evaluations
+            ok = h.rhat <= _HMC_RHAT_MAX and h.ess >= _MIN_ESS
+            if ok:
+                break
+            starts = h.samples[-1]
         diag.update(importance_attempts=4, sampler="hmc", ess=h.ess, hmc_rhat=h.rhat,
                     hmc_step_size=h.step_size, hmc_acceptance=h.acceptance,
-                    hmc_evaluations=h.evaluations, hmc_chains=_HMC_CHAINS,
-                    hmc_iterations=iterations, hmc_warmup=_HMC_WARMUP)
-        ok = h.rhat <= _HMC_RHAT_MAX and h.ess >= _MIN_ESS
+                    hmc_evaluations=evaluations, hmc_chains=_HMC_CHAINS,
+                    hmc_iterations=iterations, hmc_warmup=_HMC_WARMUP,
+                    hmc_extensions=extension)
         diag["converged"] = bool(ok)
         if not ok:
             raise ConvergenceError(

@@ -204,6 +204,33 @@ def test_unconverged_hmc_is_refused_and_low_ess_is_reported(monkeypatch):
     assert fit_mod._MIN_ESS <= post.diagnostics["ess"] < 2 * fit_mod._MIN_ESS
 
 
+def test_chains_that_have_not_agreed_run_on_before_a_refusal(monkeypatch):
+    """The first HMC run's chains disagree (r-hat 1.5): the fit runs them on from where they
+    stand with more iterations and takes the second run when it agrees."""
+    import posterior.fit as fit_mod
+    import posterior.hmc as hmc_mod
+
+    rng = np.random.default_rng(6)
+    _, release, public = _problem(rng, 5, 400, 1.0, 1)
+    s, pub = release + public, public
+    monkeypatch.setattr(fit_mod, "_KHAT_MAX", -10.0)   # HMC runs (attempt 4)
+    real = hmc_mod.hmc
+    calls = []
+
+    def first_stuck(*args, **kw):
+        r = real(*args, **kw)
+        calls.append((kw["iterations"], np.array(args[3])))
+        if len(calls) == 1:
+            return HMCResult(r.samples, r.ess, 1.5, r.step_size, r.acceptance, r.evaluations)
+        return r
+
+    monkeypatch.setattr(hmc_mod, "hmc", first_stuck)
+    post = fit_posterior(s, public=pub, seed=0, draws=500, method="laplace")
+    assert len(calls) == 2 and calls[1][0] == 4 * calls[0][0]
+    assert post.diagnostics["hmc_extensions"] == 1 and post.diagnostics["converged"]
+    assert post.diagnostics["hmc_rhat"] <= fit_mod._HMC_RHAT_MAX
+
+
 _FRESH = """
 import sys
 import numpy as np
