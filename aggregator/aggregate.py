@@ -14,19 +14,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpfed.fit_methods import FIT_METHODS   # a spec's fit_method, without loading the fit
 from dpfed.intervals import credible_interval
 from dpfed.jsonsafe import jsonable
 from dpfed.noise import EXACT
 from dpfed.statistics import (Statistics, StatisticsError, decode_header, encoded_values,
                               realisable)
 from dpfed.v1 import dpfed_pb2 as pb
-
-# The fits a round spec's fit_method may name: posterior.FIT_METHODS, spelled out so that
-# neither the aggregator's start nor a StartRound imports posterior (SciPy: about 1 CPU-s; the
-# server imports it on a background thread once listening, aggregator.server.warm_up_fit).
-# tests/test_start_imports.py checks the two agree.
-FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
-               "plug-in-fixed")
 
 from aggregator.exact_sum import ExactSum, ExactSumError
 

@@ -4,6 +4,8 @@ regression coefficients (method.md sections 1, 6 and 8; Honkela et al. 2018).
 One entry point, ``fit_posterior`` (``posterior.fit``: which model, which strategy, in which
 order); each inference strategy and each piece of maths in a module of its own:
 
+- ``names``: ``METHODS``, ``MODELS``, ``FIT_METHODS`` and ``fit_method_options`` (no
+  heavy imports: the aggregator checks a spec with them before the fit has loaded);
 - ``fit``: ``fit_posterior``, the sequence of a fit (repair, start, Laplace and importance
   sampling, extra starts, mixture or adaptive rounds, HMC when the importance sample's
   k-hat is above 0.7, NUTS fallback); ``METHODS``,
@@ -31,8 +33,24 @@ Importing this package, and the default (Laplace) fit, import neither PyMC nor P
 ArviZ: only the NUTS and ADVI paths do, when they run (tests/test_site_imports.py).
 """
 
-from posterior.fit import FIT_METHODS, METHODS, MODELS, fit_method_options, fit_posterior
-from posterior.result import ConvergenceError, Posterior, PosteriorError, UnknownNoiseError
+from posterior.names import FIT_METHODS, METHODS, MODELS, fit_method_options
 
 __all__ = ["fit_posterior", "Posterior", "PosteriorError", "ConvergenceError",
            "UnknownNoiseError", "METHODS", "MODELS", "FIT_METHODS", "fit_method_options"]
+
+# The fitting code (NumPy linear algebra, SciPy) loads when first asked for, so that
+# `from posterior.names import FIT_METHODS` (the aggregator checking a spec before its fit has
+# loaded) costs nothing (PEP 562 module __getattr__).
+_LAZY = {"fit_posterior": "posterior.fit", "Posterior": "posterior.result",
+         "PosteriorError": "posterior.result", "ConvergenceError": "posterior.result",
+         "UnknownNoiseError": "posterior.result"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'posterior' has no attribute {name!r}")

@@ -58,20 +58,13 @@ import numpy as np
 from dpfed.statistics import Statistics, realisable
 from posterior import advi, closed_form, nuts, targets
 from posterior.model import DEFAULT_MODE
+from posterior.names import FIT_METHODS, METHODS, MODELS, fit_method_options
 from posterior.repair import no_repair, repair_statistics
 from posterior.result import (ConvergenceError, Posterior, PosteriorError, UnknownNoiseError,
                               draws_summary, in_caller_units)
 
 __all__ = ["fit_posterior", "METHODS", "MODELS", "FIT_METHODS", "fit_method_options"]
 
-METHODS = ("auto", "laplace", "nuts", "advi", "fixed")
-MODELS = ("noise-aware", "exact", "plug-in")
-#: The fits a round spec's ``fit_method``, ``dpfed simulate --fit-method`` and the evaluation
-#: accept: the noise-aware fits "auto" (default) = "laplace" and "nuts"; "plug-in-<method>"
-#: fits the releases as if exact (``plug_in=True``; the paper's fit; intervals ignore the
-#: privacy noise), for comparison only.
-FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
-               "plug-in-fixed")
 # Importance sampling with fewer effective draws than this is refused (use NUTS).
 _MIN_ESS = 50
 # Below this many effective draws the first (Laplace) proposal is not trusted: on GDSC
@@ -100,13 +93,6 @@ _HMC_RHAT_MAX = 1.05
 _HMC_EXTENSIONS = 2
 # Proposals tried in turn: the default (posterior.laplace), then a wider, heavier-tailed t.
 _WIDER_PROPOSALS = ({}, dict(scale=2.0, df=3.0, proposals=16000, max_proposals=16000))
-
-
-def fit_method_options(fit_method: str) -> dict:
-    """``fit_posterior``'s ``method`` and ``plug_in`` for a name of ``FIT_METHODS`` (empty:
-    "auto"): "plug-in-<m>" is method <m> with ``plug_in=True``."""
-    name = fit_method or "auto"
-    return {"method": name.removeprefix("plug-in-"), "plug_in": name.startswith("plug-in-")}
 
 
 def _seed_sequence(seed) -> tuple[np.random.SeedSequence, int]:

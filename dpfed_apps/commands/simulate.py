@@ -12,11 +12,7 @@ import sys
 from pathlib import Path
 
 from dpfed import exitcodes, jsonsafe
-
-# posterior.FIT_METHODS, spelled out so that --help needs no aggregator install (the posterior
-# package needs SciPy; tests/test_noise_aware.py checks the two agree).
-FIT_METHODS = ("auto", "laplace", "nuts", "plug-in-laplace", "plug-in-advi", "plug-in-nuts",
-               "plug-in-fixed")
+from dpfed.fit_methods import FIT_METHODS   # the fits' names: --help needs no fitting code
 
 HELP = "run a federation (aggregator + K sites as processes) on this machine and score it"
 
