@@ -231,6 +231,29 @@ def test_chains_that_have_not_agreed_run_on_before_a_refusal(monkeypatch):
     assert post.diagnostics["hmc_rhat"] <= fit_mod._HMC_RHAT_MAX
 
 
+def test_chains_that_agree_only_roughly_are_kept_with_a_warning(monkeypatch):
+    """r-hat between 1.05 and 1.1 after every extension (a weakly identified posterior):
+    the fit is kept, converged, and says its intervals are approximate; 1.5 is refused
+    (test_unconverged_hmc_is_refused_and_low_ess_is_reported)."""
+    import posterior.fit as fit_mod
+    import posterior.hmc as hmc_mod
+
+    rng = np.random.default_rng(6)
+    _, release, public = _problem(rng, 5, 400, 1.0, 1)
+    monkeypatch.setattr(fit_mod, "_KHAT_MAX", -10.0)   # HMC runs (attempt 4)
+    real = hmc_mod.hmc
+
+    def rough(*args, **kw):
+        r = real(*args, **kw)
+        return HMCResult(r.samples, r.ess, 1.08, r.step_size, r.acceptance, r.evaluations)
+
+    monkeypatch.setattr(hmc_mod, "hmc", rough)
+    post = fit_posterior(release + public, public=public, seed=0, draws=500, method="laplace")
+    assert post.diagnostics["converged"] and post.diagnostics["hmc_rhat"] == 1.08
+    assert post.diagnostics["hmc_extensions"] == fit_mod._HMC_EXTENSIONS
+    assert any("approximate" in w for w in post.diagnostics["warnings"])
+
+
 _FRESH = """
 import sys
 import numpy as np
