@@ -122,7 +122,8 @@ def closed_form_fit(ridge_c: float = 0.0) -> Fit:
     return fit
 
 
-def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0, **kwargs) -> Fit:
+def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0,
+                  on_refusal: str = "fallback", **kwargs) -> Fit:
     """The production posterior as a forecast's fit: ``posterior.fit_posterior`` called the
     way a round's FITTING phase calls it (``aggregator.rounds.fitting.fit_round`` ->
     ``aggregator.aggregate.fit``): the summed statistics (release + the public rows' exact
@@ -134,7 +135,14 @@ def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0, **k
     ``draws`` (1000; a round's default is 5000: the mean of beta only needs a few hundred
     effective draws) and ``seed`` are fit_posterior's. ``public_only(public, y_unit)`` is the
     public-only baseline a round compares with (``aggregator.aggregate.information``).
+    ``on_refusal``: "fallback" (a round's behaviour: a refused Laplace fit falls back to NUTS,
+    minutes on a loaded machine) or "skip" (``fallback=None``; a refused fit gives a NaN
+    beta, left out of the forecast's quantiles and counted in ``fit.refused``).
     Imported when called (not at import)."""
+    if on_refusal not in ("fallback", "skip"):
+        raise ValueError("on_refusal must be 'fallback' or 'skip'")
+    if on_refusal == "skip":
+        kwargs["fallback"] = None
 
     def _noise(noise: NoiseScales | None):
         from dpfed.noise import EXACT, NoiseDescription
@@ -145,13 +153,20 @@ def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0, **k
 
     def fit(sxx, sxy, syy, n, noise: NoiseScales | None, *, public=None, x_bound=None,
             y_unit=None) -> np.ndarray:
-        from posterior import fit_posterior
+        from posterior import ConvergenceError, fit_posterior
 
         out = []
         for b in range(sxx.shape[0]):
             stats = _statistics(sxx[b], sxy[b], syy[b], n[b], _noise(noise))
-            post = fit_posterior(stats, method=method, public=public, x_bound=x_bound,
-                                 y_unit=y_unit, draws=draws, seed=seed, **kwargs)
+            try:
+                post = fit_posterior(stats, method=method, public=public, x_bound=x_bound,
+                                     y_unit=y_unit, draws=draws, seed=seed, **kwargs)
+            except ConvergenceError:
+                if on_refusal != "skip":
+                    raise
+                fit.refused += 1
+                out.append(np.full(sxx.shape[-1], np.nan))
+                continue
             out.append(np.asarray(post.beta_mean))
         return np.array(out)
 
@@ -162,6 +177,7 @@ def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0, **k
         return np.asarray(post.beta_mean)
 
     fit.production = True  # type: ignore[attr-defined]
+    fit.refused = 0  # type: ignore[attr-defined]
     fit.public_only = public_only  # type: ignore[attr-defined]
     fit.__name__ = f"posterior_{method}"
     return fit
@@ -255,8 +271,12 @@ def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, 
     xa = np.vstack([x_public] + [x for x, _ in sites])
     ya = np.concatenate([y_public] + [y for _, y in sites])
     nonp = exact((xa.T @ xa)[None], (xa.T @ ya)[None], np.array([ya @ ya]), np.array([len(ya)]), None)
-    sp = _spearman_many(x_test, y_test, np.vstack([pub, nonp, beta.reshape(-1, d)]))
-    return {"public_only": float(sp[0]), "nonprivate": float(sp[1]), "private_public": sp[2:]}
+    beta = beta.reshape(-1, d)
+    refused = ~np.all(np.isfinite(beta), axis=1)     # posterior_fit(on_refusal="skip")
+    sp = _spearman_many(x_test, y_test, np.vstack([pub, nonp, np.where(refused[:, None], 0.0, beta)]))
+    priv = np.array(sp[2:], dtype=np.float64)
+    priv[refused] = np.nan
+    return {"public_only": float(sp[0]), "nonprivate": float(sp[1]), "private_public": priv}
 
 
 def summarise(values) -> dict:
@@ -388,10 +408,12 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         gain = priv_a - pub_a[:, None]
         sc = mech.scales(d, draws=len(draw_sizes))
         g = summarise(gain)
-        g["sd"] = float(np.std(gain))
-        g["se_mean"] = float(np.std(gain.mean(axis=1), ddof=1) / math.sqrt(n_datasets)) \
-            if n_datasets > 1 else None
-        g["p_positive"] = float(np.mean(gain > 0))
+        ok = np.isfinite(gain)           # a refused production fit is left out
+        g["sd"] = float(np.std(gain[ok])) if ok.any() else None
+        g["se_mean"] = float(np.nanstd(np.nanmean(gain, axis=1), ddof=1) / math.sqrt(n_datasets)) \
+            if n_datasets > 1 and ok.any() else None
+        g["p_positive"] = float(np.mean(gain[ok] > 0)) if ok.any() else None
+        g["refused"] = int((~ok).sum())
         results.append({
             "epsilon": eps,
             "epsilon_per_site": eps,

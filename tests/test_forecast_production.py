@@ -123,3 +123,32 @@ def test_band_covers_realised_gain_on_simulated_rounds():
                            population=PUBLIC_FIT_POPULATION)["per_epsilon"][0]["gain"]
         inside.append(g["q10"] <= realised <= g["q90"])
     assert 0.55 <= np.mean(inside) <= 1.0, np.mean(inside)
+
+
+def test_refused_production_fits_are_left_out_and_counted(monkeypatch):
+    """posterior_fit(on_refusal="skip"): a ConvergenceError gives a NaN beta that score_cell
+    turns into a NaN Spearman (left out of the quantiles), counted in the forecast's
+    gain["refused"]; on_refusal="fallback" (a round's behaviour) lets the error through."""
+    import posterior
+    from dpfed_apps.forecast import forecast_round, posterior_fit
+
+    real = posterior.fit_posterior
+    calls = {"n": 0}
+
+    def flaky(stats, **kw):
+        if not stats.noise.is_exact:
+            calls["n"] += 1
+            if calls["n"] % 3 == 0:
+                raise posterior.ConvergenceError("refused (test)")
+        return real(stats, **kw)
+
+    monkeypatch.setattr(posterior, "fit_posterior", flaky)
+    rng = np.random.default_rng(2)
+    x, y = _rows(rng, 10)
+    common = dict(x_public=x, y_public=y, n_per_site=[200], epsilons=[2.0], bounds=(1.0, 2.0),
+                  n_datasets=3, n_noise=3, seed=0)
+    g = forecast_round(**common, fit=posterior_fit(draws=200, on_refusal="skip"))
+    g = g["per_epsilon"][0]["gain"]
+    assert g["refused"] == 3 and np.isfinite(g["mean"]) and np.isfinite(g["sd"])
+    with pytest.raises(posterior.ConvergenceError):
+        forecast_round(**common, fit=posterior_fit(draws=200))
