@@ -191,8 +191,15 @@ def test_unconverged_hmc_is_refused_and_low_ess_is_reported(monkeypatch):
         return HMCResult(r.samples, r.ess, 1.5, r.step_size, r.acceptance, r.evaluations)
 
     monkeypatch.setattr(hmc_mod, "hmc", stuck)
+    # With an importance sample of enough draws it is kept, saying neither sampler holds:
+    kept = fit_posterior(s, public=pub, seed=0, draws=500, method="laplace")
+    assert kept.diagnostics["sampler"] == "importance" and kept.diagnostics["hmc_refused"]
+    assert any("neither importance sampling" in w for w in kept.diagnostics["warnings"])
+    # Without it (here: not allowed to keep it), the fit is refused.
+    monkeypatch.setattr(fit_mod, "_KEEP_IMPORTANCE", False)
     with pytest.raises(ConvergenceError, match="r-hat"):
         fit_posterior(s, public=pub, seed=0, draws=500, method="laplace")
+    monkeypatch.setattr(fit_mod, "_KEEP_IMPORTANCE", True)
 
     def poor(*args, **kw):
         r = real(*args, **kw)
