@@ -176,14 +176,22 @@ def test_d64_fit_agrees_with_a_long_reference_run():
     assert abs(lap.mode[d] - draws[:, d].mean()) > 1.5 * draws[:, d].std()
 
 
-def test_unconverged_hmc_is_refused_and_low_ess_is_reported(monkeypatch):
+@pytest.fixture
+def forced_hmc(monkeypatch):
+    """A small problem whose fit is sent to HMC (attempt 4: the k-hat threshold below any
+    k-hat): (summed statistics, public statistics)."""
+    import posterior.fit as fit_mod
+
+    _, release, public = _problem(np.random.default_rng(6), 5, 400, 1.0, 1)
+    monkeypatch.setattr(fit_mod, "_KHAT_MAX", -10.0)
+    return release + public, public
+
+
+def test_unconverged_hmc_is_refused_and_low_ess_is_reported(monkeypatch, forced_hmc):
     import posterior.fit as fit_mod
     import posterior.hmc as hmc_mod
 
-    rng = np.random.default_rng(6)
-    _, release, public = _problem(rng, 5, 400, 1.0, 1)
-    s, pub = release + public, public
-    monkeypatch.setattr(fit_mod, "_KHAT_MAX", -10.0)   # HMC runs (attempt 4)
+    s, pub = forced_hmc
     real = hmc_mod.hmc
 
     def stuck(*args, **kw):
@@ -211,16 +219,13 @@ def test_unconverged_hmc_is_refused_and_low_ess_is_reported(monkeypatch):
     assert fit_mod._MIN_ESS <= post.diagnostics["ess"] < 2 * fit_mod._MIN_ESS
 
 
-def test_chains_that_have_not_agreed_run_on_before_a_refusal(monkeypatch):
+def test_chains_that_have_not_agreed_run_on_before_a_refusal(monkeypatch, forced_hmc):
     """The first HMC run's chains disagree (r-hat 1.5): the fit runs them on from where they
     stand with more iterations and takes the second run when it agrees."""
     import posterior.fit as fit_mod
     import posterior.hmc as hmc_mod
 
-    rng = np.random.default_rng(6)
-    _, release, public = _problem(rng, 5, 400, 1.0, 1)
-    s, pub = release + public, public
-    monkeypatch.setattr(fit_mod, "_KHAT_MAX", -10.0)   # HMC runs (attempt 4)
+    s, pub = forced_hmc
     real = hmc_mod.hmc
     calls = []
 
@@ -238,16 +243,14 @@ def test_chains_that_have_not_agreed_run_on_before_a_refusal(monkeypatch):
     assert post.diagnostics["hmc_rhat"] <= fit_mod._HMC_RHAT_MAX
 
 
-def test_chains_that_agree_only_roughly_are_kept_with_a_warning(monkeypatch):
+def test_chains_that_agree_only_roughly_are_kept_with_a_warning(monkeypatch, forced_hmc):
     """r-hat between 1.05 and 1.1 after every extension (a weakly identified posterior):
     the fit is kept, converged, and says its intervals are approximate; 1.5 is refused
     (test_unconverged_hmc_is_refused_and_low_ess_is_reported)."""
     import posterior.fit as fit_mod
     import posterior.hmc as hmc_mod
 
-    rng = np.random.default_rng(6)
-    _, release, public = _problem(rng, 5, 400, 1.0, 1)
-    monkeypatch.setattr(fit_mod, "_KHAT_MAX", -10.0)   # HMC runs (attempt 4)
+    stats, public = forced_hmc
     real = hmc_mod.hmc
 
     def rough(*args, **kw):
@@ -255,7 +258,7 @@ def test_chains_that_agree_only_roughly_are_kept_with_a_warning(monkeypatch):
         return HMCResult(r.samples, r.ess, 1.08, r.step_size, r.acceptance, r.evaluations)
 
     monkeypatch.setattr(hmc_mod, "hmc", rough)
-    post = fit_posterior(release + public, public=public, seed=0, draws=500, method="laplace")
+    post = fit_posterior(stats, public=public, seed=0, draws=500, method="laplace")
     assert post.diagnostics["converged"] and post.diagnostics["hmc_rhat"] == 1.08
     assert post.diagnostics["hmc_extensions"] == fit_mod._HMC_EXTENSIONS
     assert any("approximate" in w for w in post.diagnostics["warnings"])
