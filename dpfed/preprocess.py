@@ -102,14 +102,22 @@ class Preprocessing:
         return cls(tuple(x.mean(axis=0)), float(y.mean()), normalize_rows, source="public",
                    x_scale=scale)
 
+    def centred(self, x) -> np.ndarray:
+        """The features centred by the public means and divided by the public column scales,
+        before the checks and the row normalisation of ``transform_x`` (non-finite results
+        kept: site_node.rows uses them to leave such rows out)."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            z = np.asarray(x, dtype=np.float64) - np.asarray(self.x_mean, dtype=np.float64)
+            if self.x_scale:
+                z = z / np.asarray(self.x_scale, dtype=np.float64)
+        return z
+
     def transform_x(self, x) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         if x.ndim != 2 or x.shape[1] != self.dim:
             raise ValueError(f"expected {self.dim} feature columns, got shape {x.shape}")
+        z = self.centred(x)
         with np.errstate(over="ignore", invalid="ignore"):
-            z = x - np.asarray(self.x_mean)
-            if self.x_scale:
-                z = z / np.asarray(self.x_scale)
             bad = _first_bad_row(z)
             if bad is not None:
                 raise NonFiniteRow(bad, "features")

@@ -31,10 +31,8 @@ def finite_after_preprocessing(preprocessing, x: np.ndarray, y: np.ndarray) -> n
     are normalised, and the centred target. A row-wise rule (module docstring)."""
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
+    z = preprocessing.centred(x)
     with np.errstate(over="ignore", invalid="ignore"):
-        z = x - np.asarray(preprocessing.x_mean, dtype=np.float64)
-        if getattr(preprocessing, "x_scale", ()):
-            z = z / np.asarray(preprocessing.x_scale, dtype=np.float64)
         ok = np.isfinite(z).all(axis=1) if z.size else np.ones(x.shape[0], dtype=bool)
         if preprocessing.normalize_rows:
             ok &= np.isfinite(np.einsum("ij,ij->i", z, z))
