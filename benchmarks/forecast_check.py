@@ -2,6 +2,7 @@
 
     python benchmarks/forecast_check.py [--splits 10] [--eps 2] [--data airfoil_self_noise,...]
         [--fits closed_form,posterior] [--populations default,public] [--gdsc-drugs 10]
+        [--variants closed_form/mix,closed_form/default@100] [--json FILE]
 
 Per split of a UCI set (../shared/data/uci; original rows, no replication): 300 test rows, 10
 public rows, the rest one site's private rows; per GDSC drug (``--gdsc-drugs``, every k-th
@@ -18,9 +19,12 @@ ridge, for each fit (``closed_form``: the closed form with the noise-matched rid
 and each auxiliary population (``default``: ``dpfed.auxiliary``'s defaults, R^2 ~ Beta(2,
 20), independent columns with half the rows public copies; ``public``:
 ``PUBLIC_FIT_POPULATION``, R^2 from the public rows' own fit, rows bootstrapped from the public
-rows). Prints, per data set and variant, the share of rounds whose realised gain lies in the
-one-round 10-90 % band and the mean forecast and realised gains; ``--json FILE`` keeps every
-round.
+rows; the others: ``populations()``). The forecast's populations are scored on as many test
+rows as the realised gain (300 UCI, 100 GDSC), so the band carries the same test-set noise;
+``fit/population@N`` scores on N. Prints, per data set and variant, the share of rounds whose
+realised gain lies in the one-round 10-90 % band with its Clopper-Pearson 95 % interval, the
+misses below / above, the median band width and the mean forecast and realised gains;
+``--json FILE`` keeps every round.
 """
 
 from __future__ import annotations
@@ -45,7 +49,7 @@ def one_round(xp, yp, xq, yq, xt, yt, pre, eps, rng, variants, n_datasets, n_noi
     public pre-processing. Returns {"realised": gain, variant: (mean, q10, q90), ...}."""
     from dpfed.metrics import spearman
     from dpfed.statistics import clipped_exact_statistics
-    from dpfed_apps.forecast import PUBLIC_FIT_POPULATION, forecast_round, posterior_fit
+    from dpfed_apps.forecast import forecast_round, posterior_fit
     from dpfed_apps.simulation.public import round_choice
     from posterior import fit_posterior
     from site_node.release import release_statistics
@@ -67,22 +71,46 @@ def one_round(xp, yp, xq, yq, xt, yt, pre, eps, rng, variants, n_datasets, n_noi
     seed = int(rng.integers(1 << 30))     # the same populations for every variant
     for name in variants:
         fit_name, pop = name.split("/")
+        pop, _, n_test = pop.partition("@")   # "@100": the forecast's own test rows
+        n_test = int(n_test) if n_test else len(yt)
         t0 = time.perf_counter()
         fc = forecast_round(x_public=xp, y_public=yp, preprocessing=pre,
                             feature_names=feature_names,
                             n_per_site=[len(yq)], epsilons=[eps], bounds=(bx, by),
                             budget_split=ch["budget_split"], ridge_c=ch["ridge_c"],
                             aggregation="secure", n_datasets=n_datasets, n_noise=n_noise,
-                            seed=seed,
+                            seed=seed, n_test=n_test,
                             fit=None if fit_name == "closed_form" else posterior_fit(
                                 on_refusal=ON_REFUSAL),
-                            population=None if pop == "default" else PUBLIC_FIT_POPULATION)
+                            population=populations()[pop])
         g = fc["per_epsilon"][0]["gain"]
         out[name] = (g["mean"], g["q10"], g["q90"])
         out[name + ":refused"] = g.get("refused", 0)
         out[name + ":s"] = time.perf_counter() - t0
         out["r2_mean:" + pop] = fc["auxiliary"]["r2_mean"]
     return out
+
+
+def populations() -> dict:
+    """The candidate auxiliary populations by name (``forecast_round(population=...)``)."""
+    from dpfed_apps.forecast import (MIXED_POPULATION, PUBLIC_FIT_POPULATION,
+                                     R2_FROM_PUBLIC_POPULATION)
+
+    flat = {"r2_prior": (1.0, 1.0), "r2_from_public": True}
+    return {"default": None, "public": PUBLIC_FIT_POPULATION,
+            "r2post": R2_FROM_PUBLIC_POPULATION, "r2flat": flat, "mix": MIXED_POPULATION,
+            "mixflat": ((0.5, None), (0.5, flat)),
+            "mixr2": ((0.5, None), (0.5, R2_FROM_PUBLIC_POPULATION))}
+
+
+def coverage_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Clopper-Pearson interval of a binomial share k / n."""
+    from scipy.stats import beta
+
+    a = (1 - level) / 2
+    lo = 0.0 if k == 0 else float(beta.ppf(a, k, n - k + 1))
+    hi = 1.0 if k == n else float(beta.ppf(1 - a, k + 1, n - k))
+    return lo, hi
 
 
 def synthetic(rng, n=1310, d=6):
@@ -176,8 +204,9 @@ def main(argv=None) -> int:
                      lambda: gdsc_rounds(args.gdsc_drugs, args.gdsc_n, args.eps, variants,
                                          args.n_datasets, args.n_noise)))
     lines = ["| data | eps | forecast (fit / population) | rounds | forecast gain (mean) "
-             "| realised gain (mean) | mean abs. error | realised in [q10, q90] | s per forecast |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| realised gain (mean) | mean abs. error | realised in [q10, q90] (95 % CI) "
+             "| below q10 / above q90 | median band width | s per forecast |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     every = {}
     pooled = {v: [] for v in variants}
     for name, gen in sets:
@@ -190,16 +219,22 @@ def main(argv=None) -> int:
         for v in variants:
             inside = [r[v][1] <= r["realised"] <= r[v][2] for r in rows]
             pooled[v] += inside
+            lo, hi = coverage_interval(int(sum(inside)), len(inside))
+            below = sum(r["realised"] < r[v][1] for r in rows)
+            above = sum(r["realised"] > r[v][2] for r in rows)
             lines.append(
                 f"| {name} | {args.eps:g} | {v} | {len(rows)} | "
                 f"{np.mean([r[v][0] for r in rows]):+.3f} | "
                 f"{np.mean([r['realised'] for r in rows]):+.3f} | "
                 f"{np.mean([abs(r[v][0] - r['realised']) for r in rows]):.3f} | "
-                f"{np.mean(inside):.2f} | {np.median([r[v + ':s'] for r in rows]):.1f} |")
+                f"{np.mean(inside):.2f} ({lo:.2f}-{hi:.2f}) | {below} / {above} | "
+                f"{np.median([r[v][2] - r[v][1] for r in rows]):.3f} | "
+                f"{np.median([r[v + ':s'] for r in rows]):.1f} |")
         print("\n".join(lines[-len(variants):]), flush=True)
     for v in variants:
+        lo, hi = coverage_interval(int(sum(pooled[v])), len(pooled[v]))
         lines.append(f"| pooled | {args.eps:g} | {v} | {len(pooled[v])} | | | | "
-                     f"{np.mean(pooled[v]):.2f} | |")
+                     f"{np.mean(pooled[v]):.2f} ({lo:.2f}-{hi:.2f}) | | | |")
     print("\n".join(lines))
     print(f"{args.splits} splits per UCI set, {args.gdsc_drugs} GDSC drugs; "
           f"{args.n_datasets} populations x {args.n_noise} noise draws per forecast; "

@@ -36,7 +36,7 @@ from dpfed.preprocess import Preprocessing
 
 __all__ = ["NoiseScales", "Mechanism", "closed_form_fit", "posterior_fit", "simulate_release",
            "score_cell", "forecast_round", "DEFAULT_RIDGE_C", "summarise",
-           "PUBLIC_FIT_POPULATION"]
+           "PUBLIC_FIT_POPULATION", "MIXED_POPULATION", "R2_FROM_PUBLIC_POPULATION"]
 
 #: The auxiliary populations a forecast simulates on when they are learned from the public
 #: rows (docs/evaluation.md, issue 21 "Forecasts"): R^2 from its posterior given the public
@@ -46,6 +46,17 @@ __all__ = ["NoiseScales", "Mechanism", "closed_form_fit", "posterior_fit", "simu
 PUBLIC_FIT_POPULATION = {"r2_prior": (1.0, 1.0), "r2_from_public": True,
                          "row_bootstrap": 1.0, "row_jitter": True,
                          "condition_on_public": True}
+
+#: The default populations with each population's R^2 drawn from its posterior given the
+#: public rows under the default Beta(2, 20) prior (``AuxiliarySource.r2_posterior``); beta,
+#: the columns and the populations' own public rows drawn as by default (so the spread over
+#: which rows were public stays in the band). A candidate (issue 21 item 3, docs/evaluation.md).
+R2_FROM_PUBLIC_POPULATION = {"r2_from_public": True}
+
+#: A two-component mixture of populations: each auxiliary population is a default one or a
+#: ``PUBLIC_FIT_POPULATION`` one with probability 1/2 (a hierarchical prior between GDSC's
+#: Beta(2, 20) signal and the public rows' own posterior). A candidate (issue 21 item 3).
+MIXED_POPULATION = ((0.5, None), (0.5, PUBLIC_FIT_POPULATION))
 
 #: Ridge c used when the bounds are given rather than chosen (no search to choose c in).
 DEFAULT_RIDGE_C = 8.0
@@ -297,6 +308,24 @@ def _r2_mean(source: AuxiliarySource) -> float:
     return a / (a + b)
 
 
+def _simulation_sources(source, population, x_public, y_public, pre, feature_names):
+    """The sources a forecast simulates on and their weights: ``population`` None (the
+    default ``source``), a dict of ``AuxiliarySource`` options, or a mixture: a sequence of
+    (weight, options-or-None) pairs, weights > 0 summing to 1 (``MIXED_POPULATION``)."""
+    def one(opts):
+        return source if not opts else AuxiliarySource(
+            x_public, y_public, pre, feature_names=feature_names, **dict(opts))
+
+    if population is None or isinstance(population, dict):
+        return [one(population)], [1.0]
+    pairs = [(float(w), opts) for w, opts in population]
+    weights = np.array([w for w, _ in pairs])
+    if not pairs or not np.all(weights > 0) or abs(weights.sum() - 1.0) > 1e-9:
+        raise ValueError("a population mixture needs (weight, options) pairs with weights > 0 "
+                         "summing to 1")
+    return [one(opts) for _, opts in pairs], list(weights / weights.sum())
+
+
 def _split_sizes(n_per_site) -> list[int]:
     if isinstance(n_per_site, (int, np.integer)):
         return [int(n_per_site)]
@@ -332,7 +361,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     ``population``: options of the ``AuxiliarySource`` the round is *simulated* on (the
     bounds are still chosen on the default source, as a round chooses them), e.g.
     ``PUBLIC_FIT_POPULATION`` (R^2 from the public rows' own fit, rows bootstrapped from the
-    public rows with jitter). None: the default source for both.
+    public rows with jitter), or a mixture of such options ((weight, options) pairs, e.g.
+    ``MIXED_POPULATION``: each population drawn from one component with its weight). None:
+    the default source for both.
     Returns a JSON-ready dict; see ``docs/evaluation.md`` ("dpfed plan") for the keys.
     """
     from dpfed.secure_round import AGGREGATIONS, SECURE
@@ -343,8 +374,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     pre = preprocessing or Preprocessing.from_public_data(x_public, y_public, scale_columns=True)
     source = AuxiliarySource(x_public, y_public, pre, feature_names=feature_names,
                              **({} if row_bootstrap is None else {"row_bootstrap": row_bootstrap}))
-    sim_source = source if not population else AuxiliarySource(
-        x_public, y_public, pre, feature_names=feature_names, **dict(population))
+    sim_sources, sim_weights = _simulation_sources(source, population, x_public, y_public,
+                                                   pre, feature_names)
+    sim_source = sim_sources[-1]
     if aggregation not in AGGREGATIONS:
         raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
     sizes = _split_sizes(n_per_site)
@@ -396,7 +428,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         pub, nonp, priv = [], [], []
         for child in np.random.SeedSequence(seed).spawn(n_datasets):  # same populations per eps
             rng = np.random.default_rng(child)
-            data = sim_source.sample(rng, sum(draw_sizes), n_test)
+            src = sim_source if len(sim_sources) == 1 else \
+                sim_sources[int(rng.choice(len(sim_sources), p=sim_weights))]
+            data = src.sample(rng, sum(draw_sizes), n_test)
             bounds_idx = np.cumsum(draw_sizes)[:-1]
             sites = list(zip(np.split(data.x, bounds_idx), np.split(data.y, bounds_idx)))
             cell = score_cell(rng, sites, data.x_public, data.y_public, data.x_test,
@@ -442,7 +476,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
                       "exclusive_groups": [list(g) for g in source.groups],
                       "r2_prior_beta": list(sim_source.r2_prior),
                       "r2_from_public": sim_source.r2_from_public,
-                      "r2_mean": _r2_mean(sim_source),
+                      "r2_mean": float(sum(w * _r2_mean(s) for s, w in
+                                           zip(sim_sources, sim_weights))),
+                      "mixture_weights": list(sim_weights) if len(sim_sources) > 1 else None,
                       "row_bootstrap": sim_source.row_bootstrap,
                       "row_jitter": sim_source.row_jitter},
         "per_epsilon": results,

@@ -152,3 +152,29 @@ def test_refused_production_fits_are_left_out_and_counted(monkeypatch):
     assert g["refused"] == 3 and np.isfinite(g["mean"]) and np.isfinite(g["sd"])
     with pytest.raises(posterior.ConvergenceError):
         forecast_round(**common, fit=posterior_fit(draws=200))
+
+
+def test_population_mixture_draws_each_population_from_one_component():
+    """``forecast_round(population=((w, opts), ...))``: each auxiliary population comes from
+    one component with its weight. A mixture's mean R^2 is the weighted mean of its
+    components'; its gains are neither component's alone (both kinds of population are drawn);
+    a one-component mixture is that component; bad weights are refused."""
+    from dpfed_apps.forecast import MIXED_POPULATION, PUBLIC_FIT_POPULATION, forecast_round
+
+    rng = np.random.default_rng(4)
+    x, y = _rows(rng, 10, r2=0.8)
+    common = dict(x_public=x, y_public=y, n_per_site=[300], epsilons=[2.0], bounds=(1.0, 2.0),
+                  n_datasets=12, n_noise=2, seed=5)
+    runs = {name: forecast_round(**common, population=pop) for name, pop in
+            [("default", None), ("public", PUBLIC_FIT_POPULATION), ("mix", MIXED_POPULATION),
+             ("one", ((1.0, PUBLIC_FIT_POPULATION),))]}
+    r2 = {k: v["auxiliary"]["r2_mean"] for k, v in runs.items()}
+    assert r2["public"] > r2["default"] + 0.1
+    assert r2["mix"] == pytest.approx(0.5 * r2["default"] + 0.5 * r2["public"])
+    assert runs["mix"]["auxiliary"]["mixture_weights"] == [0.5, 0.5]
+    gains = {k: v["per_epsilon"][0]["gain"]["mean"] for k, v in runs.items()}
+    assert gains["mix"] not in (gains["default"], gains["public"])
+    assert gains["one"] == pytest.approx(gains["public"])
+    for bad in (((0.5, None),), ((0.0, None), (1.0, None)), ((1.5, None), (-0.5, None))):
+        with pytest.raises(ValueError, match="mixture"):
+            forecast_round(**common, population=bad)
