@@ -35,7 +35,8 @@ DATA_KEYS = frozenset({"path", "format", "id_column", "columns", "max_bytes", "l
 # allow_replace_one: parsed by the neighbouring-relation work (site_node.policy), allowed here.
 POLICY_KEYS = frozenset({"trusted_coordinators", "max_epsilon_per_round", "total_epsilon",
                          "min_n", "allowed_targets", "allowed_features", "allow_replace_one",
-                         "max_noise_threshold", "min_colluders", "min_contributors"})
+                         "max_noise_threshold", "min_colluders", "min_contributors",
+                         "patient_epsilon"})
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,9 @@ class PolicyConfig:
 
     trusted_coordinators: tuple[Path, ...]
     max_epsilon_per_round: float
-    total_epsilon: float
+    # The site-wide cap on the sum of every release's epsilon; None: no site-wide cap (only
+    # with a per-patient budget).
+    total_epsilon: float | None
     min_n: int = 20
     allowed_targets: tuple[str, ...] = ("*",)
     allowed_features: tuple[str, ...] = ("*",)
@@ -83,6 +86,10 @@ class PolicyConfig:
     # The fewest contributions the unmasked sum may hold, compared with
     # dpfed.secure_round.min_contributors(spec) = max(quorum, T + c) (1: any round).
     min_contributors: int = 1
+    # The per-patient budget (pure eps; issue 23 part 1, site_node.patients): a release
+    # includes only the patients whose own history still admits it. Needs [data] id_column.
+    # None: the site-wide budget alone, every usable row in every release.
+    patient_epsilon: float | None = None
 
 
 @dataclass(frozen=True)
@@ -186,10 +193,22 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
         raise ConfigError(f"{where}: policy.trusted_coordinators must name at least one public key")
     trusted_paths = tuple(p.resolve(t, "trusted_coordinators", must_exist=True) for t in trusted)
     max_eps = p.positive_number("max_epsilon_per_round")
-    total_eps = p.positive_number("total_epsilon")
-    if max_eps > total_eps:
+    patient_eps = p.positive_number("patient_epsilon") if "patient_epsilon" in p.raw else None
+    if patient_eps is None or "total_epsilon" in p.raw:
+        total_eps = p.positive_number("total_epsilon")
+    else:
+        total_eps = None   # a per-patient budget without a site-wide cap
+    if total_eps is not None and max_eps > total_eps:
         raise ConfigError(f"{where}: policy.max_epsilon_per_round ({max_eps}) exceeds "
                           f"policy.total_epsilon ({total_eps})")
+    if patient_eps is not None:
+        if max_eps > patient_eps:
+            raise ConfigError(f"{where}: policy.max_epsilon_per_round ({max_eps}) exceeds "
+                              f"policy.patient_epsilon ({patient_eps}): such a round could "
+                              f"include no patient")
+        if not data.id_column:
+            raise ConfigError(f"{where}: policy.patient_epsilon needs data.id_column: the "
+                              f"per-patient budget is kept by patient id")
     min_n = p.integer("min_n", default=20)
     if min_n < 1:
         raise ConfigError(f"{where}: policy.min_n must be >= 1, got {min_n}")
@@ -208,7 +227,8 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
         allowed_targets=tuple(p.string_list("allowed_targets", default=["*"])),
         allowed_features=tuple(p.string_list("allowed_features", default=["*"])),
         allow_replace_one=p.boolean("allow_replace_one", default=False),
-        max_noise_threshold=max_t, min_colluders=min_c, min_contributors=min_k)
+        max_noise_threshold=max_t, min_colluders=min_c, min_contributors=min_k,
+        patient_epsilon=patient_eps)
     explicit = frozenset([*(k for k in raw if not isinstance(raw[k], dict)),
                           *(f"{t}.{k}" for t in ("tls", "data", "policy")
                             if isinstance(raw.get(t), dict) for k in raw[t])])

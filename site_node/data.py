@@ -96,6 +96,9 @@ class RoundData:
     # Rows left out by the row-wise rules (module docstring), other than a missing target:
     # a count for the site's own log, never sent.
     left_out: int = 0
+    # The patient id of each row of x/y (site_node.patients.normalise_id), with an id column;
+    # never leaves the site (the ledger keeps only a keyed hash of it).
+    ids: tuple[str, ...] = ()
 
     @property
     def n(self) -> int:
@@ -308,12 +311,16 @@ def audit_rows(table: Table, columns, *, id_column: str | None = None,
 
 
 def select_round_data(table: Table, features: list[str], target: str,
-                      config: DataConfig) -> RoundData:
+                      config: DataConfig, *, require_ids: bool = False) -> RoundData:
     """x (features in the given order) and y (target) for one round, as float arrays.
 
     Rows with a missing target are dropped; rows with any other problem are left out, one row
     at a time (module docstring, ``audit_rows``), and counted in ``left_out``. Only a fault of
     the file or of the columns the round asks for raises DataError.
+
+    ``require_ids`` (a per-patient budget, site_node.patients): every parsed row must carry
+    its own patient id; a missing or repeated id raises DataError (``require_patient_ids``)
+    instead of leaving rows out, and ``RoundData.ids`` holds the used rows' ids.
     """
     names = {name: config.column_for(name) for name in [*features, target]}
     missing = [n for n, c in names.items() if c not in table.columns]
@@ -330,6 +337,11 @@ def select_round_data(table: Table, features: list[str], target: str,
         raise DataError(f"{table.path}: the round asks for the id column "
                         f"{config.id_column!r} as a feature or target; it is never released",
                         "the round asks for the site's id column, which is never released")
+    if require_ids:
+        if not config.id_column:
+            raise DataError("a per-patient budget needs data.id_column",
+                            "the site's per-patient budget has no id column")
+        require_patient_ids(table, config.id_column, config.log_patient_ids)
     audit = round_audit(table, features, target, config, keep_numbers=True)
     columns = [audit.numbers[names[f]] for f in features]
     y_values = audit.numbers[names[target]]
@@ -337,9 +349,14 @@ def select_round_data(table: Table, features: list[str], target: str,
     x = np.array([[values[i] for values in columns] for i in keep],
                  dtype=np.float64).reshape(len(keep), len(features))
     y = np.array([y_values[i] for i in keep], dtype=np.float64)
+    ids = ()
+    if config.id_column:
+        from site_node.patients import normalise_id
+        id_values = table.columns[config.id_column]
+        ids = tuple(normalise_id(id_values[i]) for i in keep)
     return RoundData(x=x, y=y, dropped_missing_target=audit.missing_target, rows=keep,
                      first_line=table.first_line,
-                     left_out=audit.left_out - audit.missing_target)
+                     left_out=audit.left_out - audit.missing_target, ids=ids)
 
 
 def round_audit(table: Table, features, target: str, config: DataConfig, *,
@@ -370,6 +387,35 @@ def _id_problems(table: Table, id_column: str) -> tuple[set[int], set[int]]:
     return missing, repeated
 
 
+def require_patient_ids(table: Table, id_column: str, log_ids: bool = False) -> None:
+    """Contribution bounding for a per-patient budget: at most one row per patient per
+    release, and every row a patient to charge. A parsed row without an id, or an id on two
+    rows, raises DataError naming the column, the kind and (locally) row numbers and counts;
+    never an id (unless the debug switch ``log_ids``). The public reason names the column and
+    the kind only (docs/security.md, "What a refusal reveals")."""
+    missing, repeated = _id_problems(table, id_column)
+    if missing:
+        first = min(missing)
+        raise DataError(f"{table.path}: {len(missing)} row(s) without a patient id in column "
+                        f"{id_column!r} (first at {table.where(first)}); a per-patient budget "
+                        f"needs every row's patient",
+                        f"rows without a patient id in the id column {id_column!r}")
+    if repeated:
+        first = min(repeated)
+        value = table.columns[id_column][first]
+        shown = f" (first: {normalise_id_text(value)!r})" if log_ids else ""
+        raise DataError(f"{table.path}: {len(repeated)} row(s) share a patient id with another "
+                        f"row in column {id_column!r}{shown}, first at {table.where(first)}; a "
+                        f"per-patient budget allows one row per patient",
+                        f"repeated patient ids in the id column {id_column!r} (one row per "
+                        f"patient)")
+
+
+def normalise_id_text(value) -> str:
+    from site_node.patients import normalise_id
+    return normalise_id(value)
+
+
 def _check_ids(table: Table, id_column: str, log_ids: bool = False) -> None:
     """Every row has an id and no id repeats. ``log_ids`` ([data] log_patient_ids, a debug
     switch) lets the local message quote the duplicated id; by default only rows are named."""
@@ -390,10 +436,11 @@ def _check_ids(table: Table, id_column: str, log_ids: bool = False) -> None:
         seen[key] = i
 
 
-def load_round_data(config: DataConfig, features: list[str], target: str) -> RoundData:
+def load_round_data(config: DataConfig, features: list[str], target: str, *,
+                    require_ids: bool = False) -> RoundData:
     """Read the data file and select one round's columns (see select_round_data)."""
     return select_round_data(read_table(config.path, config.format, config.max_bytes),
-                             list(features), target, config)
+                             list(features), target, config, require_ids=require_ids)
 
 
 def describe(config: DataConfig) -> dict:

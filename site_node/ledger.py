@@ -22,20 +22,36 @@ site's spending catches that (site_node.client checks it before serving, and
 ``acknowledge_reset`` carries the aggregator's figure into a new ledger; docs/security.md,
 "Budget history").
 
+Per-patient budgets (schema 4; issue 23 part 1; docs/method.md section 13): every debit also
+carries its privacy *event* in the accountant's terms (``dpfed.accounting``; PureDP today) and
+a *scope*: ``included`` (it is charged to the patients listed for it in ``inclusions``, the
+patients whose rows the release used) or ``all`` (it is charged to every patient, present or
+future: the releases of a ledger migrated from schema 3, which kept no record of who was in
+them, a debit carried over by ``acknowledge_reset``, and any release made without per-patient
+accounting). Patients are ledger keys, HMAC-SHA256 of their id under the site's secret key
+(site_node.patients), never ids. ``record_release`` with ``patients=`` re-checks every included
+patient's filter and writes the debit, the inclusions and the stored release in the same
+transaction as ever. The per-patient budget belongs to the ledger like the total: written on
+first use, lowered by the config for good, raised only by ``raise_total`` (recorded).
+
 Durability: WAL journal with ``synchronous=FULL``, so a committed debit survives power loss.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import sqlite3
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpfed.accounting import PrivacyEvent, PureDP
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import parse_canonical
+from site_node.patients import (PatientBudget, PatientHasher, PatientKeyError, event_from_json,
+                                event_to_json, key_path_for)
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +59,9 @@ log = logging.getLogger(__name__)
 # migrated on open; its releases were all made under replace-one (the only mechanism then).
 # 3: budget_events (who changed the total, or acknowledged a reset, and when). Created by
 # CREATE TABLE IF NOT EXISTS on open; a version-2 ledger is migrated by setting the version.
-SCHEMA_VERSION = 3
+# 4: per-patient budgets: debits.event and debits.scope, patients, inclusions. A version-3
+# ledger is migrated on open: its debits become scope 'all' (charged to every patient).
+SCHEMA_VERSION = 4
 # Floating-point slack on the budget check: 10 rounds of eps=0.1 must fit in a total of 1.0.
 _BUDGET_SLACK = 1e-9
 
@@ -71,13 +89,30 @@ CREATE TABLE IF NOT EXISTS releases (
 );
 -- The debit journal: spent = SUM(epsilon). Separate from releases so that other privacy
 -- costs (e.g. a DP estimate of a scale, method.md section 4) can be charged here too.
+-- event: the accountant event (site_node.patients.event_to_json, NULL: PureDP(epsilon), as
+-- every debit of schema <= 3). scope: 'included' (charged to the patients in inclusions) or
+-- 'all' (charged to every patient, present or future).
 CREATE TABLE IF NOT EXISTS debits (
     id              INTEGER PRIMARY KEY AUTOINCREMENT,
     round_id        TEXT NOT NULL,
     epsilon         REAL NOT NULL CHECK (epsilon > 0),
     reason          TEXT NOT NULL,
-    created_unix_ms INTEGER NOT NULL
+    created_unix_ms INTEGER NOT NULL,
+    event           TEXT,
+    scope           TEXT NOT NULL DEFAULT 'all' CHECK (scope IN ('all', 'included'))
 );
+-- Every patient a per-patient release has seen (a candidate, included or left out by the
+-- filter), by ledger key (HMAC-SHA256 of the id under the site's secret key, never the id).
+CREATE TABLE IF NOT EXISTS patients (
+    patient            TEXT PRIMARY KEY,
+    first_seen_unix_ms INTEGER NOT NULL
+) WITHOUT ROWID;
+-- Which patients a debit of scope 'included' is charged to: one row per patient per release.
+CREATE TABLE IF NOT EXISTS inclusions (
+    patient  TEXT NOT NULL,
+    debit_id INTEGER NOT NULL REFERENCES debits(id),
+    PRIMARY KEY (patient, debit_id)
+) WITHOUT ROWID;
 -- Every change of the total budget and every acknowledged reset, with who and when:
 -- kind = created | lowered | raised | reset_acknowledged. epsilon: for reset_acknowledged the
 -- debit carried over from the aggregator's record.
@@ -107,7 +142,8 @@ class RoundConflict(LedgerError):
 
 
 class BudgetRaise(LedgerError):
-    """The config's total_epsilon is larger than the ledger's: not honoured until recorded."""
+    """The config's total_epsilon (or patient_epsilon) is larger than the ledger's: not
+    honoured until recorded."""
 
 
 class LedgerMismatch(LedgerError):
@@ -151,7 +187,8 @@ class PrivacyLedger:
     """The privacy ledger in ``db_path`` (created on first use)."""
 
     def __init__(self, db_path: str | Path, *, site_id: str | None = None,
-                 total_epsilon: float | None = None, timeout_s: float = 30.0):
+                 total_epsilon: float | None = None, patient_epsilon: float | None = None,
+                 timeout_s: float = 30.0):
         self.path = Path(db_path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so the transaction boundaries
@@ -174,7 +211,9 @@ class PrivacyLedger:
                 self._migrate_1_to_2()
             if int(self._meta("schema_version")) == 2:
                 self._set_meta("schema_version", "3")   # budget_events: created above
-            elif int(self._meta("schema_version")) != SCHEMA_VERSION:
+            if int(self._meta("schema_version")) == 3:
+                self._migrate_3_to_4()
+            if int(self._meta("schema_version")) != SCHEMA_VERSION:
                 raise LedgerError(f"{self.path}: ledger schema {version}, this dpfed knows {SCHEMA_VERSION}")
             if site_id is not None:
                 stored_site = self._meta("site_id")
@@ -185,6 +224,9 @@ class PrivacyLedger:
                                       f"not {site_id!r}")
             if total_epsilon is not None:
                 self._settle_total(float(total_epsilon))
+            if patient_epsilon is not None:
+                self._settle_patient_budget(float(patient_epsilon))
+        self._hasher: PatientHasher | None = None
 
     def _migrate_1_to_2(self) -> None:
         """Add releases.neighbouring, inside the opening transaction (all or nothing). Every
@@ -196,6 +238,21 @@ class PrivacyLedger:
         self._set_meta("schema_version", "2")
         log.info("privacy ledger %s: schema migrated from 1 to 2 (releases.neighbouring; "
                  "earlier releases recorded as replace_one)", self.path)
+
+    def _migrate_3_to_4(self) -> None:
+        """Add debits.event and debits.scope (patients and inclusions were created above),
+        inside the opening transaction. A version-3 ledger kept no record of who was in its
+        releases, so every earlier debit becomes scope 'all': charged to every patient,
+        present or future (the conservative reading; docs/method.md section 13)."""
+        columns = {r[1] for r in self._conn.execute("PRAGMA table_info(debits)")}
+        if "event" not in columns:
+            self._conn.execute("ALTER TABLE debits ADD COLUMN event TEXT")
+        if "scope" not in columns:
+            self._conn.execute("ALTER TABLE debits ADD COLUMN scope TEXT NOT NULL DEFAULT 'all' "
+                               "CHECK (scope IN ('all', 'included'))")
+        self._set_meta("schema_version", "4")
+        log.info("privacy ledger %s: schema migrated from 3 to 4 (per-patient records); its "
+                 "earlier releases are charged to every patient", self.path)
 
     # -- transactions --------------------------------------------------------------------
     class _Tx:
@@ -269,6 +326,55 @@ class PrivacyLedger:
             log.warning("config total_epsilon=%g lowers the ledger's budget from %g (permanent)",
                         configured, stored_f)
 
+    def _settle_patient_budget(self, configured: float) -> None:
+        """As ``_settle_total`` for the per-patient budget (meta ``patient_epsilon``)."""
+        stored = self._meta("patient_epsilon")
+        if stored is None:
+            self._set_meta("patient_epsilon", repr(configured))
+            self._event("patient_created", None, configured,
+                        note="first use (policy.patient_epsilon)")
+            return
+        stored_f = float(stored)
+        if configured > stored_f + _BUDGET_SLACK:
+            raise BudgetRaise(
+                f"policy.patient_epsilon = {configured:g} in the config is larger than the "
+                f"per-patient budget {stored_f:g} recorded in the privacy ledger {self.path}. A "
+                f"budget is never raised silently: set patient_epsilon back to {stored_f:g}, or "
+                f"record the raise with `dpfed site ledger --raise-total --config <site.toml>`")
+        elif configured < stored_f:
+            self._set_meta("patient_epsilon", repr(configured))
+            self._event("patient_lowered", stored_f, configured,
+                        note="policy.patient_epsilon lowered")
+            log.warning("config patient_epsilon=%g lowers the ledger's per-patient budget from "
+                        "%g (permanent)", configured, stored_f)
+
+    @property
+    def patient_epsilon(self) -> float | None:
+        value = self._meta("patient_epsilon")
+        return None if value is None else float(value)
+
+    def patient_budget(self) -> PatientBudget | None:
+        """The ledger's per-patient budget (pure eps), or None without one."""
+        eps = self.patient_epsilon
+        return None if eps is None else PatientBudget(eps)
+
+    def raise_patient_budget(self, new_epsilon: float, *, operator: str, note: str = "") -> float:
+        """Record an explicit raise of the per-patient budget (who and when). Returns the old
+        one; LedgerError if it is not a raise."""
+        with self._transaction():
+            old = self.patient_epsilon
+            if old is None:
+                raise LedgerError(f"{self.path}: no per-patient budget recorded yet")
+            if not new_epsilon > old + _BUDGET_SLACK:
+                raise LedgerError(f"patient_epsilon {new_epsilon:g} is not larger than the "
+                                  f"ledger's {old:g}: nothing to raise")
+            self._set_meta("patient_epsilon", repr(float(new_epsilon)))
+            self._event("patient_raised", old, float(new_epsilon), operator=operator,
+                        note=note or "dpfed site ledger --raise-total")
+        log.warning("privacy ledger %s: per-patient budget RAISED from %g to %g by %s",
+                    self.path, old, new_epsilon, operator)
+        return old
+
     def raise_total(self, new_total: float, *, operator: str, note: str = "") -> float:
         """Record an explicit raise of the total budget to ``new_total`` (the operator's
         decision, kept with who and when). Returns the old total. Raises LedgerError if
@@ -319,6 +425,113 @@ class PrivacyLedger:
         return [dict(zip(("kind", "old_total", "new_total", "epsilon", "operator", "note",
                           "created_unix_ms"), r)) for r in rows]
 
+    # -- patients ------------------------------------------------------------------------
+    def patient_hasher(self) -> PatientHasher:
+        """The site's patient key (site_node.patients), beside the ledger file. Created (mode
+        0600) only while the ledger has no per-patient record; afterwards it must be the key
+        the ledger's records were made with (its fingerprint is kept in meta): a lost or
+        replaced key raises PatientKeyError instead of giving every patient a new budget."""
+        if self._hasher is None:
+            with self._transaction():
+                fingerprint = self._meta("patient_key_fingerprint")
+                has_records = self._conn.execute(
+                    "SELECT EXISTS(SELECT 1 FROM patients)").fetchone()[0]
+                try:
+                    hasher = PatientHasher.load_or_create(
+                        key_path_for(self.path), create=fingerprint is None and not has_records)
+                except (PatientKeyError, OSError) as exc:
+                    raise LedgerError(str(exc)) from None
+                if fingerprint is None:
+                    self._set_meta("patient_key_fingerprint", hasher.fingerprint())
+                elif fingerprint != hasher.fingerprint():
+                    raise LedgerError(f"the patient key {key_path_for(self.path)} is not the "
+                                      f"one the privacy ledger {self.path} was kept with: "
+                                      f"restore the state directory's backup")
+            self._hasher = hasher
+        return self._hasher
+
+    def _all_scope_events(self) -> list[PrivacyEvent]:
+        return [event_from_json(ev, eps) for eps, ev in self._conn.execute(
+            "SELECT epsilon, event FROM debits WHERE scope = 'all' ORDER BY id")]
+
+    def _histories(self, patients) -> dict[str, list[PrivacyEvent]]:
+        """Each patient's events: the debits of scope 'all' and those that included them."""
+        common = self._all_scope_events()
+        out = {p: list(common) for p in patients}
+        self._conn.execute("CREATE TEMP TABLE IF NOT EXISTS wanted(patient TEXT PRIMARY KEY) "
+                           "WITHOUT ROWID")
+        self._conn.execute("DELETE FROM temp.wanted")
+        self._conn.executemany("INSERT OR IGNORE INTO temp.wanted(patient) VALUES(?)",
+                               ((p,) for p in out))
+        events: dict[int, PrivacyEvent] = {}
+        for patient, debit_id, eps, ev in self._conn.execute(
+                "SELECT i.patient, d.id, d.epsilon, d.event FROM inclusions i "
+                "JOIN temp.wanted w ON w.patient = i.patient JOIN debits d ON d.id = i.debit_id "
+                "ORDER BY d.id"):
+            if debit_id not in events:
+                events[debit_id] = event_from_json(ev, eps)
+            out[patient].append(events[debit_id])
+        self._conn.execute("DELETE FROM temp.wanted")
+        return out
+
+    def patient_histories(self, patients) -> dict[str, list[PrivacyEvent]]:
+        """Each patient's history of events (for a replay through dpfed.accounting)."""
+        with self._transaction():
+            return self._histories(list(patients))
+
+    def admitted(self, patients, event: PrivacyEvent, budget: PatientBudget) -> list[bool]:
+        """For each patient (ledger key), whether their own history admits ``event`` under
+        ``budget`` (the individual filter; ``record_release`` checks it again)."""
+        patients = list(patients)
+        with self._transaction():
+            histories = self._histories(patients)
+        return [budget.admits(histories[p], event) for p in patients]
+
+    def all_patient_histories(self) -> dict[str, list[PrivacyEvent]]:
+        """Every known patient's history (``dpfed site ledger``'s histogram, the replay test)."""
+        with self._transaction():
+            common = self._all_scope_events()
+            out = {p: list(common) for (p,) in self._conn.execute(
+                "SELECT patient FROM patients ORDER BY patient")}
+            events: dict[int, PrivacyEvent] = {}
+            for patient, debit_id, eps, ev in self._conn.execute(
+                    "SELECT i.patient, d.id, d.epsilon, d.event FROM inclusions i "
+                    "JOIN debits d ON d.id = i.debit_id ORDER BY d.id"):
+                if debit_id not in events:
+                    events[debit_id] = event_from_json(ev, eps)
+                out.setdefault(patient, list(common)).append(events[debit_id])
+        return out
+
+    def included_in(self, round_id: str) -> set[str]:
+        """The patients (ledger keys) the release of ``round_id`` was charged to."""
+        return {p for (p,) in self._conn.execute(
+            "SELECT i.patient FROM inclusions i JOIN debits d ON d.id = i.debit_id "
+            "WHERE d.round_id = ? AND d.reason = 'release'", (round_id,))}
+
+    def patient_summary(self, bins: int = 4) -> dict | None:
+        """How many patients have how much of their budget left: counts per bin, never a key.
+        None without a per-patient budget. Bins: nothing left (below the slack), then
+        ``bins`` equal parts of the budget, (lo, hi]."""
+        budget = self.patient_budget()
+        if budget is None:
+            return None
+        remaining = [budget.remaining(h) for h in self.all_patient_histories().values()]
+        edges = [budget.epsilon * k / bins for k in range(bins + 1)]
+        counts = [0] * (bins + 1)
+        for r in remaining:
+            if r <= _BUDGET_SLACK:
+                counts[0] += 1
+                continue
+            k = min(bins, max(1, int(-(-r * bins // budget.epsilon))))  # ceil: (lo, hi]
+            counts[k] += 1
+        histogram = [{"remaining_from": 0.0, "remaining_to": 0.0, "patients": counts[0]}]
+        histogram += [{"remaining_from": edges[k - 1], "remaining_to": edges[k],
+                       "patients": counts[k]} for k in range(1, bins + 1)]
+        common = math.fsum(e.epsilon for e in self._all_scope_events()
+                           if isinstance(e, PureDP))
+        return {"budget_epsilon": budget.epsilon, "patients": len(remaining),
+                "charged_to_every_patient_epsilon": common, "histogram": histogram}
+
     def total_explicitly_raised(self) -> bool:
         """Whether the current total was set by an explicit raise (``raise_total``)."""
         row = self._conn.execute("SELECT kind FROM budget_events WHERE kind IN "
@@ -346,14 +559,27 @@ class PrivacyLedger:
             return 0.0
         return max(0.0, total - self._spent())
 
-    def can_spend(self, epsilon: float) -> bool:
+    def budget_text(self) -> str:
+        """The site-wide budget for log lines: "remaining R of T" or "no site-wide cap"."""
         total = self.total_epsilon
-        return total is not None and self._spent() + epsilon <= total + _BUDGET_SLACK
+        if total is None:
+            return f"no site-wide cap (spent {self._spent():g})"
+        return f"remaining budget {self.remaining:g} of {total:g}"
+
+    def can_spend(self, epsilon: float) -> bool:
+        """Whether the site-wide cap allows ``epsilon`` (no cap, with a per-patient budget
+        only: True; neither: False)."""
+        total = self.total_epsilon
+        if total is None:
+            return self.patient_epsilon is not None
+        return self._spent() + epsilon <= total + _BUDGET_SLACK
 
     # -- releases ------------------------------------------------------------------------
     def record_release(self, *, round_id: str, spec_digest: str, epsilon: float, n: int,
-                       envelope: pb.SignedEnvelope, neighbouring: str = "add_remove"
-                       ) -> RecordResult:
+                       envelope: pb.SignedEnvelope, neighbouring: str = "add_remove",
+                       patients: list[str] | None = None, seen=(),
+                       event: PrivacyEvent | None = None,
+                       patient_budget: PatientBudget | None = None) -> RecordResult:
         """Debit ``epsilon`` and store the signed release, atomically, before it is sent.
 
         If a release for ``round_id`` already exists for the same spec, that stored release is
@@ -362,11 +588,26 @@ class PrivacyLedger:
         RoundConflict for a different spec and BudgetExhausted when the budget does not cover
         ``epsilon``; in both cases nothing is written. ``neighbouring`` is the relation the
         release was made under ("add_remove" or "replace_one"), shown by ``dpfed site ledger``.
+
+        Per-patient accounting: ``patients`` (ledger keys, each at most once) are the patients
+        whose rows the release used; ``seen`` the other candidates of the release (recorded as
+        known patients, charged nothing). The debit is then of scope 'included', charged with
+        ``event`` (default PureDP(epsilon)) to exactly those patients, after every one of them
+        is checked again against ``patient_budget`` inside this transaction (another process
+        may have spent since the filter ran): if one no longer admits it, BudgetExhausted and
+        nothing is written. Without ``patients`` the debit is charged to every patient.
         """
         if not (epsilon > 0):
             raise ValueError(f"epsilon must be > 0, got {epsilon!r}")
         if neighbouring not in ("add_remove", "replace_one"):
             raise ValueError(f"unknown neighbouring relation {neighbouring!r}")
+        if patients is not None:
+            patients = list(patients)
+            if patient_budget is None:
+                raise ValueError("a release charged to its patients needs their budget")
+            if len(set(patients)) != len(patients):
+                raise ValueError("contribution bounding: a patient appears twice in one release")
+        event = event or PureDP(float(epsilon))
         blob = envelope.SerializeToString()
         with self._transaction() as conn:
             existing = self._get(round_id)
@@ -376,23 +617,39 @@ class PrivacyLedger:
                                         f"{existing.spec_digest[:12]}, not {spec_digest[:12]}")
                 return RecordResult(existing, fresh=False)
             total = self.total_epsilon
-            if total is None:
+            if total is None and patients is None:
                 raise LedgerError(f"{self.path}: no total budget recorded")
             spent = self._spent()
-            if spent + epsilon > total + _BUDGET_SLACK:
+            if total is not None and spent + epsilon > total + _BUDGET_SLACK:
                 raise BudgetExhausted(f"epsilon {epsilon:g} exceeds the remaining budget "
                                       f"{max(0.0, total - spent):g} (spent {spent:g} of {total:g})")
+            if patients is not None:
+                histories = self._histories(patients)
+                if not all(patient_budget.admits(histories[p], event) for p in patients):
+                    # Fixed text: it may be sent in a Refusal (no count, no key).
+                    raise BudgetExhausted("a patient's remaining budget no longer covers this "
+                                          "release (spent concurrently); nothing recorded")
             now = _now_ms()
-            self._debit(conn, round_id, float(epsilon), now)
+            debit_id = self._debit(conn, round_id, float(epsilon), now, event=event,
+                                   scope="all" if patients is None else "included")
+            if patients is not None:
+                conn.executemany("INSERT OR IGNORE INTO patients(patient, first_seen_unix_ms) "
+                                 "VALUES(?, ?)", ((p, now) for p in [*patients, *seen]))
+                conn.executemany("INSERT INTO inclusions(patient, debit_id) VALUES(?, ?)",
+                                 ((p, debit_id) for p in patients))
             self._store(conn, round_id, spec_digest, float(epsilon), int(n), blob, now,
                         neighbouring)
             stored = self._get(round_id)
         return RecordResult(stored, fresh=True)
 
     # The two writes of record_release, separate so a test can crash between them.
-    def _debit(self, conn, round_id: str, epsilon: float, now: int) -> None:
-        conn.execute("INSERT INTO debits(round_id, epsilon, reason, created_unix_ms) "
-                     "VALUES(?, ?, 'release', ?)", (round_id, epsilon, now))
+    def _debit(self, conn, round_id: str, epsilon: float, now: int, *,
+               event: PrivacyEvent | None = None, scope: str = "all") -> int:
+        cur = conn.execute("INSERT INTO debits(round_id, epsilon, reason, created_unix_ms, "
+                           "event, scope) VALUES(?, ?, 'release', ?, ?, ?)",
+                           (round_id, epsilon, now,
+                            event_to_json(event or PureDP(epsilon)), scope))
+        return cur.lastrowid
 
     def _store(self, conn, round_id, spec_digest, epsilon, n, blob, now,
                neighbouring="add_remove") -> None:
@@ -481,6 +738,8 @@ class PrivacyLedger:
             "site_id": self._meta("site_id"),
             "total_epsilon": total,
             "spent_epsilon": spent,
+            # Per-patient budget: counts of patients per remaining-budget bin, never a key.
+            "patients": self.patient_summary(),
             "remaining_epsilon": None if total is None else max(0.0, total - spent),
             "budget_events": self.budget_events(),
             "releases": [{"round_id": r.round_id, "spec_digest": r.spec_digest,

@@ -45,9 +45,13 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
+
+import numpy as np
 
 from dpfed import __version__
 from dpfed import secure_round
+from dpfed.accounting import PureDP
 from dpfed.audit import AuditLog
 from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
@@ -92,7 +96,13 @@ class SiteNode:
         self.signing_key = signing_key or SigningKey.load(config.signing_key)
         self.trusted = site_policy.trusted_keys(config.policy.trusted_coordinators)
         self.ledger = ledger or PrivacyLedger(config.state_db, site_id=config.site_id,
-                                              total_epsilon=config.policy.total_epsilon)
+                                              total_epsilon=config.policy.total_epsilon,
+                                              patient_epsilon=config.policy.patient_epsilon)
+        # A per-patient budget: the patient key must be there (or is created, for a ledger
+        # without patients) before the site serves; LedgerError otherwise.
+        self.per_patient = config.policy.patient_epsilon is not None
+        if self.per_patient:
+            self.ledger.patient_hasher()
         # The audit log of every request received and answer sent (dpfed.audit), written by
         # the client at the wire (site_node.client) with this node's key; its latest signed
         # head is also kept in the ledger, so a truncated log is detected (docs/audit.md).
@@ -171,6 +181,30 @@ class SiteNode:
             raise LedgerMismatch(problem)
         log.info("ledger agrees with the aggregator's record: spent %g here, %g recorded there "
                  "over %d round(s)", spent, history.spent_epsilon, history.rounds)
+
+    # -- the per-patient filter ------------------------------------------------------------
+    def select_patients(self, round_id: str, data, usable: np.ndarray,
+                        epsilon: float) -> "PatientSelection":
+        """The individual filter (site_node.patients; docs/method.md section 13): of the rows
+        ``usable`` after the row-wise rules, keep those whose patient's own ledger history
+        admits a release of ``epsilon``; the others are left out before clipping and the
+        statistics. Without a per-patient budget every usable row is kept and the release is
+        charged to every patient."""
+        if not self.per_patient:
+            return PatientSelection(usable, None, (), None)
+        budget = self.ledger.patient_budget()
+        keys = self.ledger.patient_hasher().keys_of(data.ids)
+        candidates = np.flatnonzero(usable)
+        ok = np.asarray(self.ledger.admitted([keys[i] for i in candidates], PureDP(epsilon),
+                                             budget), dtype=bool).reshape(-1)
+        usable = usable.copy()
+        left = candidates[~ok]
+        usable[left] = False
+        if left.size:   # counts for the site's own log only
+            log.info("round %s: %d patient(s) left out: their remaining budget does not cover "
+                     "epsilon %g", round_id, left.size, epsilon)
+        return PatientSelection(usable, [keys[i] for i in np.flatnonzero(usable)],
+                                [keys[i] for i in left], budget)
 
     # -- one round ---------------------------------------------------------------------------
     def consent(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
@@ -299,11 +333,12 @@ class SiteNode:
             return self.refusal(round_id, spec_digest, reason)
 
         try:
-            total = self.ledger.total_epsilon or 0.0
             site_policy.check_spec(spec, self.config.policy, site_id=self.site_id,
-                                   spent=self.ledger.spent, total=total, now_ms=now_ms())
+                                   spent=self.ledger.spent, total=self.ledger.total_epsilon,
+                                   now_ms=now_ms())
             neighbouring, xtx_rule = site_policy.round_mechanism(spec)
-            data = load_round_data(self.config.data, list(spec.feature_names), spec.target)
+            data = load_round_data(self.config.data, list(spec.feature_names), spec.target,
+                                   require_ids=self.per_patient)
             if neighbouring == "replace_one":
                 # n is public under replace-one: the exact check reveals nothing more.
                 site_policy.check_n(data.n, self.config.policy)
@@ -331,6 +366,8 @@ class SiteNode:
                                       x_scale=tuple(pre.x_scale))
         usable = finite_after_preprocessing(preprocessing, data.x, data.y)
         log_left_out(round_id, spec.target, data, int((~usable).sum()))
+        selection = self.select_patients(round_id, data, usable, float(spec.epsilon))
+        usable = selection.usable
         try:
             x, y = preprocessing.apply(data.x[usable], data.y[usable])
         except NonFiniteRow:   # not reached: the rows it would name were left out above
@@ -367,7 +404,8 @@ class SiteNode:
         try:
             result = self.ledger.record_release(round_id=round_id, spec_digest=spec_digest,
                                                 epsilon=charge, n=stats.n, envelope=signed,
-                                                neighbouring=neighbouring)
+                                                neighbouring=neighbouring,
+                                                **selection.charge(charge))
         except (BudgetExhausted, RoundConflict) as exc:
             # Another process got there first; our fresh noise is discarded unsent.
             log.warning("refused round %s: %s", round_id, exc)
@@ -380,16 +418,35 @@ class SiteNode:
                         "(epsilon %g debited; the refusal is stored as the round's answer)",
                         round_id, stats.n, self.config.policy.min_n, charge)
             return result.release.envelope
-        log.info("released round %s (%s, Sxx %s): n=%d%s, epsilon=%g, remaining budget %g of %g",
+        log.info("released round %s (%s, Sxx %s): n=%d%s, epsilon=%g, %s",
                  round_id, neighbouring, xtx_rule, stats.n,
                  " (noisy)" if neighbouring == "add_remove" else "", charge,
-                 self.ledger.remaining, self.ledger.total_epsilon)
+                 self.ledger.budget_text())
         return result.release.envelope
 
     def run(self, stop=None) -> None:
         """Serve forever: dial the aggregator, answer rounds, reconnect (site_node.client,
         which is given this node and asks it for every answer)."""
         SiteClient(self).run(stop)
+
+
+@dataclass(frozen=True)
+class PatientSelection:
+    """The rows a release uses after the per-patient filter (``SiteNode.select_patients``):
+    ``usable`` the row mask; ``included`` their patients' ledger keys (None: no per-patient
+    budget, the release is charged to every patient); ``seen`` the candidates left out."""
+
+    usable: np.ndarray
+    included: list | None
+    seen: list | tuple
+    budget: object
+
+    def charge(self, epsilon: float) -> dict:
+        """The per-patient arguments of ``PrivacyLedger.record_release``."""
+        if self.included is None:
+            return {}
+        return {"patients": self.included, "seen": self.seen, "event": PureDP(epsilon),
+                "patient_budget": self.budget}
 
 
 def _untrusted_round_id(envelope: pb.SignedEnvelope) -> str:

@@ -65,8 +65,10 @@ def _allowed(name: str, allowed) -> bool:
 
 
 def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent: float,
-               total: float, now_ms: int | None = None) -> None:
-    """Raise PolicyViolation unless ``spec`` may be answered with budget ``spent`` of ``total``."""
+               total: float | None, now_ms: int | None = None) -> None:
+    """Raise PolicyViolation unless ``spec`` may be answered with budget ``spent`` of ``total``
+    (None: no site-wide cap, a per-patient budget only; the per-patient filter is applied to
+    the rows, not here: site_node.node)."""
     if not spec.round_id:
         raise PolicyViolation("round spec has no round_id")
     if spec.sites and site_id not in spec.sites:
@@ -79,6 +81,11 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
     if neighbouring == "replace_one" and not policy.allow_replace_one:
         raise PolicyViolation("a replace_one round releases n exactly; this site's policy does "
                               "not allow it (policy.allow_replace_one = false)")
+    if neighbouring == "replace_one" and policy.patient_epsilon is not None:
+        # The filter leaves patients out; an exact n would publish how many.
+        raise PolicyViolation("a replace_one round releases n exactly, which would reveal how "
+                              "many patients the per-patient budget leaves out; this site "
+                              "answers add_remove rounds only")
     try:
         validate_privacy_parameters(spec.epsilon, spec.x_bound, spec.y_bound,
                                     list(spec.budget_split), neighbouring=neighbouring)
@@ -88,10 +95,16 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
     if eps > policy.max_epsilon_per_round:
         raise PolicyViolation(f"epsilon {eps:g} exceeds max_epsilon_per_round "
                               f"{policy.max_epsilon_per_round:g}")
-    remaining = max(0.0, total - spent)
-    if spent + eps > total + 1e-9:
+    if total is None and policy.patient_epsilon is None:
+        raise PolicyViolation("no privacy budget: the site has neither a total nor a "
+                              "per-patient budget")
+    if total is not None and spent + eps > total + 1e-9:
+        remaining = max(0.0, total - spent)
         raise PolicyViolation(f"privacy budget exhausted: epsilon {eps:g} requested, "
                               f"{remaining:g} of {total:g} remaining")
+    if policy.patient_epsilon is not None and eps > policy.patient_epsilon + 1e-9:
+        raise PolicyViolation(f"epsilon {eps:g} exceeds the per-patient budget "
+                              f"{policy.patient_epsilon:g}")
 
     if not spec.target:
         raise PolicyViolation("round spec names no target")

@@ -212,7 +212,7 @@ class SecureSite:
         try:
             site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
                                    spent=node.ledger.spent,
-                                   total=node.ledger.total_epsilon or 0.0, now_ms=now_ms())
+                                   total=node.ledger.total_epsilon, now_ms=now_ms())
         except site_policy.PolicyViolation as exc:
             return self._refuse(spec, spec_digest, str(exc))
         if node.ledger.get_release(spec.round_id) is not None:
@@ -279,9 +279,10 @@ class SecureSite:
         try:
             site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
                                    spent=node.ledger.spent,
-                                   total=node.ledger.total_epsilon or 0.0, now_ms=now_ms())
+                                   total=node.ledger.total_epsilon, now_ms=now_ms())
             neighbouring, _ = site_policy.round_mechanism(spec)
-            data = load_round_data(node.config.data, list(spec.feature_names), spec.target)
+            data = load_round_data(node.config.data, list(spec.feature_names), spec.target,
+                                   require_ids=node.per_patient)
         except site_policy.PolicyViolation as exc:
             return self._refuse(spec, spec_digest, str(exc))
         except DataError as exc:
@@ -297,6 +298,9 @@ class SecureSite:
         # max_site_rows only sizes the fixed-point grid.
         usable = finite_after_preprocessing(preprocessing, data.x, data.y)
         log_left_out(rid, spec.target, data, int((~usable).sum()))
+        # The per-patient filter (SiteNode.select_patients): before the exact statistics.
+        selection = node.select_patients(rid, data, usable, float(spec.epsilon))
+        usable = selection.usable
         try:
             x, y = preprocessing.apply(data.x[usable], data.y[usable])
             stats = exact_clipped_statistics(x, y, spec.x_bound, spec.y_bound,
@@ -324,12 +328,13 @@ class SecureSite:
         try:
             result = node.ledger.record_release(round_id=rid, spec_digest=spec_digest,
                                                 epsilon=charge, n=0, envelope=signed,
-                                                neighbouring=neighbouring)
+                                                neighbouring=neighbouring,
+                                                **selection.charge(charge))
         except (BudgetExhausted, RoundConflict) as exc:
             return self._refuse(spec, spec_digest, str(exc))
         state.answered["release"] = b""
         if not result.fresh:
             return node.fresh_envelope(result.release)
-        log.info("released round %s (secure, masked; %s): epsilon=%g, remaining budget %g of %g",
-                 rid, neighbouring, charge, node.ledger.remaining, node.ledger.total_epsilon)
+        log.info("released round %s (secure, masked; %s): epsilon=%g, %s",
+                 rid, neighbouring, charge, node.ledger.budget_text())
         return result.release.envelope

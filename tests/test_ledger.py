@@ -285,7 +285,7 @@ def test_version_1_ledger_is_migrated_keeping_budget_and_releases(tmp_path):
     path = tmp_path / "old.sqlite"
     _version_1_ledger(path)
     ledger = PrivacyLedger(path, site_id="s", total_epsilon=5.0)
-    assert ledger._meta("schema_version") == "3"   # 1 -> 2 -> 3 (budget_events)
+    assert ledger._meta("schema_version") == "4"   # 1 -> 2 -> 3 (budget_events) -> 4
     old = ledger.get_release("old")
     # Every version-1 release was made under replace-one (n exact): recorded as such.
     assert old.neighbouring == "replace_one" and old.n == 57 and old.acknowledged
@@ -306,8 +306,8 @@ def test_ledger_of_an_unknown_future_schema_is_refused(tmp_path):
     PrivacyLedger(path, site_id="s", total_epsilon=1.0).close()
     import sqlite3
     conn = sqlite3.connect(str(path))
-    conn.execute("UPDATE meta SET value = '4' WHERE key = 'schema_version'")
+    conn.execute("UPDATE meta SET value = '5' WHERE key = 'schema_version'")
     conn.commit()
     conn.close()
-    with pytest.raises(LedgerError, match="schema 4"):
+    with pytest.raises(LedgerError, match="schema 5"):
         PrivacyLedger(path, site_id="s")
