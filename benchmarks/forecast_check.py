@@ -113,6 +113,32 @@ def coverage_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
     return lo, hi
 
 
+def leave_one_out(every: dict, target=(0.7, 0.9)) -> list[str]:
+    """Leave-one-data-set-out choice of a population (no data set tunes its own forecast):
+    for each data set, the variant whose coverage on the *other* data sets is the closest to
+    the target range (the sum of each one's distance from [0.7, 0.9], ties: the smaller
+    distance from 0.8 on average), and that variant's coverage on the held-out set.
+    ``every``: {data set: [round, ...]} as ``--json`` writes it. Returns table lines."""
+    cover = {}
+    for name, rows in every.items():
+        variants = [k for k in rows[0] if "/" in k and ":" not in k]
+        cover[name] = {v: (int(sum(r[v][1] <= r["realised"] <= r[v][2] for r in rows)),
+                           len(rows)) for v in variants}
+    lines = ["| held-out data set | variant chosen on the others | its coverage there (95 % CI) |",
+             "|---|---|---|"]
+    common = set.intersection(*(set(c) for c in cover.values()))
+    for held in cover:
+        def loss(v):
+            shares = [cover[o][v][0] / cover[o][v][1] for o in cover if o != held]
+            return (sum(max(target[0] - c, 0.0, c - target[1]) for c in shares),
+                    float(np.mean([abs(c - 0.8) for c in shares])))
+        best = min(sorted(common), key=loss)
+        k, n = cover[held][best]
+        lo, hi = coverage_interval(k, n)
+        lines.append(f"| {held} | {best} | {k / n:.2f} ({lo:.2f}-{hi:.2f}) |")
+    return lines
+
+
 def synthetic(rng, n=1310, d=6):
     """Simulated rounds' data (``--data synth``): correlated columns (one log-normal), a
     linear signal of R^2 ~ U(0.1, 0.7) on a random beta, skewed noise; a new data set per
@@ -190,7 +216,16 @@ def main(argv=None) -> int:
     ap.add_argument("--skip-refused", action="store_true",
                     help="production fits: a refused Laplace fit is left out (counted) "
                          "instead of falling back to NUTS")
+    ap.add_argument("--leave-one-out", nargs="+", default=None, metavar="JSON",
+                    help="only summarise earlier --json files: each data set's coverage under "
+                         "the variant chosen on the other data sets")
     args = ap.parse_args(argv)
+    if args.leave_one_out:
+        every = {}
+        for f in args.leave_one_out:
+            every.update(json.loads(Path(f).read_text()))
+        print("\n".join(leave_one_out(every)))
+        return 0
     global ON_REFUSAL
     ON_REFUSAL = "skip" if args.skip_refused else "fallback"
     variants = (args.variants.split(",") if args.variants else
