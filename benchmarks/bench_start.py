@@ -9,11 +9,14 @@ process tree (user + sys of the command and every process it started, waited for
 1-minute load average before it, and where the wall time went. Phases come from the times
 the command prints its progress lines (stamped here as they arrive) and from the processes'
 own logs in W/logs (aggregator listening, sites subscribed, round started and done, SIGTERM,
-stopped), on one clock:
+stopped), on one clock. The command starts the aggregator and the sites first and prepares
+the round while they start, so two phases run beside the others (in brackets):
 
-  interpreter     start -> first progress line: Python, imports, reading the data set
-  prepare         -> "starting aggregator": bounds, forecast, CA and kits, files
-  aggregator_up   -> the aggregator's "listening" log line (its imports and start)
+  interpreter     start -> "starting aggregator": Python, imports, CA and kits
+  (prepare)       "starting aggregator" -> "forecast gain": data set, bounds, forecast
+  (aggregator_up) "starting aggregator" -> the aggregator's "listening" log line
+  ready           "starting aggregator" -> "aggregator ready" (both of the above, the site
+                  files, the health check; the sites are told to dial)
   sites_up        -> the last "site ... subscribed" (sites dial and subscribe)
   to_round        -> the aggregator's "started by coordinator" (readiness polling, spec)
   round           -> "closed after" (consent, keys, release, unmask); round_s from the result
@@ -22,6 +25,8 @@ stopped), on one clock:
   stop            -> "fitting baselines" printed (children stopped and waited for)
   baselines_exit  -> the command's exit (baselines, scores, report, interpreter exit)
 
+The phases not in brackets add up to the wall time. PYTHONDONTWRITEBYTECODE is removed from
+the command's environment (set in a harness, it would make every run compile every module).
 ``--fresh`` gives every run an empty NUMBA_CACHE_DIR (a fresh machine, the packages installed:
 pip byte-compiles them, nothing has compiled the fit): the aggregator and the command then
 compile the fit's Numba code (docs/benchmarks.md says how much of the time that is);
@@ -50,21 +55,30 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PHASES = ("interpreter", "prepare", "aggregator_up", "sites_up", "to_round", "round", "fit",
-          "to_stop", "stop", "baselines_exit")
+PHASES = ("interpreter", "prepare", "aggregator_up", "ready", "sites_up", "to_round", "round",
+          "fit", "to_stop", "stop", "baselines_exit")
+#: Phases that run beside the chain of the others (they do not add up to the wall time).
+BESIDE = ("prepare", "aggregator_up")
 
-# (phase that ends, where, pattern); "progress" = a line the command prints on stderr.
+# (mark, where, pattern); "progress" = a line the command prints on stderr.
 MARKS = (
-    ("interpreter", "progress", r"\[simulate\] "),
-    ("prepare", "progress", r"\[simulate\] starting aggregator"),
-    ("aggregator_up", "aggregator", r"aggregator listening on port"),
-    ("sites_up", "aggregator", r"site \S+ subscribed"),     # the last one
-    ("to_round", "aggregator", r"started by coordinator"),
-    ("round", "aggregator", r": closed after "),
-    ("fit", "aggregator", r": DONE"),
-    ("to_stop", "aggregator", r"received SIGTERM"),
-    ("stop", "progress", r"\[simulate\] fitting baselines"),
+    ("launch", "progress", r"\[simulate\] starting aggregator"),
+    ("forecast", "progress", r"\[simulate\] forecast gain"),
+    ("listening", "aggregator", r"aggregator listening on port"),
+    ("ready", "progress", r"\[simulate\] aggregator ready"),
+    ("subscribed", "aggregator", r"site \S+ subscribed"),     # the last one
+    ("started", "aggregator", r"started by coordinator"),
+    ("closed", "aggregator", r": closed after "),
+    ("done", "aggregator", r": DONE"),
+    ("sigterm", "aggregator", r"received SIGTERM"),
+    ("baselines", "progress", r"\[simulate\] fitting baselines"),
 )
+# phase: (from mark, to mark); "start" and "exit" are the command's.
+SPANS = {"interpreter": ("start", "launch"), "prepare": ("launch", "forecast"),
+         "aggregator_up": ("launch", "listening"), "ready": ("launch", "ready"),
+         "sites_up": ("ready", "subscribed"), "to_round": ("subscribed", "started"),
+         "round": ("started", "closed"), "fit": ("closed", "done"), "to_stop": ("done", "sigterm"),
+         "stop": ("sigterm", "baselines"), "baselines_exit": ("baselines", "exit")}
 
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 
@@ -96,7 +110,7 @@ def log_times(path: Path, pattern: str, last: bool = False) -> float | None:
 
 def one_run(source: Path, extra: list[str], fresh: bool, no_bytecode: bool = False) -> dict:
     work = Path(tempfile.mkdtemp(prefix="bench-start-"))
-    env = dict(os.environ)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(source), env.get("PYTHONPATH")) if p)
     if fresh:
         env["NUMBA_CACHE_DIR"] = str(work / "numba-cache")
@@ -129,18 +143,16 @@ def one_run(source: Path, extra: list[str], fresh: bool, no_bytecode: bool = Fal
         raise SystemExit(f"simulate failed (exit {proc.returncode}); work folder {work}\n{tail}")
     result = json.loads(out)
     logs = work / "sim" / "logs"
-    marks = {}
-    for phase, where, pattern in MARKS:
+    marks = {"start": t0_wall, "exit": end_wall}
+    for mark, where, pattern in MARKS:
         if where == "progress":
-            marks[phase] = next((t for t, line in progress if re.search(pattern, line)), None)
+            marks[mark] = next((t for t, line in progress if re.search(pattern, line)), None)
         else:
-            marks[phase] = log_times(logs / f"{where}.log", pattern, last=phase == "sites_up")
-    marks["baselines_exit"] = end_wall
-    phases, previous = {}, t0_wall
+            marks[mark] = log_times(logs / f"{where}.log", pattern, last=mark == "subscribed")
+    phases = {}
     for phase in PHASES:
-        t = marks.get(phase)
-        phases[phase] = None if t is None or previous is None else round(t - previous, 3)
-        previous = t if t is not None else previous
+        a, b = (marks.get(m) for m in SPANS[phase])
+        phases[phase] = None if a is None or b is None else round(b - a, 3)
     shutil.rmtree(work, ignore_errors=True)
     timings = result.get("timings", {})
     return {"source": str(source), "fresh": fresh, "no_bytecode": no_bytecode, "wall_s": round(wall, 3),
@@ -193,6 +205,10 @@ def summarise(rows: list[dict]) -> dict:
             "baselines_s": med(r["baselines_s"] for r in rows)}
 
 
+def _phase(name: str, seconds: float) -> str:
+    return f"({name} {seconds:.2f})" if name in BESIDE else f"{name} {seconds:.2f}"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3, help="runs per source (median reported)")
@@ -218,7 +234,7 @@ def main(argv=None) -> int:
             row = one_run(source, args.extra, args.fresh, args.no_bytecode)
             rows[str(source)].append(row)
             if not args.json:
-                ph = "  ".join(f"{k} {v:.2f}" for k, v in row["phases"].items() if v is not None)
+                ph = "  ".join(_phase(k, v) for k, v in row["phases"].items() if v is not None)
                 print(f"{source.name} run {i + 1}: {row['wall_s']:.2f} s wall, {row['cpu_s']:.1f} "
                       f"CPU-s, load {row['load']:.2f} | {ph}", flush=True)
     summary = {s: summarise(r) for s, r in rows.items()}
@@ -233,7 +249,7 @@ def main(argv=None) -> int:
                   f"wall (min {s['wall_min_s']:.2f}), {s['cpu_s']:.1f} CPU-s, load {s['load']:.2f}; "
                   f"round {s['round_s']} s, fit {s['fit_s']} s")
             print("  phases (median s): " + ", ".join(
-                f"{k} {v:.2f}" for k, v in s["phases"].items() if v is not None))
+                _phase(k, v) for k, v in s["phases"].items() if v is not None))
             for label, c in numba.get(source, {}).items():
                 print(f"  fit's Numba code alone ({label}, empty cache first): import "
                       f"{c['import_wall_s']:.2f} s ({c['import_cpu_s']:.2f} CPU-s), warm_up "

@@ -32,11 +32,20 @@ import math
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-import opendp.prelude as dp
-
-dp.enable_features("contrib")
 
 _GRID_BITS_BELOW_SENSITIVITY = 40
+
+
+@functools.cache
+def _opendp():
+    """OpenDP's prelude, its "contrib" features on (``make_laplace``), imported on the first
+    release: a site imports this module at start and a secure round never calls OpenDP (its
+    noise is dpfed.secagg's), and the import costs about 0.4 CPU-s per process
+    (docs/benchmarks.md, "Start")."""
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    return dp
 
 
 @functools.lru_cache(maxsize=256)
@@ -44,6 +53,7 @@ def _calibrated_measurement(size: int, sensitivity: float, epsilon: float):
     """The OpenDP Laplace measurement on vectors of ``size`` floats whose certified privacy
     loss at L1 distance ``sensitivity`` is at most ``epsilon``. Returns (measurement, scale,
     certified epsilon)."""
+    dp = _opendp()
     k = math.floor(math.log2(sensitivity)) - _GRID_BITS_BELOW_SENSITIVITY
     domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
     metric = dp.l1_distance(T=float)
@@ -62,6 +72,7 @@ def _calibrated_measurement(size: int, sensitivity: float, epsilon: float):
 @functools.lru_cache(maxsize=256)
 def _piece_measurement(size: int, scale: float, k: int):
     """Sampling-only measurement: same per-coordinate mechanism (scale, grid k) on a piece."""
+    dp = _opendp()
     domain = dp.vector_domain(dp.atom_domain(T=float, nan=False), size=size)
     return dp.m.make_laplace(domain, dp.l1_distance(T=float), scale=scale, k=k)
 
@@ -118,6 +129,7 @@ def _count_measurement(size: int, epsilon: float):
     """OpenDP's discrete Laplace mechanism on vectors of ``size`` 64-bit integers, L1
     sensitivity 1, scale 1/epsilon nudged up (by ulps, if ever needed) until OpenDP certifies
     a loss <= ``epsilon`` at distance 1. Returns (measurement, scale, certified)."""
+    dp = _opendp()
     domain = dp.vector_domain(dp.atom_domain(T="i64"), size=size)
     metric = dp.l1_distance(T="i64")
     scale = 1.0 / epsilon

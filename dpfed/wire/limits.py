@@ -19,7 +19,6 @@ from __future__ import annotations
 import math
 import re
 
-from dpfed.statistics import encoded_length
 from dpfed.v1 import dpfed_pb2 as pb
 
 MAX_FEATURES = 512
@@ -146,6 +145,9 @@ def spec_problems(spec: pb.RoundSpec) -> list[str]:
     elif not all(math.isfinite(v) and v > 0 for v in pre.x_scale):
         problems.append("preprocessing column scales must be finite and > 0")
     problems.append(_text(spec.public_source, "public_source", MAX_TEXT_CHARS))
+    # Imported here: dpfed.statistics loads NumPy, which the processes that only read the
+    # wire's limits (the aggregator's audit writer) do without.
+    from dpfed.statistics import encoded_length
     if spec.public_statistics and len(spec.public_statistics) != encoded_length(d):
         problems.append(f"public_statistics have {len(spec.public_statistics)} bytes, "
                         f"{encoded_length(d)} expected for {d} features")
@@ -173,6 +175,7 @@ def check_contribution(c: pb.Contribution) -> None:
                 _pattern(c.nonce, "nonce", NONCE_PATTERN, "32 lowercase hex digits"),
                 _pattern(c.spec_digest, "spec_digest", DIGEST_PATTERN, "64 lowercase hex digits"),
                 _finite(c.epsilon_spent, "epsilon_spent")]
+    from dpfed.statistics import encoded_length     # NumPy: not at import (spec_problems)
     if len(c.statistics) > encoded_length(MAX_FEATURES):
         problems.append(f"statistics of {len(c.statistics)} bytes exceed the "
                         f"{encoded_length(MAX_FEATURES)} of {MAX_FEATURES} features")

@@ -150,20 +150,45 @@ class FederationLayout:
             p.mkdir(parents=True, exist_ok=True)
 
 
-def write_federation(layout: FederationLayout, problem: Problem, split: Split, *, port: int,
-                     epsilon: float, total_epsilon: float | None = None,
-                     incomplete: tuple[np.ndarray, ...] | None = None) -> list[str]:
-    """CA and kits (dpfed_apps.ca), per-site CSVs, site.toml files and aggregator.toml
-    (docs/interfaces.md) with [tls] tables. Returns the site ids. ``incomplete``: per site,
-    the rows of ``problem.incomplete`` (rows with gaps) its file also holds
-    (problem.split_incomplete)."""
+def write_aggregator(layout: FederationLayout, names: list[str], *, port: int) -> None:
+    """Everything the aggregator needs to start, none of it from the data: the CA and a kit
+    for it, the coordinator and each site in ``names`` (dpfed_apps.ca), and aggregator.toml
+    (docs/interfaces.md) with its [tls] table. ``run_simulation`` writes them first and starts
+    the aggregator while it reads the data and chooses the bounds (``write_sites`` then)."""
     from dpfed_apps.ca import Project, provision
 
     layout.make()
-    names = site_ids(len(split.sites))
     address = f"127.0.0.1:{port}"
     provision(Project(federation="dpfed-simulate", aggregator_address=address, listen=address,
                       sites=tuple(names), coordinators=(COORDINATOR_ID,)), layout.pki)
+    agg_keys = layout.kit("aggregator") / "keys"
+    layout.aggregator_config.write_text(to_toml({
+        "listen": address,
+        "state_db": str(layout.aggregator_db),
+        "max_clock_skew_s": 300,
+        # Its kit's identity key: signs every secure-aggregation message it sends.
+        "signing_key": str(layout.signing_key("aggregator")),
+        "tls": _tls_table(layout, "aggregator"),
+        "sites": [{"site_id": n, "public_key": str(agg_keys / f"{n}.pub")} for n in names],
+        "coordinators": [{"coordinator_id": COORDINATOR_ID,
+                          "public_key": str(agg_keys / f"{COORDINATOR_ID}.pub")}],
+    }))
+
+
+def write_federation(layout: FederationLayout, problem: Problem, split: Split, *, port: int,
+                     epsilon: float, total_epsilon: float | None = None,
+                     incomplete: tuple[np.ndarray, ...] | None = None,
+                     aggregator_written: bool = False) -> list[str]:
+    """CA and kits (dpfed_apps.ca), per-site CSVs, site.toml files and aggregator.toml
+    (docs/interfaces.md) with [tls] tables. Returns the site ids. ``incomplete``: per site,
+    the rows of ``problem.incomplete`` (rows with gaps) its file also holds
+    (problem.split_incomplete). ``aggregator_written``: ``write_aggregator`` already wrote the
+    CA, the kits and aggregator.toml for these sites and this port (only the sites' files and
+    the public lines are written)."""
+    names = site_ids(len(split.sites))
+    if not aggregator_written:
+        write_aggregator(layout, names, port=port)
+    address = f"127.0.0.1:{port}"
     gaps = incomplete or tuple(() for _ in names)
     for name, rows, gap_rows in zip(names, split.sites, gaps):
         write_rows_csv(layout.site_csv(name), problem, rows, gap_rows)
@@ -184,18 +209,6 @@ def write_federation(layout: FederationLayout, problem: Problem, split: Split, *
                        "max_noise_threshold": len(names)},
         }))
     write_rows_csv(layout.public_csv, problem, split.public)
-    agg_keys = layout.kit("aggregator") / "keys"
-    layout.aggregator_config.write_text(to_toml({
-        "listen": address,
-        "state_db": str(layout.aggregator_db),
-        "max_clock_skew_s": 300,
-        # Its kit's identity key: signs every secure-aggregation message it sends.
-        "signing_key": str(layout.signing_key("aggregator")),
-        "tls": _tls_table(layout, "aggregator"),
-        "sites": [{"site_id": n, "public_key": str(agg_keys / f"{n}.pub")} for n in names],
-        "coordinators": [{"coordinator_id": COORDINATOR_ID,
-                          "public_key": str(agg_keys / f"{COORDINATOR_ID}.pub")}],
-    }))
     return names
 
 
@@ -283,6 +296,7 @@ class ChildProcess:
     name: str
     popen: subprocess.Popen
     log_path: Path
+    gated: bool = False         # waits for ``go`` (a ``launch_command``)
 
     def alive(self) -> bool:
         return self.popen.poll() is None
@@ -320,31 +334,40 @@ class LocalFederation:
                 start_new_session=True)
         finally:
             log.close()
-        child = ChildProcess(name, popen, log_path)
+        child = ChildProcess(name, popen, log_path, gated)
         self.children.append(child)
         return child
 
     def start(self, *, timeout_s: float = 60.0, stop_after_keys=()) -> None:
-        """Start the aggregator and the sites. ``stop_after_keys``: sites that stop (SIGKILL
-        themselves, the DPFED_TEST_CRASH_AT fault hook) right after their key shares were
-        taken in a secure round: they drop out after key agreement, before releasing.
+        """Start the aggregator and the sites and wait until the aggregator serves and the
+        sites were told to dial it: ``launch`` then ``ready``."""
+        self.launch(stop_after_keys=stop_after_keys)
+        self.ready(timeout_s)
 
-        The site processes start together with the aggregator and import their modules
-        meanwhile (dpfed_apps.launch); each runs ``dpfed site serve`` once the
-        aggregator answers its health check (``go``), so it dials a listening aggregator."""
+    def launch(self, *, stop_after_keys=()) -> None:
+        """Start the aggregator and the site processes; do not wait for them. The sites
+        import their modules meanwhile (dpfed_apps.launch) and run ``dpfed site serve`` only
+        when ``ready`` says go: their site.toml and data may be written until then.
+        ``stop_after_keys``: sites that stop (SIGKILL themselves, the DPFED_TEST_CRASH_AT
+        fault hook) right after their key shares were taken in a secure round: they drop out
+        after key agreement, before releasing."""
         self.progress(f"starting aggregator and {len(self.site_names)} site processes on "
                       f"{self.address}")
         self._spawn("aggregator", aggregator_command(self.layout.aggregator_config,
                                                      self.log_level))
-        sites = []
         for name in self.site_names:
             env = {"DPFED_TEST_CRASH_AT": "after_share_keys"} if name in stop_after_keys else None
-            sites.append(self._spawn(name, launch_command(
+            self._spawn(name, launch_command(
                 SITE_MODULES, self.log_level, "site", "serve", "--config",
-                str(self.layout.site_config(name))), env, gated=True))
+                str(self.layout.site_config(name))), env, gated=True)
+
+    def ready(self, timeout_s: float = 60.0) -> None:
+        """Wait until the aggregator answers its health check, then tell every site to run
+        (``go``): each dials a listening aggregator at once."""
         self.wait_aggregator_healthy(timeout_s)
-        for child in sites:
-            go(child)
+        for child in self.children:
+            if child.gated:
+                go(child)
         self.progress(f"aggregator ready; {len(self.site_names)} sites dialling it")
 
     def check_alive(self) -> None:

@@ -11,10 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed, FederationLayout,
-                                         LocalFederation, Progress, _stderr_progress,
-                                         free_port, round_config, to_toml, write_federation)
+                                              LocalFederation, Progress, _stderr_progress,
+                                              free_port, round_config, to_toml, write_aggregator,
+                                              write_federation)
 from dpfed.preprocess import public_sigmas
-from dpfed_apps.simulation.problem import (Problem, csv_problem, gdsc_problem,
+from dpfed_apps.simulation.problem import (Problem, csv_problem, gdsc_problem, site_ids,
                                            split_incomplete, split_rows)
 from dpfed_apps.simulation.public import public_preprocessing, round_choice
 from dpfed_apps.simulation.scoring import (baseline_models, feature_table, model_from_result,
@@ -127,29 +128,31 @@ def warm_up_fits() -> None:
         pass
 
 
-def run_simulation(options: SimulationOptions, progress: Progress = _stderr_progress, *,
-                   hold=None) -> dict:
-    """Run the whole federation once; returns the result dict (see ``format_report``).
-    ``hold(federation, coordinator, round_id, forecast)``, if given, is called once the round
-    is done, with every process still running (``dpfed simulate --console`` serves until
-    Ctrl-C there).
+@dataclass(frozen=True)
+class _Plan:
+    """What ``_prepare`` made from the data (public inputs only) for the round and the report."""
 
-    Raises FederationFailed (with ``.workdir`` and ``.logs`` attributes) if a process or the
-    round fails. The child processes are stopped on every exit path, Ctrl-C included.
-    """
-    from dpfed.wire.signing import SigningKey
+    problem: Problem
+    split: object               # problem.Split
+    prep: object                # the public pre-processing
+    sigmas: tuple[float, float]
+    draws: int                  # noise draws the bounds were chosen for
+    choice: dict                # dpfed_apps.simulation.public.round_choice
+    forecast: dict              # dpfed_apps.forecast.forecast_round
+    config: dict                # round.toml
+    left_out: dict              # per site: site_left_out
 
-    t_start = time.monotonic()
-    aggregation = options.aggregation or ("secure" if options.n_sites >= 2 else "independent")
-    if options.dropouts and aggregation != "secure":
-        raise ValueError("--dropouts needs --aggregation secure")
-    noise_threshold, drop_index = (secure_plan(options.n_sites, options.dropouts)
-                                   if aggregation == "secure" else (0, []))
+
+def _prepare(options: SimulationOptions, layout: FederationLayout, port: int, progress: Progress,
+             *, aggregation: str, noise_threshold: int, dropping: list[str]) -> _Plan:
+    """The data, its split, the public pre-processing, the bounds and budget split, the
+    forecast (all from public inputs), then the sites' files and round.toml: what the round
+    needs, made while the aggregator and the sites start (they need none of it until "go")."""
     problem = load_problem(options)
     split = split_rows(problem.n, n_sites=options.n_sites, n_public=options.n_public,
                        n_test=options.n_test, seed=options.seed)
     prep = public_preprocessing(problem, split)
-    sigma_x, sigma_y = public_sigmas(problem.x[split.public], problem.y[split.public], prep)
+    sigmas = public_sigmas(problem.x[split.public], problem.y[split.public], prep)
     # One pair of bounds for every site, chosen for the total planned rows and the noise
     # draws their sum holds (one per site; one for a secure round).
     draws = 1 if aggregation == "secure" else len(split.site_sizes)
@@ -179,18 +182,12 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     progress(f"forecast gain over the public lines alone: {expected['mean']:+.3f} "
              f"(10-90 %: {expected['q10']:+.3f} to {expected['q90']:+.3f})")
 
-    keep = options.workdir is not None
-    root = Path(options.workdir) if keep else Path(tempfile.mkdtemp(prefix="dpfed-simulate-"))
-    root.mkdir(parents=True, exist_ok=True)
-    layout = FederationLayout(root.resolve())
-    port = free_port()
     gaps = split_incomplete(len(problem.incomplete), options.n_sites, options.seed)
     names = write_federation(layout, problem, split, port=port, epsilon=options.epsilon,
-                             incomplete=gaps)
+                             incomplete=gaps, aggregator_written=True)
     # What each site's row-wise rules will leave out, counted here from the files this
     # machine wrote, with the sites' own code: local to the simulation, never on the wire.
     left_out = {name: site_left_out(layout, name, problem) for name in names}
-    dropping = [names[i] for i in drop_index]
     deadline_s = int(options.round_timeout_s)
     if dropping:
         deadline_s = min(deadline_s, DROPOUT_DEADLINE_S)
@@ -202,60 +199,115 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                           max_site_rows=int(max(split.site_sizes)),
                           budget_split=choice["budget_split"])
     layout.round_config.write_text(to_toml(config))
+    return _Plan(problem, split, prep, sigmas, draws, choice, forecast, config, left_out)
 
+
+def _run_round(options: SimulationOptions, federation: LocalFederation, plan: _Plan,
+               progress: Progress, *, aggregation: str, noise_threshold: int,
+               dropping: list[str], hold=None):
+    """Once the sites may run (``federation.ready``): connect as the coordinator, start the
+    round and wait for it; (round_id, final status, RoundResult). FederationFailed if it did
+    not end DONE."""
+    from dpfed.wire.signing import SigningKey
+
+    layout, problem, config = federation.layout, plan.problem, plan.config
     Coordinator, build_round_spec = _import_coordinator()
     # The baselines' fit code is imported here while the processes start (this process
     # mostly waits for them), instead of after the round.
     threading.Thread(target=warm_up_fits, name="fit-warm-up", daemon=True).start()
+    federation.ready(timeout_s=options.startup_timeout_s)
+    # site_keys, aggregator_key: the CA's record of the sites' and the aggregator's
+    # identity keys, which a secure round's spec pins (never the aggregator's word).
+    coordinator = Coordinator(federation.address,
+                              SigningKey.load(layout.signing_key(COORDINATOR_ID)),
+                              COORDINATOR_ID, layout.tls(COORDINATOR_ID),
+                              site_keys=layout.site_keys,
+                              aggregator_key=layout.aggregator_key)
+    federation.wait_sites_connected(coordinator, options.startup_timeout_s)
+    spec = build_round_spec(config, base_dir=layout.root)
+    progress(f"starting round: target {problem.target}, eps {options.epsilon} per site, "
+             f"bounds x {config['x_bound']:.3g}, y {config['y_bound']:.3g}, fit "
+             f"{options.fit_method}, {aggregation} aggregation"
+             + (f" (T = {noise_threshold})" if aggregation == "secure" else "")
+             + (f"; {', '.join(dropping)} stop after key agreement" if dropping else ""))
+    status = coordinator.start_round(spec)
+    round_id = status.round_id
+    # Polled every 50 ms (GetRound is a read): the round and fit take a few tenths.
+    status = coordinator.wait(round_id, options.round_timeout_s, poll_s=0.05)
+    from dpfed.v1 import dpfed_pb2 as pb
+
+    if status.state != pb.RoundStatus.DONE:
+        state = pb.RoundStatus.State.Name(status.state)
+        raise FederationFailed(f"round {round_id} ended {state}: {status.message}")
+    result = coordinator.result(round_id)
+    progress(f"round {round_id} done in {status.round_seconds:.2f} s "
+             f"(+ fit {status.fit_seconds:.1f} s)")
+    if hold is not None:
+        hold(federation, coordinator, round_id, plan.forecast)
+    return round_id, status, result
+
+
+def run_simulation(options: SimulationOptions, progress: Progress = _stderr_progress, *,
+                   hold=None) -> dict:
+    """Run the whole federation once; returns the result dict (see ``format_report``).
+    ``hold(federation, coordinator, round_id, forecast)``, if given, is called once the round
+    is done, with every process still running (``dpfed simulate --console`` serves until
+    Ctrl-C there).
+
+    Raises FederationFailed (with ``.workdir`` and ``.logs`` attributes) if a process or the
+    round fails. The child processes are stopped on every exit path, Ctrl-C included.
+    """
+    t_start = time.monotonic()
+    aggregation = options.aggregation or ("secure" if options.n_sites >= 2 else "independent")
+    if options.dropouts and aggregation != "secure":
+        raise ValueError("--dropouts needs --aggregation secure")
+    noise_threshold, drop_index = (secure_plan(options.n_sites, options.dropouts)
+                                   if aggregation == "secure" else (0, []))
+    keep = options.workdir is not None
+    root = Path(options.workdir) if keep else Path(tempfile.mkdtemp(prefix="dpfed-simulate-"))
+    root.mkdir(parents=True, exist_ok=True)
+    layout = FederationLayout(root.resolve())
+    port = free_port()
+    names = site_ids(options.n_sites)
+    dropping = [names[i] for i in drop_index]
+    # The aggregator needs neither the data nor the bounds to start: its kit and config are
+    # written and it is started (with the sites, which wait for "go") first, so that the
+    # processes' start (about 2 s of imports and set-up each, docs/benchmarks.md "Start")
+    # overlaps the data, the bounds and the forecast made here.
+    write_aggregator(layout, names, port=port)
     federation = LocalFederation(layout, names, port, progress, options.log_level)
-    failed = True
+    failed = False
     try:
         with federation:
-            federation.start(timeout_s=options.startup_timeout_s, stop_after_keys=dropping)
-            # site_keys, aggregator_key: the CA's record of the sites' and the aggregator's
-            # identity keys, which a secure round's spec pins (never the aggregator's word).
-            coordinator = Coordinator(federation.address,
-                                      SigningKey.load(layout.signing_key(COORDINATOR_ID)),
-                                      COORDINATOR_ID, layout.tls(COORDINATOR_ID),
-                                      site_keys=layout.site_keys,
-                                      aggregator_key=layout.aggregator_key)
-            federation.wait_sites_connected(coordinator, options.startup_timeout_s)
-            spec = build_round_spec(config, base_dir=layout.root)
-            progress(f"starting round: target {problem.target}, eps {options.epsilon} per site, "
-                     f"bounds x {x_bound:.3g}, y {y_bound:.3g}, fit {options.fit_method}, "
-                     f"{aggregation} aggregation"
-                     + (f" (T = {noise_threshold})" if aggregation == "secure" else "")
-                     + (f"; {', '.join(dropping)} stop after key agreement" if dropping else ""))
-            status = coordinator.start_round(spec)
-            round_id = status.round_id
-            # Polled every 50 ms (GetRound is a read): the round and fit take a few tenths.
-            status = coordinator.wait(round_id, options.round_timeout_s, poll_s=0.05)
-            from dpfed.v1 import dpfed_pb2 as pb
-
-            if status.state != pb.RoundStatus.DONE:
-                state = pb.RoundStatus.State.Name(status.state)
-                raise FederationFailed(f"round {round_id} ended {state}: {status.message}")
-            result = coordinator.result(round_id)
-            progress(f"round {round_id} done in {status.round_seconds:.2f} s "
-                     f"(+ fit {status.fit_seconds:.1f} s)")
-            if hold is not None:
-                hold(federation, coordinator, round_id, forecast)
-        failed = False
-    except FederationFailed as exc:
-        exc.workdir = layout.root
-        exc.logs = federation.log_tails()
-        raise
-    except Exception as exc:  # gRPC errors, a coordinator bug: the round failed all the same
-        failure = FederationFailed(f"{type(exc).__name__}: {exc}")
-        failure.workdir = layout.root
-        failure.logs = federation.log_tails()
-        raise failure from exc
+            federation.launch(stop_after_keys=dropping)
+            plan = _prepare(options, layout, port, progress, aggregation=aggregation,
+                            noise_threshold=noise_threshold, dropping=dropping)
+            failed = True
+            try:
+                round_id, status, result = _run_round(
+                    options, federation, plan, progress, aggregation=aggregation,
+                    noise_threshold=noise_threshold, dropping=dropping, hold=hold)
+            except FederationFailed as exc:
+                exc.workdir = layout.root
+                exc.logs = federation.log_tails()
+                raise
+            except Exception as exc:  # gRPC errors, a coordinator bug: the round failed
+                failure = FederationFailed(f"{type(exc).__name__}: {exc}")
+                failure.workdir = layout.root
+                failure.logs = federation.log_tails()
+                raise failure from exc
+            failed = False
     finally:
-        if failed or keep:
-            pass  # keep the folder: its logs explain the failure, or the user asked for it
-        else:
+        # Kept when the round failed (its logs explain it) or the user named the folder;
+        # removed after a round that worked and after bad options or data (nothing ran).
+        if not keep and not failed:
             shutil.rmtree(layout.root, ignore_errors=True)
-
+    problem, split, prep, choice, forecast = (plan.problem, plan.split, plan.prep, plan.choice,
+                                              plan.forecast)
+    x_bound, y_bound, draws = choice["x_bound"], choice["y_bound"], plan.draws
+    sigma_x, sigma_y = plan.sigmas
+    expected = forecast["per_epsilon"][0]["gain"]
+    left_out = plan.left_out
     summary = json.loads(result.summary_json)
     private = model_from_result(result)
     progress(f"fitting baselines ({options.fit_method}) on exact statistics")
