@@ -16,7 +16,7 @@ pieces that are not SQL:
   events plus the new one must stay within ``epsilon`` (basic composition, a valid filter
   under adaptively chosen epsilons: Rogers, Roth, Ullman & Vadhan 2016; ProPer). With a
   ``delta`` (ready, not yet a config key): the individual Renyi filter at one order ``alpha``
-  fixed with the budget (Feldman & Zrnic 2021, Theorem 4.3; ``dpfed.accounting.
+  fixed with the budget (Feldman & Zrnic 2021; ``dpfed.accounting.
   renyi_filter_admits``), valid for any mix of PureDP / Gaussian / zCDP / Skellam events.
   ``dpfed.accounting.admits`` (the minimum of several bounds) is *not* used as the filter:
   it is not known to be a valid filter under adaptive choice (docs/method.md section 13).

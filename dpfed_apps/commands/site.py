@@ -156,8 +156,9 @@ def cmd_serve(args) -> int:
     except (OSError, ValueError) as exc:  # unreadable key files
         print(f"dpfed site serve: {exc}", file=sys.stderr)
         return exitcodes.USAGE
-    log.info("site %s: privacy budget %g, spent %g, remaining %g", config.site_id,
-             node.ledger.total_epsilon, node.ledger.spent, node.ledger.remaining)
+    log.info("site %s: privacy budget: %s%s", config.site_id, node.ledger.budget_text(),
+             f"; per patient epsilon {node.ledger.patient_epsilon:g}"
+             if node.ledger.patient_epsilon is not None else "")
     client = SiteClient(node)
     # SIGTERM (systemd, docker stop) stops as cleanly as Ctrl-C.
     if threading.current_thread() is threading.main_thread():
@@ -251,14 +252,29 @@ def cmd_raise_total(args) -> int:
     if config is None:
         return code
     new = config.policy.total_epsilon
+    new_patient = config.policy.patient_epsilon
+    done = []
     try:
         with PrivacyLedger(config.state_db, site_id=config.site_id) as ledger:
-            old = ledger.raise_total(new, operator=_operator(args))
+            # The per-patient budget (policy.patient_epsilon) is raised the same way, when the
+            # config's is larger than the ledger's.
+            stored_patient = ledger.patient_epsilon
+            if new_patient is not None and stored_patient is not None and \
+                    new_patient > stored_patient:
+                old = ledger.raise_patient_budget(new_patient, operator=_operator(args))
+                done.append(f"per-patient budget raised from {old:g} to {new_patient:g}")
+            if new is not None and (not done or (ledger.total_epsilon is not None
+                                                 and new > ledger.total_epsilon)):
+                old = ledger.raise_total(new, operator=_operator(args))
+                done.append(f"total budget raised from {old:g} to {new:g}")
     except LedgerError as exc:
         print(f"dpfed site ledger: {exc}", file=sys.stderr)
         return exitcodes.REFUSED
-    print(f"total budget raised from {old:g} to {new:g} by {_operator(args)} (recorded in "
-          f"{config.state_db})")
+    if not done:
+        print("dpfed site ledger: nothing to raise (site.toml sets no larger budget)",
+              file=sys.stderr)
+        return exitcodes.REFUSED
+    print(f"{'; '.join(done)} by {_operator(args)} (recorded in {config.state_db})")
     return exitcodes.OK
 
 
@@ -284,15 +300,18 @@ def cmd_ledger(args) -> int:
     total = summary["total_epsilon"]
     print(f"site:      {summary['site_id']}")
     print(f"ledger:    {summary['path']}")
-    print(f"budget:    epsilon {total:g}" if total is not None else "budget:    (not set)")
+    print(f"budget:    epsilon {total:g}" if total is not None else
+          "budget:    no site-wide cap" if summary.get("patients") else "budget:    (not set)")
     print(f"spent:     {summary['spent_epsilon']:g}")
     if summary["remaining_epsilon"] is not None:
         print(f"remaining: {summary['remaining_epsilon']:g}")
-    if total is not None and config.policy.total_epsilon > total:
+    _print_patients(summary.get("patients"))
+    configured = config.policy.total_epsilon
+    if total is not None and configured is not None and configured > total:
         print(f"note: site.toml says total_epsilon = {config.policy.total_epsilon:g}, more than "
               f"the ledger's {total:g}: the site will not start until the raise is recorded "
               f"(dpfed site ledger --raise-total)")
-    elif total is not None and config.policy.total_epsilon < total:
+    elif total is not None and configured is not None and configured < total:
         print(f"note: site.toml says total_epsilon = {config.policy.total_epsilon:g}; the "
               f"ledger's total is lowered to it when the site starts")
     for e in summary.get("budget_events", []):
@@ -314,6 +333,23 @@ def cmd_ledger(args) -> int:
         print(f"  {when}  round {r['round_id']}  epsilon {r['epsilon']:g}  n {r['n']}  "
               f"{r['neighbouring']}  {state}")
     return exitcodes.OK
+
+
+def _print_patients(patients) -> None:
+    """The per-patient budget as a histogram of remaining budget: counts only, never a patient
+    (site_node.ledger.PrivacyLedger.patient_summary)."""
+    if not patients:
+        return
+    print(f"per patient: epsilon {patients['budget_epsilon']:g} each, "
+          f"{patients['patients']} patient(s) seen")
+    if patients["charged_to_every_patient_epsilon"]:
+        print(f"  charged to every patient (releases without per-patient records): epsilon "
+              f"{patients['charged_to_every_patient_epsilon']:g}")
+    for b in patients["histogram"]:
+        if b["remaining_to"] == 0:
+            print(f"  no budget left: {b['patients']}")
+        else:
+            print(f"  left ({b['remaining_from']:g}, {b['remaining_to']:g}]: {b['patients']}")
 
 
 PLACEHOLDER_HOSTS = ("example.org", "example.com", "example.net", "example", "invalid",
@@ -487,11 +523,13 @@ def cmd_check(args) -> int:
         from site_node.ledger import LedgerError, PrivacyLedger
         try:
             with PrivacyLedger(config.state_db) as ledger:
-                lines.append(f"ledger: {config.state_db}: spent {ledger.spent:g} of "
-                             f"{ledger.total_epsilon:g}")
+                cap = ("no site-wide cap" if ledger.total_epsilon is None
+                       else f"{ledger.total_epsilon:g}")
+                lines.append(f"ledger: {config.state_db}: spent {ledger.spent:g} of {cap}")
                 report["ledger"] = {"path": str(config.state_db), "spent_epsilon": ledger.spent,
                                     "total_epsilon": ledger.total_epsilon}
                 if ledger.total_epsilon is not None and \
+                        config.policy.total_epsilon is not None and \
                         config.policy.total_epsilon > ledger.total_epsilon:
                     problems.append(f"policy.total_epsilon = {config.policy.total_epsilon:g} is "
                                     f"larger than the ledger's {ledger.total_epsilon:g}: the "
