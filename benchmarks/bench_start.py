@@ -9,21 +9,22 @@ process tree (user + sys of the command and every process it started, waited for
 1-minute load average before it, and where the wall time went. Phases come from the times
 the command prints its progress lines (stamped here as they arrive) and from the processes'
 own logs in W/logs (aggregator listening, sites subscribed, round started and done, SIGTERM,
-stopped), on one clock. The command starts the aggregator and the sites first and prepares
-the round while they start, so two phases run beside the others (in brackets):
+stopped), on one clock. The command starts the processes first and works beside them, so
+three phases run beside the others (in brackets):
 
-  interpreter     start -> "starting aggregator": Python, imports, CA and kits
-  (prepare)       "starting aggregator" -> "forecast gain": data set, bounds, forecast
+  interpreter     start -> "starting aggregator": Python, imports (the processes start here)
+  (data)          "starting aggregator" -> the data set's line (CA and kits, data read)
   (aggregator_up) "starting aggregator" -> the aggregator's "listening" log line
-  ready           "starting aggregator" -> "aggregator ready" (both of the above, the site
-                  files, the health check; the sites are told to dial)
+  ready           "starting aggregator" -> "aggregator ready" (the sites' files written and the
+                  aggregator healthy; the sites are told to dial)
+  (plan)          "aggregator ready" -> "forecast gain" (bounds and forecast, while sites dial)
   sites_up        -> the last "site ... subscribed" (sites dial and subscribe)
   to_round        -> the aggregator's "started by coordinator" (readiness polling, spec)
   round           -> "closed after" (consent, keys, release, unmask); round_s from the result
   fit             -> "DONE" (the aggregator's fit); fit_s from the result
   to_stop         -> "received SIGTERM" (the result fetched, the polling interval)
-  stop            -> "fitting baselines" printed (children stopped and waited for)
-  baselines_exit  -> the command's exit (baselines, scores, report, interpreter exit)
+  stop_exit       -> the command's exit (the baselines and scores, fitted while the children
+                  stop; every child waited for; the report)
 
 The phases not in brackets add up to the wall time. PYTHONDONTWRITEBYTECODE is removed from
 the command's environment (set in a harness, it would make every run compile every module).
@@ -55,14 +56,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-PHASES = ("interpreter", "prepare", "aggregator_up", "ready", "sites_up", "to_round", "round",
-          "fit", "to_stop", "stop", "baselines_exit")
+PHASES = ("interpreter", "data", "aggregator_up", "ready", "plan", "sites_up", "to_round",
+          "round", "fit", "to_stop", "stop_exit")
 #: Phases that run beside the chain of the others (they do not add up to the wall time).
-BESIDE = ("prepare", "aggregator_up")
+BESIDE = ("data", "aggregator_up", "plan")
 
 # (mark, where, pattern); "progress" = a line the command prints on stderr.
 MARKS = (
     ("launch", "progress", r"\[simulate\] starting aggregator"),
+    ("data", "progress", r"\[simulate\] .*: \d+ lines, d="),
     ("forecast", "progress", r"\[simulate\] forecast gain"),
     ("listening", "aggregator", r"aggregator listening on port"),
     ("ready", "progress", r"\[simulate\] aggregator ready"),
@@ -71,14 +73,14 @@ MARKS = (
     ("closed", "aggregator", r": closed after "),
     ("done", "aggregator", r": DONE"),
     ("sigterm", "aggregator", r"received SIGTERM"),
-    ("baselines", "progress", r"\[simulate\] fitting baselines"),
 )
 # phase: (from mark, to mark); "start" and "exit" are the command's.
-SPANS = {"interpreter": ("start", "launch"), "prepare": ("launch", "forecast"),
+SPANS = {"interpreter": ("start", "launch"), "data": ("launch", "data"),
          "aggregator_up": ("launch", "listening"), "ready": ("launch", "ready"),
+         "plan": ("ready", "forecast"),
          "sites_up": ("ready", "subscribed"), "to_round": ("subscribed", "started"),
          "round": ("started", "closed"), "fit": ("closed", "done"), "to_stop": ("done", "sigterm"),
-         "stop": ("sigterm", "baselines"), "baselines_exit": ("baselines", "exit")}
+         "stop_exit": ("sigterm", "exit")}
 
 LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 

@@ -27,6 +27,10 @@ COORDINATOR_ID = "coordinator"
 #: site process imports them while the aggregator starts (``launch_command``).
 SITE_MODULES = ("dpfed_apps.cli", "site_node.client", "site_node.node", "site_node.ledger",
                 "dpfed.audit", "dpfed.identity", "dpfed.transport")
+#: What ``dpfed aggregator serve`` imports before it listens (dpfed_apps.commands.aggregator):
+#: the aggregator process imports them while its CA, kit and config are written.
+AGGREGATOR_MODULES = ("dpfed_apps.cli", "aggregator.config", "aggregator.server",
+                      "aggregator.audit", "dpfed.identity", "dpfed.transport")
 # The round's split: the add/remove default of dpfed.sensitivity (Sxx, Sxy, Syy, n).
 from dpfed.sensitivity import DEFAULT_SPLIT_ADD_REMOVE as DEFAULT_BUDGET_SPLIT  # noqa: E402
 
@@ -265,11 +269,6 @@ def tail(path: Path, lines: int = 20) -> str:
     return "\n".join(text[-lines:])
 
 
-def dpfed_command(log_level: str, *args: str) -> list[str]:
-    """``python -m dpfed_apps.cli ARGS`` with the interpreter running us (same environment)."""
-    return [sys.executable, "-m", "dpfed_apps.cli", "--log-level", log_level, *args]
-
-
 def launch_command(modules, log_level: str, *args: str) -> list[str]:
     """``dpfed ARGS`` in a process that imports ``modules`` first and then waits for ``go``
     (dpfed_apps.launch)."""
@@ -285,10 +284,6 @@ def go(child: "ChildProcess") -> None:
         child.popen.stdin.close()
     except (BrokenPipeError, OSError):
         pass
-
-
-def aggregator_command(config_path: Path, log_level: str = "INFO") -> list[str]:
-    return dpfed_command(log_level, "aggregator", "serve", "--config", str(config_path))
 
 
 @dataclass
@@ -339,35 +334,42 @@ class LocalFederation:
         return child
 
     def start(self, *, timeout_s: float = 60.0, stop_after_keys=()) -> None:
-        """Start the aggregator and the sites and wait until the aggregator serves and the
-        sites were told to dial it: ``launch`` then ``ready``."""
+        """Start the aggregator and the sites (their files written) and wait until the
+        aggregator serves and the sites were told to dial it: ``launch``, ``go_aggregator``,
+        ``ready``."""
         self.launch(stop_after_keys=stop_after_keys)
+        self.go_aggregator()
         self.ready(timeout_s)
 
     def launch(self, *, stop_after_keys=()) -> None:
-        """Start the aggregator and the site processes; do not wait for them. The sites
-        import their modules meanwhile (dpfed_apps.launch) and run ``dpfed site serve`` only
-        when ``ready`` says go: their site.toml and data may be written until then.
+        """Start the aggregator and the site processes; do not wait for them. Each imports
+        its modules (dpfed_apps.launch) and runs its command only when told to (``go``): the
+        aggregator by ``go_aggregator`` once aggregator.toml and its kit are written, the
+        sites by ``ready`` once it serves; their site.toml and data may be written until then.
         ``stop_after_keys``: sites that stop (SIGKILL themselves, the DPFED_TEST_CRASH_AT
         fault hook) right after their key shares were taken in a secure round: they drop out
         after key agreement, before releasing."""
         self.progress(f"starting aggregator and {len(self.site_names)} site processes on "
                       f"{self.address}")
-        self._spawn("aggregator", aggregator_command(self.layout.aggregator_config,
-                                                     self.log_level))
+        self._spawn("aggregator", launch_command(
+            AGGREGATOR_MODULES, self.log_level, "aggregator", "serve", "--config",
+            str(self.layout.aggregator_config)), gated=True)
         for name in self.site_names:
             env = {"DPFED_TEST_CRASH_AT": "after_share_keys"} if name in stop_after_keys else None
             self._spawn(name, launch_command(
                 SITE_MODULES, self.log_level, "site", "serve", "--config",
                 str(self.layout.site_config(name))), env, gated=True)
 
+    def go_aggregator(self) -> None:
+        """Let the aggregator run ``dpfed aggregator serve`` (its kit and config written)."""
+        go(self.children[0])
+
     def ready(self, timeout_s: float = 60.0) -> None:
         """Wait until the aggregator answers its health check, then tell every site to run
         (``go``): each dials a listening aggregator at once."""
         self.wait_aggregator_healthy(timeout_s)
-        for child in self.children:
-            if child.gated:
-                go(child)
+        for child in self.children[1:]:
+            go(child)
         self.progress(f"aggregator ready; {len(self.site_names)} sites dialling it")
 
     def check_alive(self) -> None:
@@ -423,12 +425,18 @@ class LocalFederation:
                                        f"{', '.join(sorted(wanted - connected))}")
             time.sleep(0.05)
 
-    def stop(self, grace_s: float = 5.0) -> None:
-        """SIGTERM every child, then SIGKILL what is left after ``grace_s``. Sites first,
-        so the aggregator sees their streams close."""
+    def terminate(self) -> None:
+        """SIGTERM every child still running, sites first (the aggregator sees their streams
+        close); does not wait: each stops cleanly on its own (a site finishes a call in flight,
+        the aggregator closes its store and audit log). ``stop`` waits for them."""
         for child in reversed(self.children):
             if child.alive():
                 child.popen.terminate()
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        """SIGTERM every child (``terminate``), wait for each, then SIGKILL what is left
+        after ``grace_s``."""
+        self.terminate()
         deadline = time.monotonic() + grace_s
         for child in reversed(self.children):
             try:

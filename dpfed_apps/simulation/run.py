@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import tempfile
@@ -129,37 +130,55 @@ def warm_up_fits() -> None:
 
 
 @dataclass(frozen=True)
-class _Plan:
-    """What ``_prepare`` made from the data (public inputs only) for the round and the report."""
+class _Data:
+    """The data set as the simulation splits it (``_write_sites``)."""
 
     problem: Problem
     split: object               # problem.Split
     prep: object                # the public pre-processing
     sigmas: tuple[float, float]
+    names: list[str]            # the site ids
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """The round chosen from public inputs only (``_plan_round``)."""
+
     draws: int                  # noise draws the bounds were chosen for
     choice: dict                # dpfed_apps.simulation.public.round_choice
     forecast: dict              # dpfed_apps.forecast.forecast_round
     config: dict                # round.toml
-    left_out: dict              # per site: site_left_out
 
 
-def _prepare(options: SimulationOptions, layout: FederationLayout, port: int, progress: Progress,
-             *, aggregation: str, noise_threshold: int, dropping: list[str]) -> _Plan:
-    """The data, its split, the public pre-processing, the bounds and budget split, the
-    forecast (all from public inputs), then the sites' files and round.toml: what the round
-    needs, made while the aggregator and the sites start (they need none of it until "go")."""
+def _write_sites(options: SimulationOptions, layout: FederationLayout, port: int,
+                 progress: Progress) -> _Data:
+    """The data set, its split and the public pre-processing; then each site's data file and
+    site.toml and the public lines' file: what the sites need before "go". Made while the
+    aggregator and the sites start."""
     problem = load_problem(options)
     split = split_rows(problem.n, n_sites=options.n_sites, n_public=options.n_public,
                        n_test=options.n_test, seed=options.seed)
     prep = public_preprocessing(problem, split)
     sigmas = public_sigmas(problem.x[split.public], problem.y[split.public], prep)
-    # One pair of bounds for every site, chosen for the total planned rows and the noise
-    # draws their sum holds (one per site; one for a secure round).
-    draws = 1 if aggregation == "secure" else len(split.site_sizes)
     progress(f"{problem.label}: {problem.n} lines, d={problem.dim}; sites {split.site_sizes}, "
              f"{split.public.size} public, {split.test.size} test"
              + (f"; {len(problem.incomplete)} rows with gaps go to the sites, which leave them "
                 f"out" if problem.incomplete else ""))
+    gaps = split_incomplete(len(problem.incomplete), options.n_sites, options.seed)
+    names = write_federation(layout, problem, split, port=port, epsilon=options.epsilon,
+                             incomplete=gaps, aggregator_written=True)
+    return _Data(problem, split, prep, sigmas, names)
+
+
+def _plan_round(options: SimulationOptions, layout: FederationLayout, data: _Data,
+                progress: Progress, *, aggregation: str, noise_threshold: int,
+                dropping: list[str]) -> _Plan:
+    """The bounds and budget split and the forecast, from public inputs only, and round.toml:
+    made while the sites dial the aggregator (the round needs them only when it starts)."""
+    problem, split, prep = data.problem, data.split, data.prep
+    # One pair of bounds for every site, chosen for the total planned rows and the noise
+    # draws their sum holds (one per site; one for a secure round).
+    draws = 1 if aggregation == "secure" else len(split.site_sizes)
     progress(f"choosing bounds and split for sites {list(split.site_sizes)}, d={problem.dim}, "
              f"eps={options.epsilon} on auxiliary data shaped like the public lines")
     choice = round_choice(split.site_sizes, problem.dim, options.epsilon,
@@ -181,41 +200,55 @@ def _prepare(options: SimulationOptions, layout: FederationLayout, port: int, pr
     expected = forecast["per_epsilon"][0]["gain"]
     progress(f"forecast gain over the public lines alone: {expected['mean']:+.3f} "
              f"(10-90 %: {expected['q10']:+.3f} to {expected['q90']:+.3f})")
-
-    gaps = split_incomplete(len(problem.incomplete), options.n_sites, options.seed)
-    names = write_federation(layout, problem, split, port=port, epsilon=options.epsilon,
-                             incomplete=gaps, aggregator_written=True)
-    # What each site's row-wise rules will leave out, counted here from the files this
-    # machine wrote, with the sites' own code: local to the simulation, never on the wire.
-    left_out = {name: site_left_out(layout, name, problem) for name in names}
     deadline_s = int(options.round_timeout_s)
     if dropping:
         deadline_s = min(deadline_s, DROPOUT_DEADLINE_S)
     config = round_config(problem, epsilon=options.epsilon, x_bound=x_bound, y_bound=y_bound,
-                          quorum=len(names) - len(dropping), public_csv=layout.public_csv,
+                          quorum=len(data.names) - len(dropping), public_csv=layout.public_csv,
                           fit_method=options.fit_method, fit_draws=options.fit_draws,
                           fit_seed=options.seed, deadline_s=deadline_s,
                           aggregation=aggregation, noise_threshold=noise_threshold,
                           max_site_rows=int(max(split.site_sizes)),
                           budget_split=choice["budget_split"])
     layout.round_config.write_text(to_toml(config))
-    return _Plan(problem, split, prep, sigmas, draws, choice, forecast, config, left_out)
+    return _Plan(draws, choice, forecast, config)
 
 
-def _run_round(options: SimulationOptions, federation: LocalFederation, plan: _Plan,
-               progress: Progress, *, aggregation: str, noise_threshold: int,
-               dropping: list[str], hold=None):
-    """Once the sites may run (``federation.ready``): connect as the coordinator, start the
-    round and wait for it; (round_id, final status, RoundResult). FederationFailed if it did
-    not end DONE."""
-    from dpfed.wire.signing import SigningKey
+@contextlib.contextmanager
+def _round_failure(federation: LocalFederation):
+    """Any error inside is the round's failure: FederationFailed (gRPC errors, a coordinator
+    bug included) with ``.workdir`` and the processes' last log lines (``.logs``)."""
+    try:
+        yield
+    except FederationFailed as exc:
+        exc.workdir = federation.layout.root
+        exc.logs = federation.log_tails()
+        raise
+    except Exception as exc:  # gRPC errors, a coordinator bug: the round failed all the same
+        failure = FederationFailed(f"{type(exc).__name__}: {exc}")
+        failure.workdir = federation.layout.root
+        failure.logs = federation.log_tails()
+        raise failure from exc
 
-    layout, problem, config = federation.layout, plan.problem, plan.config
-    Coordinator, build_round_spec = _import_coordinator()
-    # The baselines' fit code is imported here while the processes start (this process
-    # mostly waits for them), instead of after the round.
+
+def _let_sites_run(options: SimulationOptions, federation: LocalFederation) -> None:
+    """Once the aggregator serves, tell the sites to run (``federation.ready``); the
+    baselines' fit code is imported meanwhile on a thread (this process mostly waits from now
+    on), instead of after the round."""
     threading.Thread(target=warm_up_fits, name="fit-warm-up", daemon=True).start()
     federation.ready(timeout_s=options.startup_timeout_s)
+
+
+def _run_round(options: SimulationOptions, federation: LocalFederation, data: _Data,
+               plan: _Plan, progress: Progress, *, aggregation: str, noise_threshold: int,
+               dropping: list[str], hold=None):
+    """Connect as the coordinator once every site is, start the round and wait for it;
+    (the sites' left-out rows, round_id, final status, RoundResult). FederationFailed if it
+    did not end DONE."""
+    from dpfed.wire.signing import SigningKey
+
+    layout, problem, config = federation.layout, data.problem, plan.config
+    Coordinator, build_round_spec = _import_coordinator()
     # site_keys, aggregator_key: the CA's record of the sites' and the aggregator's
     # identity keys, which a secure round's spec pins (never the aggregator's word).
     coordinator = Coordinator(federation.address,
@@ -232,6 +265,10 @@ def _run_round(options: SimulationOptions, federation: LocalFederation, plan: _P
              + (f"; {', '.join(dropping)} stop after key agreement" if dropping else ""))
     status = coordinator.start_round(spec)
     round_id = status.round_id
+    # What each site's row-wise rules leave out, counted here from the files this machine
+    # wrote, with the sites' own code (local to the simulation, never on the wire), while the
+    # round runs.
+    left_out = {name: site_left_out(layout, name, problem) for name in data.names}
     # Polled every 50 ms (GetRound is a read): the round and fit take a few tenths.
     status = coordinator.wait(round_id, options.round_timeout_s, poll_s=0.05)
     from dpfed.v1 import dpfed_pb2 as pb
@@ -244,7 +281,27 @@ def _run_round(options: SimulationOptions, federation: LocalFederation, plan: _P
              f"(+ fit {status.fit_seconds:.1f} s)")
     if hold is not None:
         hold(federation, coordinator, round_id, plan.forecast)
-    return round_id, status, result
+    return left_out, round_id, status, result
+
+
+def _scores(options: SimulationOptions, data: _Data, result) -> tuple:
+    """The round's model and the two baselines (non-private, public only) fitted here, and
+    their held-out Spearman correlations: (summary, private model, baselines, baselines' fit
+    seconds, metrics)."""
+    problem, split, prep = data.problem, data.split, data.prep
+    summary = json.loads(result.summary_json)
+    private = model_from_result(result)
+    t_fit = time.monotonic()
+    baselines = baseline_models(problem, split, prep,
+                                method=options.fit_method.removeprefix("plug-in-"),
+                                draws=options.fit_draws, seed=options.seed)
+    baseline_fit_s = time.monotonic() - t_fit
+    metrics = {
+        "spearman_private": test_spearman(private, problem, split, prep),
+        "spearman_nonprivate": test_spearman(baselines["nonprivate"], problem, split, prep),
+        "spearman_public_only": test_spearman(baselines["public_only"], problem, split, prep),
+    }
+    return summary, private, baselines, baseline_fit_s, metrics
 
 
 def run_simulation(options: SimulationOptions, progress: Progress = _stderr_progress, *,
@@ -267,55 +324,52 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
     root = Path(options.workdir) if keep else Path(tempfile.mkdtemp(prefix="dpfed-simulate-"))
     root.mkdir(parents=True, exist_ok=True)
     layout = FederationLayout(root.resolve())
+    layout.make()
     port = free_port()
     names = site_ids(options.n_sites)
     dropping = [names[i] for i in drop_index]
-    # The aggregator needs neither the data nor the bounds to start: its kit and config are
-    # written and it is started (with the sites, which wait for "go") first, so that the
-    # processes' start (about 2 s of imports and set-up each, docs/benchmarks.md "Start")
-    # overlaps the data, the bounds and the forecast made here.
-    write_aggregator(layout, names, port=port)
     federation = LocalFederation(layout, names, port, progress, options.log_level)
     failed = False
     try:
         with federation:
+            # The processes start first and import their modules (about 1 CPU-s each,
+            # docs/benchmarks.md "Start") while the CA, the kits and aggregator.toml are
+            # written; then the aggregator starts (it needs neither the data nor the bounds)
+            # while the data is read and the sites' files written; the bounds and the
+            # forecast are chosen while the sites dial.
             federation.launch(stop_after_keys=dropping)
-            plan = _prepare(options, layout, port, progress, aggregation=aggregation,
-                            noise_threshold=noise_threshold, dropping=dropping)
+            write_aggregator(layout, names, port=port)
+            federation.go_aggregator()
+            data = _write_sites(options, layout, port, progress)
             failed = True
-            try:
-                round_id, status, result = _run_round(
-                    options, federation, plan, progress, aggregation=aggregation,
-                    noise_threshold=noise_threshold, dropping=dropping, hold=hold)
-            except FederationFailed as exc:
-                exc.workdir = layout.root
-                exc.logs = federation.log_tails()
-                raise
-            except Exception as exc:  # gRPC errors, a coordinator bug: the round failed
-                failure = FederationFailed(f"{type(exc).__name__}: {exc}")
-                failure.workdir = layout.root
-                failure.logs = federation.log_tails()
-                raise failure from exc
+            with _round_failure(federation):
+                _let_sites_run(options, federation)
             failed = False
+            # While the sites dial (bad data: ValueError, exit 2, as before the round).
+            plan = _plan_round(options, layout, data, progress, aggregation=aggregation,
+                               noise_threshold=noise_threshold, dropping=dropping)
+            failed = True
+            with _round_failure(federation):
+                left_out, round_id, status, result = _run_round(
+                    options, federation, data, plan, progress, aggregation=aggregation,
+                    noise_threshold=noise_threshold, dropping=dropping, hold=hold)
+            failed = False
+            # The round is over: the children stop now (SIGTERM; each flushes its state) while
+            # this process fits the baselines; leaving the block waits for every one of them,
+            # so the report is only printed once all have stopped.
+            federation.terminate()
+            progress(f"fitting baselines ({options.fit_method}) on exact statistics")
+            scores = _scores(options, data, result)
     finally:
         # Kept when the round failed (its logs explain it) or the user named the folder;
         # removed after a round that worked and after bad options or data (nothing ran).
         if not keep and not failed:
             shutil.rmtree(layout.root, ignore_errors=True)
-    problem, split, prep, choice, forecast = (plan.problem, plan.split, plan.prep, plan.choice,
-                                              plan.forecast)
+    problem, split, choice, forecast = data.problem, data.split, plan.choice, plan.forecast
     x_bound, y_bound, draws = choice["x_bound"], choice["y_bound"], plan.draws
-    sigma_x, sigma_y = plan.sigmas
+    sigma_x, sigma_y = data.sigmas
     expected = forecast["per_epsilon"][0]["gain"]
-    left_out = plan.left_out
-    summary = json.loads(result.summary_json)
-    private = model_from_result(result)
-    progress(f"fitting baselines ({options.fit_method}) on exact statistics")
-    t_fit = time.monotonic()
-    baseline_method = options.fit_method.removeprefix("plug-in-")
-    baselines = baseline_models(problem, split, prep, method=baseline_method,
-                                draws=options.fit_draws, seed=options.seed)
-    baseline_fit_s = time.monotonic() - t_fit
+    summary, private, baselines, baseline_fit_s, metrics = scores
     by_site = {c.site_id: c for c in status.contributions}
     secure = aggregation == "secure"
     return {
@@ -338,11 +392,7 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
                    "chosen_for_draws": int(draws),
                    "budget_split": [float(v) for v in choice["budget_split"]]},
         "fit_method": options.fit_method,
-        "metrics": {
-            "spearman_private": test_spearman(private, problem, split, prep),
-            "spearman_nonprivate": test_spearman(baselines["nonprivate"], problem, split, prep),
-            "spearman_public_only": test_spearman(baselines["public_only"], problem, split, prep),
-        },
+        "metrics": metrics,
         "timings": {"round_s": float(status.round_seconds), "fit_s": float(status.fit_seconds),
                     "baselines_s": baseline_fit_s, "total_s": time.monotonic() - t_start},
         # The round's phases (consent, release, fitting) and how long each took; sites that
