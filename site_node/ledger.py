@@ -462,7 +462,7 @@ class PrivacyLedger:
                            "WITHOUT ROWID")
         self._conn.execute("DELETE FROM temp.wanted")
         self._conn.executemany("INSERT OR IGNORE INTO temp.wanted(patient) VALUES(?)",
-                               ((p,) for p in out))
+                               ((p,) for p in sorted(out)))
         events: dict[int, PrivacyEvent] = {}
         for patient, debit_id, eps, ev in self._conn.execute(
                 "SELECT i.patient, d.id, d.epsilon, d.event FROM inclusions i "
@@ -474,6 +474,39 @@ class PrivacyLedger:
         self._conn.execute("DELETE FROM temp.wanted")
         return out
 
+    def _only_pure(self) -> bool:
+        """Whether every debit is a pure-eps event (then a history is its sum of epsilons)."""
+        return not self._conn.execute(
+            "SELECT EXISTS(SELECT 1 FROM debits WHERE event IS NOT NULL "
+            "AND json_extract(event, '$.kind') != 'pure')").fetchone()[0]
+
+    def _pure_spent(self, patients) -> dict[str, float]:
+        """Each patient's pure-eps spend, summed in SQL (``_histories`` when every event is
+        PureDP, as a sum: the same rule, ``PatientBudget.admits_pure``, for 1e5 patients)."""
+        common = float(self._conn.execute("SELECT COALESCE(SUM(epsilon), 0) FROM debits "
+                                          "WHERE scope = 'all'").fetchone()[0])
+        out = dict.fromkeys(patients, common)
+        self._conn.execute("CREATE TEMP TABLE IF NOT EXISTS wanted(patient TEXT PRIMARY KEY) "
+                           "WITHOUT ROWID")
+        self._conn.execute("DELETE FROM temp.wanted")
+        self._conn.executemany("INSERT OR IGNORE INTO temp.wanted(patient) VALUES(?)",
+                               ((p,) for p in sorted(out)))
+        for patient, spent in self._conn.execute(
+                "SELECT i.patient, SUM(d.epsilon) FROM inclusions i "
+                "JOIN temp.wanted w ON w.patient = i.patient JOIN debits d ON d.id = i.debit_id "
+                "GROUP BY i.patient"):
+            out[patient] = common + float(spent)
+        self._conn.execute("DELETE FROM temp.wanted")
+        return out
+
+    def _admitted(self, patients, event: PrivacyEvent, budget: PatientBudget) -> list[bool]:
+        """The filter for each patient, inside the caller's transaction."""
+        if budget.delta is None and isinstance(event, PureDP) and self._only_pure():
+            spent = self._pure_spent(patients)
+            return [budget.admits_pure(spent[p], event) for p in patients]
+        histories = self._histories(patients)
+        return [budget.admits(histories[p], event) for p in patients]
+
     def patient_histories(self, patients) -> dict[str, list[PrivacyEvent]]:
         """Each patient's history of events (for a replay through dpfed.accounting)."""
         with self._transaction():
@@ -484,8 +517,7 @@ class PrivacyLedger:
         ``budget`` (the individual filter; ``record_release`` checks it again)."""
         patients = list(patients)
         with self._transaction():
-            histories = self._histories(patients)
-        return [budget.admits(histories[p], event) for p in patients]
+            return self._admitted(patients, event, budget)
 
     def all_patient_histories(self) -> dict[str, list[PrivacyEvent]]:
         """Every known patient's history (``dpfed site ledger``'s histogram, the replay test)."""
@@ -515,7 +547,19 @@ class PrivacyLedger:
         budget = self.patient_budget()
         if budget is None:
             return None
-        remaining = [budget.remaining(h) for h in self.all_patient_histories().values()]
+        with self._transaction():
+            pure = budget.delta is None and self._only_pure()
+            if pure:   # sums in SQL: the same figures as budget.remaining of each history
+                common = float(self._conn.execute(
+                    "SELECT COALESCE(SUM(epsilon), 0) FROM debits WHERE scope = 'all'"
+                ).fetchone()[0])
+                remaining = [max(0.0, budget.epsilon - common - float(spent)) for _, spent in
+                             self._conn.execute(
+                                 "SELECT p.patient, COALESCE(SUM(d.epsilon), 0) FROM patients p "
+                                 "LEFT JOIN inclusions i ON i.patient = p.patient "
+                                 "LEFT JOIN debits d ON d.id = i.debit_id GROUP BY p.patient")]
+        if not pure:
+            remaining = [budget.remaining(h) for h in self.all_patient_histories().values()]
         edges = [budget.epsilon * k / bins for k in range(bins + 1)]
         counts = [0] * (bins + 1)
         for r in remaining:
@@ -624,8 +668,7 @@ class PrivacyLedger:
                 raise BudgetExhausted(f"epsilon {epsilon:g} exceeds the remaining budget "
                                       f"{max(0.0, total - spent):g} (spent {spent:g} of {total:g})")
             if patients is not None:
-                histories = self._histories(patients)
-                if not all(patient_budget.admits(histories[p], event) for p in patients):
+                if not all(self._admitted(patients, event, patient_budget)):
                     # Fixed text: it may be sent in a Refusal (no count, no key).
                     raise BudgetExhausted("a patient's remaining budget no longer covers this "
                                           "release (spent concurrently); nothing recorded")
@@ -633,10 +676,11 @@ class PrivacyLedger:
             debit_id = self._debit(conn, round_id, float(epsilon), now, event=event,
                                    scope="all" if patients is None else "included")
             if patients is not None:
+                # In key order: B-tree inserts at the end of a page, not all over the file.
                 conn.executemany("INSERT OR IGNORE INTO patients(patient, first_seen_unix_ms) "
-                                 "VALUES(?, ?)", ((p, now) for p in [*patients, *seen]))
+                                 "VALUES(?, ?)", ((p, now) for p in sorted([*patients, *seen])))
                 conn.executemany("INSERT INTO inclusions(patient, debit_id) VALUES(?, ?)",
-                                 ((p, debit_id) for p in patients))
+                                 ((p, debit_id) for p in sorted(patients)))
             self._store(conn, round_id, spec_digest, float(epsilon), int(n), blob, now,
                         neighbouring)
             stored = self._get(round_id)

@@ -134,8 +134,15 @@ class PatientBudget:
             events = [*history, event]
             if not all(isinstance(e, PureDP) for e in events):
                 return False   # a pure-eps budget cannot account anything else (fail closed)
-            return math.fsum(e.epsilon for e in events) <= self.epsilon + BUDGET_SLACK
+            return self.admits_pure(math.fsum(e.epsilon for e in history), event)
         return renyi_filter_admits(history, event, self.epsilon, self.delta, self.alpha)
+
+    def admits_pure(self, spent: float, event: PrivacyEvent) -> bool:
+        """``admits`` for a pure-eps budget and a history of PureDP events whose epsilons sum
+        to ``spent`` (the ledger sums them in SQL for large sites)."""
+        if self.delta is not None or not isinstance(event, PureDP):
+            raise ValueError("admits_pure is the pure-eps budget's rule for PureDP events")
+        return spent + event.epsilon <= self.epsilon + BUDGET_SLACK
 
     def spent(self, history) -> float:
         """The epsilon a history has used: the pure sum, or (with delta) its eps at delta by

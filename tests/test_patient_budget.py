@@ -388,6 +388,23 @@ def test_a_simulated_year_keeps_answering_and_no_patient_exceeds_the_budget(tmp_
         assert compose(events).epsilon(1e-9) <= budget.epsilon + 1e-9
         assert compose(events).pure_epsilon <= 3.0 + 1e-9
     assert sum(len(e) == 3 for e in replay.values()) == 300   # all but the last 2 months'
+    # the ledger's filter (sums in SQL) is the rule PatientBudget.admits applies to histories
+    for eps in (0.5, 1.0, 2.0, 3.0):
+        assert node.ledger.admitted(list(histories), PureDP(eps), budget) == \
+            [budget.admits(h, PureDP(eps)) for h in histories.values()]
+
+
+def test_a_pure_budget_refuses_patients_with_any_other_event(tmp_path):
+    """A history holding a non-pure event (a later Gaussian release) is not summed as if it
+    were pure: the ledger falls back to the events and the pure budget refuses (fail closed)."""
+    from dpfed.accounting import Gaussian
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", site_id="s", patient_epsilon=5.0)
+    budget = ledger.patient_budget()
+    env = pb.SignedEnvelope(payload=b"x", payload_type="dpfed.v1.Contribution")
+    ledger.record_release(round_id="g", spec_digest="d" * 64, epsilon=0.1, n=1, envelope=env,
+                          patients=["a"], event=Gaussian(0.1),
+                          patient_budget=PatientBudget(5.0, delta=1e-6, alpha=8.0))
+    assert ledger.admitted(["a", "b"], PureDP(1.0), budget) == [False, True]
 
 
 def test_events_round_trip_through_the_ledger_text():

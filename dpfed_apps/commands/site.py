@@ -321,7 +321,8 @@ def cmd_ledger(args) -> int:
                   and e["new_total"] != e["old_total"] else f"{e['new_total']:g}")
         carried = f", carried epsilon {e['epsilon']:g}" if e["epsilon"] else ""
         by = f" by {e['operator']}" if e["operator"] else ""
-        print(f"  {when}  budget {e['kind']}: total {change}{carried}{by} ({e['note']})")
+        what = "per patient" if e["kind"].startswith("patient_") else "total"
+        print(f"  {when}  budget {e['kind']}: {what} {change}{carried}{by} ({e['note']})")
     print(f"releases:  {len(summary['releases'])}")
     for r in summary["releases"]:
         when = datetime.fromtimestamp(r["created_unix_ms"] / 1000, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
