@@ -16,7 +16,8 @@ generating beta. Width: mean 90 % interval width, and its ratio to the noise-fre
 Units (``--unit``): ``bound`` = By (the round's unit, ``aggregator.aggregate.fit``);
 ``public_rms`` = a candidate, the root mean square of the public rows' clipped responses
 (``public_rms_unit``: public, exact, no release value enters it), kept within [By / 4, By].
-Measured and not adopted (docs/evaluation.md, issue 21).
+Measured and not adopted (docs/evaluation.md, issue 21). ``half_bound`` = By / 2, a diagnostic:
+the priors' scale at which their prior-predictive sd of y (about 2 units) equals the bound.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+POPULATION_ROWS = 200_000
 sys.path.insert(0, str(ROOT))
 
 
@@ -38,6 +40,15 @@ def public_rms_unit(y_bound: float, public) -> float:
     if public is None or public.n < 2 or not public.yty > 0:
         return float(y_bound)
     return float(min(max(np.sqrt(public.yty / public.n), 0.25 * y_bound), y_bound))
+
+
+def clipped_population_beta(rng, beta, lam, y_bound, rows=POPULATION_ROWS):
+    """The clipped-data model's population coefficients: least squares of clip(y, By) on x
+    over ``rows`` fresh rows of the same generator (unit-norm x, y = x beta + N(0, 1/lam))."""
+    x = rng.standard_normal((rows, beta.size))
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    y = np.clip(x @ beta + rng.standard_normal(rows) / np.sqrt(lam), -y_bound, y_bound)
+    return np.linalg.lstsq(x, y, rcond=None)[0]
 
 
 def problem(rng, d, n, eps, k, unit_names, n_public=10):
@@ -62,6 +73,8 @@ def problem(rng, d, n, eps, k, unit_names, n_public=10):
     yc = np.clip(yq, -by, by)
     exact = clipped_exact_statistics(xq, yq, bx, by, 1.0)
     beta_clipped = np.linalg.lstsq(xq, yc, rcond=None)[0]
+    beta_pop = clipped_population_beta(np.random.default_rng(int(rng.integers(1 << 30))),
+                                       beta, lam, by)
     one = expected_noise(d, eps, bx, by, split, x_norm_bound=1.0)
     noise = sum([one] * (k - 1), one)
     m = d * (d + 1) // 2
@@ -74,8 +87,8 @@ def problem(rng, d, n, eps, k, unit_names, n_public=10):
     n_rel = max(n + int(np.sum(np.round(rng.laplace(size=k) * sc["n"]))), 1)
     release = Statistics.from_upper(d, n_rel, values, noise)
     public = clipped_exact_statistics(xp, yp, bx, by, 1.0)
-    units = {"bound": by, "public_rms": public_rms_unit(by, public)}
-    return dict(beta=beta, beta_clipped=beta_clipped, bx=bx, by=by, release=release,
+    units = {"bound": by, "public_rms": public_rms_unit(by, public), "half_bound": 0.5 * by}
+    return dict(beta=beta, beta_clipped=beta_clipped, beta_pop=beta_pop, lam=lam, lam0=lam0, bx=bx, by=by, release=release,
                 public=public, exact=exact, units={u: units[u] for u in unit_names},
                 omega_y=choice.omega_y)
 
@@ -84,8 +97,9 @@ def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
     from posterior import PosteriorError, fit_posterior
 
     rng = np.random.default_rng([seed, d, n, int(eps * 10), k])
-    acc = {(u, f): {"hit": [], "hit_gen": [], "w": [], "w0": []}
+    acc = {(u, f): {"hit": [], "hit_pop": [], "hit_gen": [], "w": [], "w0": []}
            for u in unit_names for f in ("aware", "plugin")}
+    free = {u: [] for u in unit_names}   # the noise-free posterior's coverage (population)
     failed = 0
     for r in range(reps):
         p = problem(rng, d, n, eps, k, unit_names)
@@ -93,6 +107,7 @@ def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
             try:
                 ref = fit_posterior(p["exact"] + p["public"], y_unit=unit, draws=draws, seed=r)
                 lo0, hi0 = ref.credible_interval(0.9).T
+                free[u].append((p["beta_pop"] >= lo0) & (p["beta_pop"] <= hi0))
                 for f in ("aware", "plugin"):
                     post = fit_posterior(p["release"] + p["public"], public=p["public"],
                                          x_bound=p["bx"], y_unit=unit, draws=draws, seed=r,
@@ -100,6 +115,7 @@ def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
                     lo, hi = post.credible_interval(0.9).T
                     a = acc[(u, f)]
                     a["hit"].append((p["beta_clipped"] >= lo) & (p["beta_clipped"] <= hi))
+                    a["hit_pop"].append((p["beta_pop"] >= lo) & (p["beta_pop"] <= hi))
                     a["hit_gen"].append((p["beta"] >= lo) & (p["beta"] <= hi))
                     a["w"].append(np.mean(hi - lo))
                     a["w0"].append(np.mean(hi0 - lo0))
@@ -107,16 +123,18 @@ def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
                 failed += 1
     out = {}
     for key, a in acc.items():
-        out[key] = {"cov": float(np.mean(a["hit"])), "cov_gen": float(np.mean(a["hit_gen"])),
+        out[key] = {"cov": float(np.mean(a["hit"])), "cov_pop": float(np.mean(a["hit_pop"])),
+                    "cov_gen": float(np.mean(a["hit_gen"])),
                     "width": float(np.mean(a["w"])),
-                    "ratio": float(np.mean(a["w"]) / np.mean(a["w0"]))}
+                    "ratio": float(np.mean(a["w"]) / np.mean(a["w0"])),
+                    "cov_free": float(np.mean(free[key[0]]))}
     return out, failed
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=60)
-    ap.add_argument("--unit", default="bound,public_rms")
+    ap.add_argument("--unit", default="bound")
     ap.add_argument("--d", default="5,10")
     ap.add_argument("--n", default="100,500,2000")
     ap.add_argument("--eps", default="0.5,1,2")
@@ -127,9 +145,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     head = "| d | n | eps | K |"
     for u in units:
-        head += f" {u}: noise-aware (gen. beta) | width (x noise-free) | plug-in |"
+        head += (f" {u}: noise-aware, population clipped beta (sample LS; gen. beta) |"
+                 " width (x noise-free) | plug-in (population; sample LS) | noise-free posterior |")
     print(head + " refused |")
-    print("|" + "---|" * (4 + 3 * len(units) + 1))
+    print("|" + "---|" * (4 + 4 * len(units) + 1))
     grid = itertools.product(*(map(float if a == "eps" else int, getattr(args, a).split(","))
                                for a in ("d", "n", "eps", "k")))
     for d, n, eps, k in grid:
@@ -137,8 +156,8 @@ def main(argv=None) -> int:
         line = f"| {d} | {n} | {eps:g} | {k} |"
         for u in units:
             a, p = res[(u, "aware")], res[(u, "plugin")]
-            line += (f" {a['cov']:.3f} ({a['cov_gen']:.3f}) | {a['width']:.2f} "
-                     f"(x{a['ratio']:.2f}) | {p['cov']:.3f} |")
+            line += (f" {a['cov_pop']:.3f} ({a['cov']:.3f}; {a['cov_gen']:.3f}) | {a['width']:.2f} "
+                     f"(x{a['ratio']:.2f}) | {p['cov_pop']:.3f} ({p['cov']:.3f}) | {a['cov_free']:.3f} |")
         print(line + f" {failed} |", flush=True)
     print(f"{args.reps} problems per cell; {time.time() - t0:.0f} s")
     return 0
