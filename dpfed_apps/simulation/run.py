@@ -8,6 +8,7 @@ import shutil
 import tempfile
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -231,12 +232,22 @@ def _round_failure(federation: LocalFederation):
         raise failure from exc
 
 
-def _let_sites_run(options: SimulationOptions, federation: LocalFederation) -> None:
-    """Once the aggregator serves, tell the sites to run (``federation.ready``); the
-    baselines' fit code is imported meanwhile on a thread (this process mostly waits from now
-    on), instead of after the round."""
+def _plan_in_background(options: SimulationOptions, layout: FederationLayout, data: _Data,
+                        progress: Progress, **round_kind) -> Future:
+    """``_plan_round`` on a thread (its Future), and the baselines' fit code imported on
+    another (``warm_up_fits``): the round needs the plan only once every site is connected,
+    the baselines the fit code only after the round; this process mostly waits meanwhile."""
     threading.Thread(target=warm_up_fits, name="fit-warm-up", daemon=True).start()
-    federation.ready(timeout_s=options.startup_timeout_s)
+    planning: Future = Future()
+
+    def plan() -> None:
+        try:
+            planning.set_result(_plan_round(options, layout, data, progress, **round_kind))
+        except BaseException as exc:  # noqa: BLE001 - re-raised by planning.result()
+            planning.set_exception(exc)
+
+    threading.Thread(target=plan, name="plan", daemon=True).start()
+    return planning
 
 
 def _run_round(options: SimulationOptions, federation: LocalFederation, data: _Data,
@@ -335,19 +346,21 @@ def run_simulation(options: SimulationOptions, progress: Progress = _stderr_prog
             # The processes start first and import their modules (about 1 CPU-s each,
             # docs/benchmarks.md "Start") while the CA, the kits and aggregator.toml are
             # written; then the aggregator starts (it needs neither the data nor the bounds)
-            # while the data is read and the sites' files written; the bounds and the
-            # forecast are chosen while the sites dial.
+            # while the data is read and the sites' files written.
             federation.launch(stop_after_keys=dropping)
             write_aggregator(layout, names, port=port)
             federation.go_aggregator()
             data = _write_sites(options, layout, port, progress)
+            # The bounds and the forecast while the aggregator finishes its start and the
+            # sites dial; bad data raises here (ValueError: exit 2), before the round.
+            planning = _plan_in_background(options, layout, data, progress,
+                                           aggregation=aggregation,
+                                           noise_threshold=noise_threshold, dropping=dropping)
             failed = True
             with _round_failure(federation):
-                _let_sites_run(options, federation)
+                federation.ready(timeout_s=options.startup_timeout_s)
             failed = False
-            # While the sites dial (bad data: ValueError, exit 2, as before the round).
-            plan = _plan_round(options, layout, data, progress, aggregation=aggregation,
-                               noise_threshold=noise_threshold, dropping=dropping)
+            plan = planning.result()
             failed = True
             with _round_failure(federation):
                 left_out, round_id, status, result = _run_round(
