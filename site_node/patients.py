@@ -123,7 +123,8 @@ class PatientBudget:
 
     def __post_init__(self):
         if not (math.isfinite(self.epsilon) and self.epsilon > 0):
-            raise ValueError(f"a patient budget epsilon must be finite and > 0, got {self.epsilon!r}")
+            raise ValueError(f"a patient budget epsilon must be finite and > 0, "
+                             f"got {self.epsilon!r}")
         if self.delta is not None and (self.alpha is None or not 0 < self.delta < 1):
             raise ValueError("an (eps, delta) patient budget needs 0 < delta < 1 and a Renyi "
                              "order alpha fixed with it")

@@ -44,7 +44,7 @@ def csv_of(ids, seed=0, extra_rows=()) -> str:
 
 
 def site_with(tmp_path, ids, *, max_eps=1.0, patient=2.0, policy=None):
-    config_path, coordinator, site_key = write_site(
+    config_path, coordinator, _ = write_site(
         tmp_path, data_text=csv_of(ids),
         policy=policy or POLICY.format(max_eps=max_eps, patient=patient))
     return config_path, coordinator
