@@ -66,8 +66,9 @@ def one_round(xp, yp, xq, yq, xt, yt, pre, eps, rng, variants, n_datasets, n_noi
     private = fit_posterior(rel + public, public=public, x_bound=bx, y_unit=by, draws=1000,
                             seed=0)
     public_only = fit_posterior(public, y_unit=by, draws=1000, seed=0)
-    realised = spearman(private.predict(zt), yt) - spearman(public_only.predict(zt), yt)
-    out = {"realised": float(realised), "bounds": (bx, by)}
+    sp_pub = spearman(public_only.predict(zt), yt)
+    realised = spearman(private.predict(zt), yt) - sp_pub
+    out = {"realised": float(realised), "bounds": (bx, by), "public_only": float(sp_pub)}
     seed = int(rng.integers(1 << 30))     # the same populations for every variant
     for name in variants:
         fit_name, pop = name.split("/")
@@ -85,6 +86,8 @@ def one_round(xp, yp, xq, yq, xt, yt, pre, eps, rng, variants, n_datasets, n_noi
                             population=populations()[pop])
         g = fc["per_epsilon"][0]["gain"]
         out[name] = (g["mean"], g["q10"], g["q90"])
+        p = fc["per_epsilon"][0]["spearman_public_only"]   # over populations
+        out[name + ":public_only"] = (p["mean"], p["q10"], p["q90"])
         out[name + ":refused"] = g.get("refused", 0)
         out[name + ":s"] = time.perf_counter() - t0
         out["r2_mean:" + pop] = fc["auxiliary"]["r2_mean"]
