@@ -50,12 +50,16 @@ PUBLIC_FIT_POPULATION = {"r2_prior": (1.0, 1.0), "r2_from_public": True,
 #: The default populations with each population's R^2 drawn from its posterior given the
 #: public rows under the default Beta(2, 20) prior (``AuxiliarySource.r2_posterior``); beta,
 #: the columns and the populations' own public rows drawn as by default (so the spread over
-#: which rows were public stays in the band). A candidate (issue 21 item 3, docs/evaluation.md).
+#: which rows were public stays in the band). A candidate, not adopted: with 10 public rows the
+#: prior dominates (mean R^2 0.09-0.10 on UCI sets whose public fit says 0.4-0.65) and the band
+#: covers no better than the default (issue 21 item 3, docs/evaluation.md "Band coverage with
+#: 100 rounds per data set").
 R2_FROM_PUBLIC_POPULATION = {"r2_from_public": True}
 
 #: A two-component mixture of populations: each auxiliary population is a default one or a
 #: ``PUBLIC_FIT_POPULATION`` one with probability 1/2 (a hierarchical prior between GDSC's
-#: Beta(2, 20) signal and the public rows' own posterior). A candidate (issue 21 item 3).
+#: Beta(2, 20) signal and the public rows' own posterior). A candidate, not adopted (covers
+#: 0.67-0.73 per data set against the default's 0.64-0.74 with the same test rows; ibid.).
 MIXED_POPULATION = ((0.5, None), (0.5, PUBLIC_FIT_POPULATION))
 
 #: Ridge c used when the bounds are given rather than chosen (no search to choose c in).
