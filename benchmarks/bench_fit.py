@@ -130,8 +130,10 @@ def _time_noise_aware(d: int, draws: int, repeats: int, problems: int = 10) -> d
         iters.append(dg["iterations"])
         ess.append(dg.get("ess", dg["importance_ess"]))
         khat.append(dg.get("importance_khat", float("nan")))
-        samplers[dg.get("sampler", "importance")] = samplers.get(dg.get("sampler",
-                                                                        "importance"), 0) + 1
+        # "importance (nested-envelope)": attempt 0 of posterior.fit at d >= 32
+        name = dg.get("sampler", "importance") + (f" ({dg['proposal']})" if "proposal" in dg
+                                                   else "")
+        samplers[name] = samplers.get(name, 0) + 1
         props.append(dg["importance_proposals"])
         newton += dg.get("optimiser") == "newton"
     return {"d": d, "draws": draws, "fits": repeats, "median_s": statistics.median(times),

@@ -84,6 +84,14 @@ def _inverse_from_cholesky(chol: np.ndarray) -> np.ndarray:
     return w
 
 
+# The bordered factorisation (``noise_aware_logp_grad``, value only): the lower Cholesky factor
+# of [[C, r], [r^T, t]] is [[L, 0], [z^T, sqrt(t - z^T z)]] with z = L^-1 r, so r^T C^-1 r =
+# z^T z = t - (its last diagonal entry)^2. C >= min(v_xy, v_yy) I (its other terms are
+# positive semidefinite: module docstring of posterior.noise_aware), so
+# t = 2 |r|^2 / min(v_xy, v_yy) + 1 > r^T C^-1 r keeps the bordered matrix positive definite;
+# the quadratic form loses ~ cond(C) x 1e-16 of its value (relative 2e-15 measured at d = 64).
+
+
 def _clean(us: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     us = np.ascontiguousarray(np.atleast_2d(us), dtype=np.float64)
     d = us.shape[1] - 1
@@ -135,7 +143,10 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     r[:, :d] = inp.rxy - rb
     r[:, d] = inp.ryy - np.einsum("ij,ij->i", beta, rb) - inp.n * rho
     vxx = inp.v_xx
-    c = np.empty((m, k, k))
+    # Value only, large k, v_xy and v_yy > 0: C bordered by r and t (``_bordered_quad``), one
+    # Cholesky factor for the log determinant and the quadratic form, no triangular solve.
+    bordered = (not grad and k >= _LARGE and min(inp.v_xy, inp.v_yy) > 0)
+    c = np.empty((m, k + 1, k + 1)) if bordered else np.empty((m, k, k))
     np.multiply(rho[:, None, None], inp.abar, out=c[:, :d, :d])
     if vxx != 0.0:
         c[:, :d, :d] += vxx * (beta[:, :, None] * beta[:, None, :])
@@ -146,6 +157,11 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     c[:, d, :d] = c12
     c[:, d, d] = (4.0 * rho * bab + (2.0 * inp.n + inp.v_n) * rho * rho + inp.v_yy
                   + vxx * (2.0 * s * s - np.einsum("ij,ij->i", b2, b2)))
+    if bordered:
+        t = 2.0 * np.einsum("ij,ij->i", r, r) / min(inp.v_xy, inp.v_yy) + 1.0
+        c[:, :k, k] = r
+        c[:, k, :k] = r
+        c[:, k, k] = t
     try:
         chol = np.linalg.cholesky(c)
         pd = np.ones(m, dtype=bool)
@@ -158,16 +174,24 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
                 chol[i] = np.linalg.cholesky(c[i])
                 pd[i] = True
             except np.linalg.LinAlgError:
-                c[i] = np.eye(k)
-                chol[i] = np.eye(k)
+                c[i] = np.eye(c.shape[1])
+                chol[i] = np.eye(c.shape[1])
     ok &= pd
-    logdet = 2.0 * np.sum(np.log(np.diagonal(chol, axis1=1, axis2=2)), axis=1)
+    if bordered:
+        diag = np.diagonal(chol, axis1=1, axis2=2)
+        quad = t - diag[:, k] ** 2
+        logdet = 2.0 * np.sum(np.log(diag[:, :k]), axis=1)
+    else:
+        logdet = 2.0 * np.sum(np.log(np.diagonal(chol, axis1=1, axis2=2)), axis=1)
     prior_v, prior_g = _prior(safe, d, grad)
     if inp.pxx is not None:
         pub_v, pub_g = _gaussian_loglik(safe, inp.pxx, inp.pxy, float(inp.pyy), float(inp.pn),
                                         grad)
     else:
         pub_v, pub_g = 0.0, 0.0
+    if bordered:
+        val = prior_v + pub_v - 0.5 * logdet - 0.5 * quad - 0.5 * k * _LOG_2PI
+        return np.where(ok, val, -np.inf), None
     if not grad:
         if k >= _LARGE:
             z = solve_triangular(chol, r[:, :, None], lower=True)[:, :, 0]

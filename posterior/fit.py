@@ -23,7 +23,11 @@ Methods (``method=``):
 - ``"laplace"``: Laplace approximation with importance sampling
   (``posterior.laplace.laplace_importance``) of the posterior of (beta, log lambda) with
   lambda0 integrated out, checked by its Pareto k-hat (``posterior.psis``); where that is
-  above 0.7 (large d), HMC preconditioned by the Laplace covariance (``posterior.hmc``).
+  above 0.7, HMC preconditioned by the Laplace covariance (``posterior.hmc``). From d = 32
+  on, the noise-aware model is first importance sampled from a nested Laplace proposal
+  built on its O(d) envelope (``posterior.envelope_importance``; attempt 0), with the same
+  checks: the mode's Laplace approximation is not the posterior there (k-hat 1.1-1.4 at
+  d = 64) and HMC on the exact density costs seconds.
   Densities in numpy over stacks of points (``posterior.batched``; the compiled twins of
   posterior.noise_aware_jit with ``DPFED_POSTERIOR_BACKEND=numba``). Works for every model.
 - ``"nuts"``: PyMC's NUTS on the PyMC definition of the model (the reference;
@@ -51,6 +55,7 @@ noise of the computation, not DP noise, so numpy/PyMC generators are fine here.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -92,6 +97,11 @@ _HMC_RHAT_MAX = 1.05
 # Above _HMC_RHAT_MAX but at most this after every extension: kept with a warning (the classic
 # cut-off of Gelman & Rubin 1992 / Brooks & Gelman 1998); above it: refused.
 _HMC_RHAT_ROUGH = 1.1
+# Attempt 0 (posterior.envelope_importance) from this many coefficients on (below it the
+# Laplace proposal is good and fast: d = 10 in ~10-40 ms); its sample is kept with at least
+# _ENVELOPE_MIN_ESS effective draws and a Pareto k-hat within _KHAT_MAX.
+_ENVELOPE_MIN_DIM = 32
+_ENVELOPE_MIN_ESS = 200
 # When HMC fails too, keep an importance sample with >= _MIN_ESS draws, with a warning.
 _KEEP_IMPORTANCE = True
 # Runs on from the last states (4x, then 16x the kept iterations) before a refusal.
@@ -245,11 +255,38 @@ def _laplace_mass(lap) -> float:
     return float(lap.log_density + 0.5 * np.linalg.slogdet(lap.cov)[1])
 
 
+def _one_blas_thread(d: int):
+    """At d >= _ENVELOPE_MIN_DIM, BLAS limited to one thread for the fit (threadpoolctl, a
+    dependency of PyMC; skipped where it is missing): its matrices are at most a few hundred
+    wide, where OpenBLAS's threads cost more than they bring, and on a loaded 2-core machine
+    far more (the d = 64 fit 2-3x slower at load 9). Below that the limit's own cost (~1 ms)
+    is not worth paying."""
+    if d < _ENVELOPE_MIN_DIM:
+        return contextlib.nullcontext()
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:  # pragma: no cover - installed with the aggregator extra
+        return contextlib.nullcontext()
+    return threadpool_limits(limits=1, user_api="blas")
+
+
 def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,
                  check_first_attempt: bool = True) -> Posterior:
+    with _one_blas_thread(stats.dim):
+        return _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound,
+                                  check_first_attempt)
+
+
+def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
+                       check_first_attempt: bool = True) -> Posterior:
     """Laplace approximation + importance sampling (posterior.laplace) of the exact or the
     noise-aware model, lambda0 integrated out and drawn given beta afterwards; HMC
     preconditioned by the Laplace approximation where importance sampling does not hold up.
+
+    Attempt 0, noise-aware model at d >= ``_ENVELOPE_MIN_DIM``: importance sampling from the
+    nested Laplace proposal on the envelope (``posterior.envelope_importance``; a second try
+    with a wider proposal when the first's k-hat is above the threshold), kept with k-hat <=
+    ``_KHAT_MAX`` and >= ``_ENVELOPE_MIN_ESS`` effective draws; else attempts 1-4.
 
     Attempt 1: the Laplace approximation at the mode found from the ridge start, its t
     proposal. It is trusted when its Pareto k-hat (``posterior.psis``) is at most
@@ -267,14 +304,22 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,
     (``ConvergenceError``) if HMC's chains do not agree after their extensions (split r-hat >
     ``_HMC_RHAT_ROUGH``; between ``_HMC_RHAT_MAX`` and it the fit is kept with a warning) or
     keep fewer than ``_MIN_ESS`` effective draws."""
-    from posterior import noise_aware as na
     from posterior.hmc import hmc
     from posterior.laplace import (adaptive_importance, distinct_modes, laplace_approximation,
                                    laplace_importance, mixture_importance)
 
     d = stats.dim
-    f, fb, u0, newton, neg_hessian = targets.laplace_functions(stats, public, model, x_bound)
+    inp = None
+    if model == "noise-aware":
+        from posterior import noise_aware as na
+        inp = na.noise_aware_inputs(stats, public, x_bound)
+    f, fb, u0, newton, neg_hessian = targets.laplace_functions(stats, public, model, x_bound,
+                                                               inp)
     rng = np.random.default_rng(ss)
+    if model == "noise-aware" and d >= _ENVELOPE_MIN_DIM:
+        env = _envelope_attempt(inp, fb, u0, draws, rng, diag)
+        if env is not None:
+            return _posterior_from_draws(env.draws, d, rng, diag, rep, stats, model)
     res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
                              neg_hessian=neg_hessian)
     attempt, modes = 1, 1
@@ -408,8 +453,49 @@ def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,
     if diag["ess"] < 2 * _MIN_ESS:
         diag.setdefault("warnings", []).append(
             f"{diag['sampler']}: only {diag['ess']:.0f} effective draws; intervals are rough")
+    return _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model)
+
+
+def _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model) -> Posterior:
+    """The Posterior of draws of u = (beta, log lambda); lambda0 drawn given beta."""
+    from posterior import noise_aware as na
+
     beta_draws = u_draws[:, :d]
     lam_draws = np.exp(u_draws[:, d])
     lam0_draws = na.draw_lam0(beta_draws, rng)
     return Posterior("laplace", beta_draws.mean(axis=0), beta_draws, draws_summary(lam_draws),
                      draws_summary(lam0_draws), diag, rep, stats, model)
+
+
+def _envelope_attempt(inp, fb, u0, draws, rng, diag):
+    """Attempt 0 at large d (``posterior.envelope_importance``): importance sampling of the
+    exact noise-aware posterior from the nested Laplace proposal built on its O(d) envelope.
+    Its result (an ImportanceResult) is kept when its Pareto k-hat is at most ``_KHAT_MAX``
+    and it has at least ``_ENVELOPE_MIN_ESS`` effective draws; else None, recorded in
+    ``diag``, and the fit goes on with attempts 1-4."""
+    from posterior.envelope_importance import WIDER, envelope_importance
+
+    tries = []
+    for widen in (None, WIDER):
+        # A k-hat above _KHAT_MAX: once more with the wider, heavier-tailed proposal.
+        res = envelope_importance(inp, fb, u0, draws=draws, rng=rng, widen=widen)
+        if res is None:
+            diag["envelope"] = {"used": False, "reason": "no envelope mode or proposal",
+                                "tries": tries}
+            return None
+        ok = res.khat <= _KHAT_MAX and res.ess >= _ENVELOPE_MIN_ESS
+        tries.append({"ess": float(res.ess), "khat": float(res.khat),
+                      "proposals": int(res.proposals)})
+        if ok or res.khat <= _KHAT_MAX:
+            break
+    diag["envelope"] = {"used": bool(ok), "tries": tries}
+    if not ok:
+        return None
+    lap = res.laplace
+    diag.update(importance_attempts=0, modes=1, importance_khat=float(res.khat),
+                iterations=lap.iterations, gradient_norm=lap.gradient_norm,
+                importance_ess=res.ess, importance_proposals=res.proposals,
+                laplace_message=lap.message, optimiser=lap.optimiser,
+                newton_iterations=lap.newton_iterations, sampler="importance",
+                proposal="nested-envelope", ess=res.ess, converged=True)
+    return res

@@ -212,6 +212,9 @@ class ImportanceResult:
     # Pareto k-hat of the raw log importance ratios (posterior.psis): <= 0.7 the estimate is
     # reliable, above it the ESS of the (truncated) weights cannot be believed.
     khat: float = float("inf")
+    # adaptive_importance: the proposal it would use next, (centre, scale's Cholesky factor):
+    # the target's weighted moments of the last round (None where there is none).
+    proposal: tuple | None = None
 
 
 def _log_mvt(z: np.ndarray, chol: np.ndarray, df: float) -> np.ndarray:
@@ -419,6 +422,7 @@ def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: Laplac
         try:
             new_chol = np.linalg.cholesky(cov)
         except np.linalg.LinAlgError:
+            new_chol = None
             break
         shift = float(np.linalg.norm(np.linalg.solve(new_chol, new_mean - mean)))
         settled = it >= 1 and ess >= target_ess and shift <= max_shift
@@ -427,5 +431,6 @@ def adaptive_importance(f_batch: Callable[[np.ndarray], np.ndarray], lap: Laplac
         mean, chol = new_mean, new_chol * adapted_scale
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
+    moved = (new_mean, new_chol * adapted_scale) if new_chol is not None else None
     return ImportanceResult(u[rng.permutation(idx)], ess, int(proposals) * (it + 1), lap,
-                            settled, khat=pareto_khat(lw))
+                            settled, khat=pareto_khat(lw), proposal=moved)

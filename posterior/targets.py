@@ -41,13 +41,15 @@ def start(stats: Statistics, xtx: np.ndarray, ridge: float) -> np.ndarray:
     return np.concatenate([beta, [np.log(lam)]])
 
 
-def laplace_functions(stats, public, model, x_bound=None):
+def laplace_functions(stats, public, model, x_bound=None, inp=None):
     """(f, f_batch, u0, newton, neg_hessian) of the exact or noise-aware model for
     ``posterior.laplace.laplace_importance``, compiled unless LAPLACE_BACKEND == "numpy";
-    u0 is the ridge start (``start``)."""
+    u0 is the ridge start (``start``). ``inp``: the noise-aware inputs if already computed
+    (``noise_aware.noise_aware_inputs(stats, public, x_bound)``)."""
     from posterior import noise_aware as na
 
-    inp = na.noise_aware_inputs(stats, public, x_bound) if model == "noise-aware" else None
+    if model == "noise-aware" and inp is None:
+        inp = na.noise_aware_inputs(stats, public, x_bound)
     if model == "noise-aware":
         u0 = start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
     else:
