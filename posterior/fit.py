@@ -304,7 +304,6 @@ def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
     (``ConvergenceError``) if HMC's chains do not agree after their extensions (split r-hat >
     ``_HMC_RHAT_ROUGH``; between ``_HMC_RHAT_MAX`` and it the fit is kept with a warning) or
     keep fewer than ``_MIN_ESS`` effective draws."""
-    from posterior.hmc import hmc
     from posterior.laplace import (adaptive_importance, distinct_modes, laplace_approximation,
                                    laplace_importance, mixture_importance)
 
@@ -317,9 +316,13 @@ def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
                                                                inp)
     rng = np.random.default_rng(ss)
     if model == "noise-aware" and d >= _ENVELOPE_MIN_DIM:
-        env = _envelope_attempt(inp, fb, u0, draws, rng, diag)
+        env, env_fit = _envelope_attempt(inp, fb, u0, draws, rng, diag)
         if env is not None:
             return _posterior_from_draws(env.draws, d, rng, diag, rep, stats, model)
+        if env_fit is not None:
+            u_draws = _surrogate_hmc_attempt(env_fit, fb, draws, rng, diag)
+            if u_draws is not None:
+                return _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model)
     res = laplace_importance(f, fb, u0, draws=draws, rng=rng, newton=newton,
                              neg_hessian=neg_hessian)
     attempt, modes = 1, 1
@@ -381,28 +384,9 @@ def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
     if use_hmc:
         # Attempt 4: HMC with the Laplace covariance of the heaviest mode as inverse mass.
         top = found[0]
-        chol = np.linalg.cholesky(top.cov)
         fgb = targets.gradient_batch(stats, public, model, x_bound)
-        starts = top.mode + rng.standard_normal((_HMC_CHAINS, d + 1)) @ chol.T
-        # Chains that have not agreed yet are run on from where they stand, with a new
-        # warm-up and 4x then 16x the kept iterations, before the fit is refused: a few
-        # d ~ 10 releases with a borderline k-hat needed more than 60 iterations (7 of 448
-        # evaluation cells refused before this).
-        evaluations = 0
-        for extension in range(_HMC_EXTENSIONS + 1):
-            iterations = _HMC_ITERATIONS * 4 ** extension
-            h = hmc(fgb, top.mode, chol, starts, iterations=iterations, warmup=_HMC_WARMUP,
-                    rng=rng, steps=_HMC_STEPS)
-            evaluations += h.evaluations
-            ok = h.rhat <= _HMC_RHAT_MAX and h.ess >= _MIN_ESS
-            if ok:
-                break
-            starts = h.samples[-1]
-        diag.update(importance_attempts=4, sampler="hmc", ess=h.ess, hmc_rhat=h.rhat,
-                    hmc_step_size=h.step_size, hmc_acceptance=h.acceptance,
-                    hmc_evaluations=evaluations, hmc_chains=_HMC_CHAINS,
-                    hmc_iterations=iterations, hmc_warmup=_HMC_WARMUP,
-                    hmc_extensions=extension)
+        h, ok = _hmc_chains(fgb, top.mode, top.cov, rng, diag)
+        diag.update(importance_attempts=4)
         rough = (not ok and h.rhat <= _HMC_RHAT_ROUGH and h.ess >= _MIN_ESS)
         if rough:
             # Chains that agree to r-hat 1.1 but not 1.05 after every extension (a weakly
@@ -433,10 +417,7 @@ def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
                 "use method='nuts'", diag)
         diag["converged"] = True
     if use_hmc:
-        pool = h.samples.reshape(-1, d + 1)
-        # draws from the pooled chains: all of them, in a random order, repeated as needed
-        idx = rng.permutation(np.resize(rng.permutation(pool.shape[0]), draws))
-        u_draws = pool[idx]
+        u_draws = _hmc_draws(h, d, draws, rng)
     else:
         diag.update(sampler="importance", ess=res.ess)
         ok = res.ess >= _MIN_ESS
@@ -456,6 +437,71 @@ def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
     return _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model)
 
 
+def _hmc_chains(fgb, mode, cov, rng, diag, exact=None):
+    """Attempt 4's HMC (``posterior.hmc``) with the inverse mass matrix ``cov``, chains started
+    around ``mode``; chains that have not agreed are run on from where they stand, with a new
+    warm-up and 4x then 16x the kept iterations (a few d ~ 10 releases with a borderline k-hat
+    needed more than 60 iterations: 7 of 448 evaluation cells refused before this).
+    ``exact``: the target when ``fgb`` is a surrogate (``hmc``'s docstring). Returns (the
+    last HMCResult, whether r-hat <= _HMC_RHAT_MAX with >= _MIN_ESS draws); the run is
+    recorded in ``diag``."""
+    from posterior.hmc import hmc
+
+    d = mode.size - 1
+    chol = np.linalg.cholesky(cov)
+    starts = mode + rng.standard_normal((_HMC_CHAINS, d + 1)) @ chol.T
+    evaluations = 0
+    for extension in range(_HMC_EXTENSIONS + 1):
+        iterations = _HMC_ITERATIONS * 4 ** extension
+        h = hmc(fgb, mode, chol, starts, iterations=iterations, warmup=_HMC_WARMUP,
+                rng=rng, steps=_HMC_STEPS, exact=exact)
+        evaluations += h.evaluations
+        ok = h.rhat <= _HMC_RHAT_MAX and h.ess >= _MIN_ESS
+        if ok:
+            break
+        starts = h.samples[-1]
+    diag.update(sampler="hmc", ess=h.ess, hmc_rhat=h.rhat,
+                hmc_step_size=h.step_size, hmc_acceptance=h.acceptance,
+                hmc_evaluations=evaluations, hmc_chains=_HMC_CHAINS,
+                hmc_iterations=iterations, hmc_warmup=_HMC_WARMUP,
+                hmc_extensions=extension)
+    return h, ok
+
+
+def _hmc_draws(h, d, draws, rng):
+    """``draws`` draws from the pooled chains: all of them, in a random order, repeated as
+    needed."""
+    pool = h.samples.reshape(-1, d + 1)
+    idx = rng.permutation(np.resize(rng.permutation(pool.shape[0]), draws))
+    return pool[idx]
+
+
+def _surrogate_hmc_attempt(env_fit, fb, draws, rng, diag):
+    """Attempt 0b, when attempt 0's importance sample fails its checks: HMC whose leapfrog
+    follows the envelope's gradient and whose Metropolis step uses the exact density
+    (``posterior.hmc``, ``exact=``), preconditioned by the envelope's Laplace covariance.
+    Draws of u, or None (attempts 1-4 then run) when its chains do not agree."""
+    lap, fgb_env = env_fit
+    sub = {}
+    h, ok = _hmc_chains(fgb_env, lap.mode, lap.cov, rng, sub, exact=fb)
+    diag["envelope"]["hmc"] = {key: sub[key] for key in ("ess", "hmc_rhat", "hmc_acceptance",
+                                                         "hmc_extensions")}
+    if not ok:
+        return None
+    diag.update(sub)
+    diag.update(importance_attempts=0, modes=1, iterations=lap.iterations,
+                gradient_norm=lap.gradient_norm, laplace_message=lap.message,
+                optimiser=lap.optimiser, newton_iterations=lap.newton_iterations,
+                importance_khat=diag["envelope"]["tries"][-1]["khat"],
+                importance_ess=diag["envelope"]["tries"][-1]["ess"],
+                importance_proposals=diag["envelope"]["tries"][-1]["proposals"],
+                proposal="envelope-hmc", converged=True)
+    if h.ess < 2 * _MIN_ESS:
+        diag.setdefault("warnings", []).append(
+            f"hmc: only {h.ess:.0f} effective draws; intervals are rough")
+    return _hmc_draws(h, lap.mode.size - 1, draws, rng)
+
+
 def _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model) -> Posterior:
     """The Posterior of draws of u = (beta, log lambda); lambda0 drawn given beta."""
     from posterior import noise_aware as na
@@ -470,9 +516,11 @@ def _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model) -> Posterior
 def _envelope_attempt(inp, fb, u0, draws, rng, diag):
     """Attempt 0 at large d (``posterior.envelope_importance``): importance sampling of the
     exact noise-aware posterior from the nested Laplace proposal built on its O(d) envelope.
-    Its result (an ImportanceResult) is kept when its Pareto k-hat is at most ``_KHAT_MAX``
-    and it has at least ``_ENVELOPE_MIN_ESS`` effective draws; else None, recorded in
-    ``diag``, and the fit goes on with attempts 1-4."""
+    Returns (its ImportanceResult, None) when its Pareto k-hat is at most ``_KHAT_MAX`` and
+    it has at least ``_ENVELOPE_MIN_ESS`` effective draws; else (None, (the envelope's Laplace
+    approximation, its density and gradient)) for attempt 0b, or (None, None) when the
+    envelope gave no proposal; recorded in ``diag``."""
+    from posterior.envelope import envelope, envelope_logp_grad
     from posterior.envelope_importance import WIDER, envelope_importance
 
     tries = []
@@ -482,7 +530,7 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
         if res is None:
             diag["envelope"] = {"used": False, "reason": "no envelope mode or proposal",
                                 "tries": tries}
-            return None
+            return None, None
         ok = res.khat <= _KHAT_MAX and res.ess >= _ENVELOPE_MIN_ESS
         tries.append({"ess": float(res.ess), "khat": float(res.khat),
                       "proposals": int(res.proposals)})
@@ -490,7 +538,8 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
             break
     diag["envelope"] = {"used": bool(ok), "tries": tries}
     if not ok:
-        return None
+        env = envelope(inp)
+        return None, (res.laplace, lambda us: envelope_logp_grad(us, env))
     lap = res.laplace
     diag.update(importance_attempts=0, modes=1, importance_khat=float(res.khat),
                 iterations=lap.iterations, gradient_norm=lap.gradient_norm,
@@ -498,4 +547,4 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
                 laplace_message=lap.message, optimiser=lap.optimiser,
                 newton_iterations=lap.newton_iterations, sampler="importance",
                 proposal="nested-envelope", ess=res.ess, converged=True)
-    return res
+    return res, None

@@ -312,15 +312,47 @@ def test_large_d_fit_uses_the_envelope_proposal_and_agrees_with_hmc(monkeypatch)
     assert np.median(ratio) <= 0.1 and ratio.max() <= 0.35, ratio
 
 
-def test_envelope_attempt_that_fails_its_checks_leaves_the_old_path(monkeypatch):
-    """An envelope sample whose k-hat is above the threshold is not used (both tries are
-    recorded) and the fit goes on with attempts 1-4."""
+def test_envelope_hmc_when_its_importance_sample_fails_agrees_with_the_old_path(monkeypatch):
+    """Attempt 0's importance sample refused (its ESS bar set out of reach): attempt 0b, HMC
+    driven by the envelope's gradient with the exact density in the Metropolis step, gives
+    the old path's answer."""
     import posterior.fit as fit_mod
 
+    d = 40
+    s, pub = _noise_aware_release(d, 800, 1001)
+    monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_ESS", 10 ** 9)
+    post = fit_posterior(s, public=pub, seed=0, draws=2000)
+    dg = post.diagnostics
+    assert dg["envelope"]["used"] is False and len(dg["envelope"]["tries"]) >= 1
+    assert dg["proposal"] == "envelope-hmc" and dg["sampler"] == "hmc"
+    assert dg["hmc_rhat"] <= 1.05 and dg["ess"] >= 100
+    monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_DIM", 10 ** 6)
+    ref = fit_posterior(s, public=pub, seed=1, draws=2000)
+    sd = ref.beta_draws.std(axis=0)
+    assert np.all(np.abs(post.beta_mean - ref.beta_mean) <= 0.4 * sd)
+    ratio = np.abs(post.beta_draws.std(axis=0) / sd - 1)
+    assert np.median(ratio) <= 0.12 and ratio.max() <= 0.4, ratio
+
+
+def test_envelope_attempts_that_fail_leave_the_old_path(monkeypatch):
+    """Attempt 0 refused and attempt 0b's chains not agreeing: the fit goes on with attempts
+    1-4 on the exact density, and says what happened."""
+    import posterior.fit as fit_mod
+    import posterior.hmc as hmc_mod
+
+    real = hmc_mod.hmc
+
+    def surrogate_stuck(*args, **kw):
+        r = real(*args, **kw)
+        if kw.get("exact") is None:
+            return r
+        return HMCResult(r.samples, r.ess, 1.5, r.step_size, r.acceptance, r.evaluations)
+
+    monkeypatch.setattr(hmc_mod, "hmc", surrogate_stuck)
     d = 40
     s, pub = _noise_aware_release(d, 800, 1002)
     monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_ESS", 10 ** 9)
     post = fit_posterior(s, public=pub, seed=0, draws=500)
     dg = post.diagnostics
-    assert dg["envelope"]["used"] is False and len(dg["envelope"]["tries"]) >= 1
+    assert dg["envelope"]["used"] is False and dg["envelope"]["hmc"]["hmc_rhat"] == 1.5
     assert dg["importance_attempts"] >= 1 and "proposal" not in dg
