@@ -8,12 +8,13 @@ and ridge from the bound search on auxiliary data shaped like the public rows
 (``dpfed.bounds.choose_bounds_table``, row-norm bound R = 1 so Bx = 1; By = omega_y sigma_y,
 sigma_y the public rows'), the private y clipped at By, K independent releases (numpy Laplace
 of the add/remove mechanism's law and scales, row-norm bound: this tests the fit), the public
-rows clipped like the private ones, ``fit_posterior(y_unit=...)``. Coverage is of the clipped-data
-model's population coefficients (``clipped_population_beta``: least squares of clip(y, By) on
+rows clipped like the private ones, ``fit_posterior(y_unit=...)``. Coverage is of the
+clipped-data model's population coefficients (``clipped_population_beta``: least squares of clip(y, By) on
 200,000 fresh rows of the same generator; what the posterior is about under clipping) and,
 beside it, of the sample's clipped least squares and of the generating beta; the noise-free
-posterior's coverage of the same estimand separates the priors from the noise model. Width: mean 90 % interval width, and its ratio to the noise-free posterior's
-(the exact clipped statistics of the same rows, same unit).
+posterior's coverage of the same estimand separates the priors from the noise model.
+Width: mean 90 % interval width, and its ratio to the noise-free posterior's (the exact
+clipped statistics of the same rows, same unit).
 
 Units (``--unit``): ``bound`` = By (the round's unit, ``aggregator.aggregate.fit``);
 ``public_rms`` = a candidate, the root mean square of the public rows' clipped responses
