@@ -9,8 +9,9 @@ and ridge from the bound search on auxiliary data shaped like the public rows
 sigma_y the public rows'), the private y clipped at By, K independent releases (numpy Laplace
 of the add/remove mechanism's law and scales, row-norm bound: this tests the fit), the public
 rows clipped like the private ones, ``fit_posterior(y_unit=...)``. Coverage is of the
-clipped-data model's population coefficients (``clipped_population_beta``: least squares of clip(y, By) on
-200,000 fresh rows of the same generator; what the posterior is about under clipping) and,
+clipped-data model's population coefficients (``clipped_population_beta``: least squares
+of clip(y, By) on 200,000 fresh rows of the same generator; what the posterior is about
+under clipping) and,
 beside it, of the sample's clipped least squares and of the generating beta; the noise-free
 posterior's coverage of the same estimand separates the priors from the noise model.
 Width: mean 90 % interval width, and its ratio to the noise-free posterior's (the exact
@@ -91,7 +92,8 @@ def problem(rng, d, n, eps, k, unit_names, n_public=10):
     release = Statistics.from_upper(d, n_rel, values, noise)
     public = clipped_exact_statistics(xp, yp, bx, by, 1.0)
     units = {"bound": by, "public_rms": public_rms_unit(by, public), "half_bound": 0.5 * by}
-    return dict(beta=beta, beta_clipped=beta_clipped, beta_pop=beta_pop, lam=lam, lam0=lam0, bx=bx, by=by, release=release,
+    return dict(beta=beta, beta_clipped=beta_clipped, beta_pop=beta_pop, lam=lam, lam0=lam0,
+                bx=bx, by=by, release=release,
                 public=public, exact=exact, units={u: units[u] for u in unit_names},
                 omega_y=choice.omega_y)
 
@@ -160,7 +162,8 @@ def main(argv=None) -> int:
         for u in units:
             a, p = res[(u, "aware")], res[(u, "plugin")]
             line += (f" {a['cov_pop']:.3f} ({a['cov']:.3f}; {a['cov_gen']:.3f}) | {a['width']:.2f} "
-                     f"(x{a['ratio']:.2f}) | {p['cov_pop']:.3f} ({p['cov']:.3f}) | {a['cov_free']:.3f} |")
+                     f"(x{a['ratio']:.2f}) | {p['cov_pop']:.3f} ({p['cov']:.3f}) | "
+                     f"{a['cov_free']:.3f} |")
         print(line + f" {failed} |", flush=True)
     print(f"{args.reps} problems per cell; {time.time() - t0:.0f} s")
     return 0
