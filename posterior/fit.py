@@ -534,7 +534,9 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
         ok = res.khat <= _KHAT_MAX and res.ess >= _ENVELOPE_MIN_ESS
         tries.append({"ess": float(res.ess), "khat": float(res.khat),
                       "proposals": int(res.proposals)})
-        if ok or res.khat <= _KHAT_MAX:
+        # A wider proposal mends a k-hat a little above the threshold (d = 64: 0.75 -> 0.5),
+        # not one above 1 (d = 128: 1.3-2.1 either way): then straight to attempt 0b.
+        if ok or res.khat <= _KHAT_MAX or res.khat > 1.0:
             break
     diag["envelope"] = {"used": bool(ok), "tries": tries}
     if not ok:
