@@ -20,6 +20,10 @@ order); each inference strategy and each piece of maths in a module of its own:
   d); ``chains``: the chains' ESS and r-hat;
 - ``batched``: the densities and gradients vectorised over many points in numpy (the default
   backend: nothing to compile);
+- ``envelope``: the noise-aware density's rotation-invariant envelope, O(d) per point;
+  ``envelope_importance``: the nested Laplace proposal built on it, whose draws are weighted
+  by the exact density (the fit's attempt 0 from d = 32; ``hmc`` guided by the envelope is
+  its attempt 0b);
 - ``noise_aware``: the noise-aware model of released statistics (numpy densities, the
   reference); ``noise_aware_jit``: their compiled (Numba) twins and a damped Newton;
 - ``nuts``: NUTS on the PyMC models, the reference sampler and the fallback;
