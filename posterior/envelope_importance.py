@@ -253,5 +253,13 @@ def envelope_importance(inp: na.NoiseAwareInputs, exact_batch, u0: np.ndarray, *
     w, ess = _weights(lw)
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
+    # The proposal's own mean and covariance (unweighted draws of q): where the marginal of
+    # log lambda really is, for HMC's preconditioning when the weights fail (attempt 0b).
+    centre = u.mean(axis=0)
+    spread = np.cov(u, rowvar=False)
+    try:
+        moments = (centre, np.linalg.cholesky(spread))
+    except np.linalg.LinAlgError:
+        moments = None
     return ImportanceResult(u[rng.permutation(idx)], ess, u.shape[0], lap, True,
-                            khat=pareto_khat(lw))
+                            khat=pareto_khat(lw), proposal=moments)
