@@ -37,6 +37,9 @@ goes on with its other samplers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import numpy as np
 from scipy.linalg import solve_triangular
 
@@ -46,7 +49,7 @@ from posterior.laplace import (ImportanceResult, LaplaceResult, _covariance, _we
                                newton_batched)
 from posterior.psis import pareto_khat
 
-__all__ = ["envelope_importance", "WIDER", "EXACT_PROPOSALS", "TOP_UP_ESS", "MAX_PROPOSALS",
+__all__ = ["prepare_envelope", "EnvelopeFit", "envelope_importance", "WIDER", "EXACT_PROPOSALS", "TOP_UP_ESS", "MAX_PROPOSALS",
            "nested_laplace_proposal", "NestedProposal"]
 
 #: Exact-density evaluations of step 5 (the only O(d^3) ones), and the top-up: fewer
@@ -67,17 +70,16 @@ _WIDE_SCALE = 1.2
 WIDER = (1.1, 0.5, 1.3)
 
 
-
 class NestedProposal:
-    """The proposal of steps 2-4: ``draw(count, rng)`` -> (u, log q(u))."""
+    """The proposal of steps 2-4: ``draw(count, rng, widen)`` -> (u, log q(u)); ``widen``:
+    the defensive mixture's (sd factor, share of the wide component, its extra sd factor),
+    default (_SCALE, _WIDE, _WIDE_SCALE)."""
 
-    def __init__(self, grid, log_marginal, modes, chols, widen=None):
+    def __init__(self, grid, log_marginal, modes, chols):
         self.grid = grid                    # (G,) log lambda
         self.log_marginal = log_marginal    # (G,) log p~(a_g), up to a constant
         self.modes = modes                  # (G, d) conditional modes of beta
         self.chols = chols                  # (G-1, d, d): Cholesky factors of H_s (lower)
-        # (sd factor, share of the wide component, its extra sd factor): the defensive mixture.
-        self.scale, self.wide, self.wide_scale = widen or (_SCALE, _WIDE, _WIDE_SCALE)
         self.logdet_half = np.sum(np.log(np.diagonal(chols, axis1=1, axis2=2)), axis=1)
         lo, hi = log_marginal[:-1], log_marginal[1:]
         width = np.diff(grid)
@@ -93,7 +95,7 @@ class NestedProposal:
         self._log_norm = top + np.log(np.sum(mass))
         self._p = mass / np.sum(mass)
 
-    def draw(self, count, rng):
+    def draw(self, count, rng, widen=None):
         d = self.modes.shape[1]
         seg = rng.choice(self._p.size, size=count, p=self._p)
         width = self.grid[seg + 1] - self.grid[seg]
@@ -112,7 +114,7 @@ class NestedProposal:
         # conditional normal with its sd times _WIDE_SCALE, so that the weights of draws in
         # the tails the normal conditional underrates stay bounded. Both components share z
         # = L^T (beta - m): the mixture density needs only |z|^2.
-        sc, share, ws = self.scale, self.wide, self.wide_scale
+        sc, share, ws = widen or (_SCALE, _WIDE, _WIDE_SCALE)
         wide = rng.random(count) < share
         eps *= sc
         eps[wide] *= ws
@@ -163,7 +165,7 @@ def _is_pd(m: np.ndarray) -> bool:
         return False
 
 
-def nested_laplace_proposal(fgb, lap: LaplaceResult, widen=None) -> NestedProposal | None:
+def nested_laplace_proposal(fgb, lap: LaplaceResult) -> NestedProposal | None:
     """Steps 2-4 of the module docstring around the joint approximation ``lap``."""
     k = lap.mode.size
     d = k - 1
@@ -199,19 +201,22 @@ def nested_laplace_proposal(fgb, lap: LaplaceResult, widen=None) -> NestedPropos
     except np.linalg.LinAlgError:
         return None
     log_marginal = vals - np.sum(np.log(np.diagonal(chols_g, axis1=1, axis2=2)), axis=1)
-    return NestedProposal(grid, log_marginal, modes, chols, widen)
+    return NestedProposal(grid, log_marginal, modes, chols)
 
 
-def envelope_importance(inp: na.NoiseAwareInputs, exact_batch, u0: np.ndarray, *, draws: int,
-                        rng: np.random.Generator, proposals: int = EXACT_PROPOSALS,
-                        top_up_ess: float = TOP_UP_ESS, max_proposals: int = MAX_PROPOSALS,
-                        widen=None) -> ImportanceResult | None:
-    """Draws from the exact noise-aware posterior (module docstring); ``exact_batch(us)``:
-    its log density at the rows of ``us``; ``u0``: the start of the mode search.
-    ``proposals`` exact evaluations first; if their effective sample size is below
-    ``top_up_ess`` (and their Pareto k-hat at most 0.7: more draws cannot mend a heavy tail),
-    more up to ``max_proposals``, all weighted together. ``widen``: the proposal's (sd factor,
-    wide share, wide sd factor), default (_SCALE, _WIDE, _WIDE_SCALE); ``WIDER`` for a retry."""
+@dataclass(frozen=True)
+class EnvelopeFit:
+    """Steps 1-4, computed once per fit: the envelope's density and gradient (``fgb``), its
+    joint Laplace approximation and the nested proposal built on it."""
+
+    fgb: Callable
+    laplace: LaplaceResult
+    nested: NestedProposal
+
+
+def prepare_envelope(inp: na.NoiseAwareInputs, u0: np.ndarray) -> EnvelopeFit | None:
+    """Steps 1-4 of the module docstring from the start ``u0``; None when the envelope does
+    not apply or gives no mode or no proposal."""
     try:
         env = envelope(inp)
     except (ValueError, np.linalg.LinAlgError):
@@ -233,12 +238,25 @@ def envelope_importance(inp: na.NoiseAwareInputs, exact_batch, u0: np.ndarray, *
         return None
     lap = LaplaceResult(mode, cov, float(val), True, it, gnorm,
                         f"envelope Newton (status {status})", "newton", it)
-    nested = nested_laplace_proposal(fgb, lap, widen)
-    if nested is None:
-        return None
+    nested = nested_laplace_proposal(fgb, lap)
+    return None if nested is None else EnvelopeFit(fgb, lap, nested)
+
+
+def envelope_importance(prepared: EnvelopeFit, exact_batch, *, draws: int,
+                        rng: np.random.Generator, proposals: int = EXACT_PROPOSALS,
+                        top_up_ess: float = TOP_UP_ESS, max_proposals: int = MAX_PROPOSALS,
+                        widen=None) -> ImportanceResult | None:
+    """Step 5: draws from the exact noise-aware posterior (module docstring) by importance
+    sampling from ``prepared``'s nested proposal; ``exact_batch(us)``: its log density at
+    the rows of ``us``. ``proposals`` exact evaluations first; if their effective sample size
+    is below ``top_up_ess`` (and their Pareto k-hat at most 0.7: more draws cannot mend a heavy
+    tail), more up to ``max_proposals``, all weighted together. ``widen``: the proposal's (sd
+    factor, wide share, wide sd factor), default (_SCALE, _WIDE, _WIDE_SCALE); ``WIDER`` for a
+    retry."""
+    nested, lap = prepared.nested, prepared.laplace
 
     def batch(count):
-        u, log_q = nested.draw(int(count), rng)
+        u, log_q = nested.draw(int(count), rng, widen)
         lw = exact_batch(u) - log_q
         lw[~np.isfinite(lw)] = -np.inf
         return u, lw

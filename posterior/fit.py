@@ -521,27 +521,30 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
     it has at least ``_ENVELOPE_MIN_ESS`` effective draws; else (None, (the envelope's Laplace
     approximation, its density and gradient)) for attempt 0b, or (None, None) when the
     envelope gave no proposal; recorded in ``diag``."""
-    from posterior.envelope import envelope, envelope_logp_grad
-    from posterior.envelope_importance import WIDER, envelope_importance
+    from posterior.envelope_importance import WIDER, envelope_importance, prepare_envelope
 
+    prepared = prepare_envelope(inp, u0)
     tries = []
-    for widen in (None, WIDER):
-        # A k-hat above _KHAT_MAX: once more with the wider, heavier-tailed proposal.
-        res = envelope_importance(inp, fb, u0, draws=draws, rng=rng, widen=widen)
-        if res is None:
-            diag["envelope"] = {"used": False, "reason": "no envelope mode or proposal",
-                                "tries": tries}
-            return None, None
-        ok = res.khat <= _KHAT_MAX and res.ess >= _ENVELOPE_MIN_ESS
-        tries.append({"ess": float(res.ess), "khat": float(res.khat),
-                      "proposals": int(res.proposals)})
-        # A wider proposal mends a k-hat a little above the threshold (d = 64: 0.75 -> 0.5),
-        # not one above 1 (d = 128: 1.3-2.1 either way): then straight to attempt 0b.
-        if ok or res.khat <= _KHAT_MAX or res.khat > 1.0:
-            break
+    res = None
+    if prepared is not None:
+        for widen in (None, WIDER):
+            # A k-hat above _KHAT_MAX: once more with the wider, heavier-tailed mixture.
+            res = envelope_importance(prepared, fb, draws=draws, rng=rng, widen=widen)
+            if res is None:
+                break
+            ok = res.khat <= _KHAT_MAX and res.ess >= _ENVELOPE_MIN_ESS
+            tries.append({"ess": float(res.ess), "khat": float(res.khat),
+                          "proposals": int(res.proposals)})
+            # A wider proposal mends a k-hat a little above the threshold (d = 64: 0.75 ->
+            # 0.5), not one above 1 (d = 128: 1.3-2.1 either way): then straight to 0b.
+            if ok or res.khat <= _KHAT_MAX or res.khat > 1.0:
+                break
+    if res is None:
+        diag["envelope"] = {"used": False, "reason": "no envelope mode or proposal",
+                            "tries": tries}
+        return None, None
     diag["envelope"] = {"used": bool(ok), "tries": tries}
     if not ok:
-        env = envelope(inp)
         # Attempt 0b's HMC is preconditioned by the nested proposal's mean and covariance,
         # which follow the marginal of log lambda; from the envelope's joint Laplace
         # approximation instead, 2 of 5 d = 128 releases had chains that never agreed
@@ -550,7 +553,7 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
         if res.proposal is not None:
             centre, chol = res.proposal
             lap = dataclasses.replace(lap, mode=centre, cov=chol @ chol.T)
-        return None, (lap, lambda us: envelope_logp_grad(us, env))
+        return None, (lap, prepared.fgb)
     lap = res.laplace
     diag.update(importance_attempts=0, modes=1, importance_khat=float(res.khat),
                 iterations=lap.iterations, gradient_norm=lap.gradient_norm,

@@ -177,6 +177,17 @@ def test_d64_fit_agrees_with_a_long_reference_run():
     assert abs(lap.mode[d] - draws[:, d].mean()) > 1.5 * draws[:, d].std()
 
 
+def _reporting_rhat(real, rhat, surrogate_only=False):
+    """``posterior.hmc.hmc`` run for real but reporting split r-hat ``rhat`` (only for the
+    envelope-guided runs, ``exact=`` given, with ``surrogate_only``)."""
+    def wrapped(*args, **kw):
+        r = real(*args, **kw)
+        if surrogate_only and kw.get("exact") is None:
+            return r
+        return HMCResult(r.samples, r.ess, rhat, r.step_size, r.acceptance, r.evaluations)
+    return wrapped
+
+
 @pytest.fixture
 def forced_hmc(monkeypatch):
     """A small problem whose fit is sent to HMC (attempt 4: the k-hat threshold below any
@@ -194,12 +205,7 @@ def test_unconverged_hmc_is_refused_and_low_ess_is_reported(monkeypatch, forced_
 
     s, pub = forced_hmc
     real = hmc_mod.hmc
-
-    def stuck(*args, **kw):
-        r = real(*args, **kw)
-        return HMCResult(r.samples, r.ess, 1.5, r.step_size, r.acceptance, r.evaluations)
-
-    monkeypatch.setattr(hmc_mod, "hmc", stuck)
+    monkeypatch.setattr(hmc_mod, "hmc", _reporting_rhat(real, 1.5))
     # With an importance sample of enough draws it is kept, saying neither sampler holds:
     kept = fit_posterior(s, public=pub, seed=0, draws=500, method="laplace")
     assert kept.diagnostics["sampler"] == "importance" and kept.diagnostics["hmc_refused"]
@@ -252,13 +258,7 @@ def test_chains_that_agree_only_roughly_are_kept_with_a_warning(monkeypatch, for
     import posterior.hmc as hmc_mod
 
     stats, public = forced_hmc
-    real = hmc_mod.hmc
-
-    def rough(*args, **kw):
-        r = real(*args, **kw)
-        return HMCResult(r.samples, r.ess, 1.08, r.step_size, r.acceptance, r.evaluations)
-
-    monkeypatch.setattr(hmc_mod, "hmc", rough)
+    monkeypatch.setattr(hmc_mod, "hmc", _reporting_rhat(hmc_mod.hmc, 1.08))
     post = fit_posterior(stats, public=public, seed=0, draws=500, method="laplace")
     assert post.diagnostics["converged"] and post.diagnostics["hmc_rhat"] == 1.08
     assert post.diagnostics["hmc_extensions"] == fit_mod._HMC_EXTENSIONS
@@ -340,15 +340,7 @@ def test_envelope_attempts_that_fail_leave_the_old_path(monkeypatch):
     import posterior.fit as fit_mod
     import posterior.hmc as hmc_mod
 
-    real = hmc_mod.hmc
-
-    def surrogate_stuck(*args, **kw):
-        r = real(*args, **kw)
-        if kw.get("exact") is None:
-            return r
-        return HMCResult(r.samples, r.ess, 1.5, r.step_size, r.acceptance, r.evaluations)
-
-    monkeypatch.setattr(hmc_mod, "hmc", surrogate_stuck)
+    monkeypatch.setattr(hmc_mod, "hmc", _reporting_rhat(hmc_mod.hmc, 1.5, surrogate_only=True))
     d = 40
     s, pub = _noise_aware_release(d, 800, 1002)
     monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_ESS", 10 ** 9)
