@@ -258,16 +258,13 @@ def _laplace_mass(lap) -> float:
 
 def _one_blas_thread(d: int):
     """At d >= _ENVELOPE_MIN_DIM, BLAS limited to one thread for the fit (threadpoolctl, a
-    dependency of PyMC; skipped where it is missing): its matrices are at most a few hundred
-    wide, where OpenBLAS's threads cost more than they bring, and on a loaded 2-core machine
-    far more (the d = 64 fit 2-3x slower at load 9). Below that the limit's own cost (~1 ms)
-    is not worth paying."""
+    base dependency): its matrices are at most a few hundred wide, where OpenBLAS's threads
+    cost more than they bring, and on a loaded 2-core machine far more (the d = 64 fit 2-3x
+    slower at load 9). Below that the limit's own cost (~1 ms) is not worth paying."""
     if d < _ENVELOPE_MIN_DIM:
         return contextlib.nullcontext()
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:  # pragma: no cover - installed with the aggregator extra
-        return contextlib.nullcontext()
+    from threadpoolctl import threadpool_limits
+
     return threadpool_limits(limits=1, user_api="blas")
 
 
