@@ -13,7 +13,7 @@ from dpfed.bounds import choose_bounds
 from dpfed.metrics import spearman
 from dpfed.preprocess import Preprocessing
 from dpfed.preprocess import public_sigmas
-from posterior import fit_posterior
+from posterior import ConvergenceError, fit_posterior
 from site_node import exact_statistics, release_statistics
 
 D, N_PRIVATE, N_PUBLIC, N_TEST, EPSILON = 10, 800, 10, 500, 2.0
@@ -36,6 +36,7 @@ def test_private_model_beats_the_public_only_baseline_on_average():
     rng = np.random.default_rng(2018)
     omegas = choose_bounds(N_PRIVATE, D, EPSILON, seed=0)
     private_scores, public_scores = [], []
+    refused = 0
     for r in range(REPEATS):
         (xp, yp), (xq, yq), (xt, yt) = _problem(rng)
         pre = Preprocessing.from_public_data(xq, yq)
@@ -45,7 +46,13 @@ def test_private_model_beats_the_public_only_baseline_on_average():
         release = release_statistics(*pre.apply(xp, yp), epsilon=EPSILON, x_bound=x_bound,
                                      y_bound=y_bound)
         # The default fit: noise-aware on the release, exact on the public rows alone.
-        private = fit_posterior(release + public, public=public, draws=500, seed=r)
+        try:
+            private = fit_posterior(release + public, public=public, draws=500, seed=r)
+        except ConvergenceError:
+            # Every sampler failed to mix on this release (CI: HMC r-hat 1.11, NUTS 1.17, one
+            # of 100): the product refuses the fit, saying so; counted, and bounded below.
+            refused += 1
+            continue
         baseline = fit_posterior(public, draws=500, seed=r)
         zt = pre.transform_x(xt)
         private_scores.append(spearman(private.predict(zt), yt))
@@ -55,9 +62,11 @@ def test_private_model_beats_the_public_only_baseline_on_average():
     # On average, and not by luck: the paired mean gain exceeds 3 standard errors. (Measured:
     # a gain of about 0.1 with a per-repeat sd of about 0.2, i.e. about 5 standard errors at
     # 100 repeats; OpenDP's noise cannot be seeded, so the margin must absorb its randomness.)
-    z = gain.mean() / (gain.std(ddof=1) / np.sqrt(REPEATS))
+    z = gain.mean() / (gain.std(ddof=1) / np.sqrt(gain.size))
     print(f"private {private_scores.mean():.3f} vs public-only {public_scores.mean():.3f} "
-          f"over {REPEATS} repeats: paired gain {gain.mean():.3f} = {z:.1f} standard errors")
+          f"over {gain.size} repeats ({refused} refused): paired gain {gain.mean():.3f} = "
+          f"{z:.1f} standard errors")
+    assert refused <= 2, refused
     assert private_scores.mean() > public_scores.mean()
     assert z > 3, (private_scores, public_scores)
 
