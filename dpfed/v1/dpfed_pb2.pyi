@@ -45,8 +45,18 @@ class NoiseDescription(_message.Message):
     n: _containers.RepeatedCompositeFieldContainer[NoiseTerm]
     def __init__(self, xtx: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., xty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., yty: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ..., n: _Optional[_Iterable[_Union[NoiseTerm, _Mapping]]] = ...) -> None: ...
 
+class TargetSpec(_message.Message):
+    __slots__ = ("name", "y_mean", "y_scale")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    Y_MEAN_FIELD_NUMBER: _ClassVar[int]
+    Y_SCALE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    y_mean: float
+    y_scale: float
+    def __init__(self, name: _Optional[str] = ..., y_mean: _Optional[float] = ..., y_scale: _Optional[float] = ...) -> None: ...
+
 class RoundSpec(_message.Message):
-    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity", "consent_deadline_unix_ms", "aggregation", "noise_threshold", "max_site_rows", "colluders", "site_key_ids", "aggregator_key_id")
+    __slots__ = ("round_id", "coordinator_id", "target", "feature_names", "epsilon", "x_bound", "y_bound", "budget_split", "preprocessing", "public_source", "public_statistics", "quorum", "deadline_unix_ms", "sites", "created_unix_ms", "fit_method", "fit_draws", "fit_seed", "neighbouring", "xtx_sensitivity", "consent_deadline_unix_ms", "aggregation", "noise_threshold", "max_site_rows", "colluders", "site_key_ids", "aggregator_key_id", "targets", "mechanism", "delta")
     class SiteKeyIdsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +91,9 @@ class RoundSpec(_message.Message):
     COLLUDERS_FIELD_NUMBER: _ClassVar[int]
     SITE_KEY_IDS_FIELD_NUMBER: _ClassVar[int]
     AGGREGATOR_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    MECHANISM_FIELD_NUMBER: _ClassVar[int]
+    DELTA_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     coordinator_id: str
     target: str
@@ -108,7 +121,10 @@ class RoundSpec(_message.Message):
     colluders: int
     site_key_ids: _containers.ScalarMap[str, str]
     aggregator_key_id: str
-    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ..., consent_deadline_unix_ms: _Optional[int] = ..., aggregation: _Optional[str] = ..., noise_threshold: _Optional[int] = ..., max_site_rows: _Optional[int] = ..., colluders: _Optional[int] = ..., site_key_ids: _Optional[_Mapping[str, str]] = ..., aggregator_key_id: _Optional[str] = ...) -> None: ...
+    targets: _containers.RepeatedCompositeFieldContainer[TargetSpec]
+    mechanism: str
+    delta: float
+    def __init__(self, round_id: _Optional[str] = ..., coordinator_id: _Optional[str] = ..., target: _Optional[str] = ..., feature_names: _Optional[_Iterable[str]] = ..., epsilon: _Optional[float] = ..., x_bound: _Optional[float] = ..., y_bound: _Optional[float] = ..., budget_split: _Optional[_Iterable[float]] = ..., preprocessing: _Optional[_Union[Preprocessing, _Mapping]] = ..., public_source: _Optional[str] = ..., public_statistics: _Optional[bytes] = ..., quorum: _Optional[int] = ..., deadline_unix_ms: _Optional[int] = ..., sites: _Optional[_Iterable[str]] = ..., created_unix_ms: _Optional[int] = ..., fit_method: _Optional[str] = ..., fit_draws: _Optional[int] = ..., fit_seed: _Optional[int] = ..., neighbouring: _Optional[str] = ..., xtx_sensitivity: _Optional[str] = ..., consent_deadline_unix_ms: _Optional[int] = ..., aggregation: _Optional[str] = ..., noise_threshold: _Optional[int] = ..., max_site_rows: _Optional[int] = ..., colluders: _Optional[int] = ..., site_key_ids: _Optional[_Mapping[str, str]] = ..., aggregator_key_id: _Optional[str] = ..., targets: _Optional[_Iterable[_Union[TargetSpec, _Mapping]]] = ..., mechanism: _Optional[str] = ..., delta: _Optional[float] = ...) -> None: ...
 
 class Contribution(_message.Message):
     __slots__ = ("round_id", "site_id", "statistics", "n", "epsilon_spent", "spec_digest", "timestamp_unix_ms", "nonce", "noise", "masked")
@@ -379,18 +395,20 @@ class ListRoundsReply(_message.Message):
     def __init__(self, rounds: _Optional[_Iterable[_Union[RoundSummary, _Mapping]]] = ...) -> None: ...
 
 class RoundResult(_message.Message):
-    __slots__ = ("round_id", "summary_json", "beta_draws", "draws", "dim")
+    __slots__ = ("round_id", "summary_json", "beta_draws", "draws", "dim", "targets")
     ROUND_ID_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_JSON_FIELD_NUMBER: _ClassVar[int]
     BETA_DRAWS_FIELD_NUMBER: _ClassVar[int]
     DRAWS_FIELD_NUMBER: _ClassVar[int]
     DIM_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
     round_id: str
     summary_json: str
     beta_draws: bytes
     draws: int
     dim: int
-    def __init__(self, round_id: _Optional[str] = ..., summary_json: _Optional[str] = ..., beta_draws: _Optional[bytes] = ..., draws: _Optional[int] = ..., dim: _Optional[int] = ...) -> None: ...
+    targets: int
+    def __init__(self, round_id: _Optional[str] = ..., summary_json: _Optional[str] = ..., beta_draws: _Optional[bytes] = ..., draws: _Optional[int] = ..., dim: _Optional[int] = ..., targets: _Optional[int] = ...) -> None: ...
 
 class ListSitesRequest(_message.Message):
     __slots__ = ()
