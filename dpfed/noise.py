@@ -32,14 +32,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["NoiseTerm", "NoiseDescription", "EXACT", "LAWS", "PARTS", "NoiseError", "to_proto",
-           "from_proto"]
+__all__ = ["NoiseTerm", "NoiseDescription", "EXACT", "LAWS", "GRID_LAWS", "PARTS", "NoiseError",
+           "to_proto", "from_proto"]
 
 #: Laws the description can name. ``laplace``: density exp(-|e|/b)/(2b), variance 2 b^2.
 #: ``discrete_laplace``: P(e = k g) proportional to exp(-|k| g / b) on the grid g = ``grid``
 #: (OpenDP's integer and grid-snapped Laplace, and the secure aggregate of method.md section
 #: 10); its variance is given exactly by ``NoiseTerm.variance``. ``gaussian``: sd = scale.
-LAWS = ("laplace", "discrete_laplace", "gaussian")
+#: ``skellam``: Poisson(lam) - Poisson(lam) on the grid g = ``grid`` (the distributed noise of a
+#: secure Gaussian-mechanism round, dpfed.secagg.skellam; Agarwal, Kairouz & Liu, NeurIPS 2021):
+#: ``scale`` is the sd of ONE full draw in the statistic's units, sqrt(2 lam) g, so one full
+#: draw's variance is scale^2 = 2 lam g^2 exactly; shares (``share`` = T) carry 1/T of it each.
+LAWS = ("laplace", "discrete_laplace", "gaussian", "skellam")
+#: Laws on a grid (``NoiseTerm.grid`` > 0) and laws whose draw may be split into T shares.
+GRID_LAWS = ("discrete_laplace", "skellam")
 PARTS = ("xtx", "xty", "yty", "n")
 
 
@@ -53,9 +59,11 @@ class NoiseTerm:
 
     ``grid`` is the spacing of a discrete law (0 for continuous laws). ``share`` = T > 1 makes
     each of the ``draws`` a 1/T *share* of one draw (secure aggregation with distributed
-    noise, dpfed.secagg.dlaplace; defined for discrete_laplace only): the difference of two
-    independent NB(1/T, p) variables, so ``draws`` = C shares sum to NB(C/T, p) - NB(C/T, p),
-    which carries C/T of one draw's variance and, once C >= T, at least one full draw."""
+    noise; defined for the grid laws): for discrete_laplace (dpfed.secagg.dlaplace) the
+    difference of two independent NB(1/T, p) variables, so ``draws`` = C shares sum to
+    NB(C/T, p) - NB(C/T, p); for skellam (dpfed.secagg.skellam) Poisson(lam/T) -
+    Poisson(lam/T), so C shares sum to Sk(C lam/T). Either carries C/T of one draw's variance
+    and, once C >= T, at least one full draw."""
 
     law: str
     scale: float
@@ -74,14 +82,15 @@ class NoiseTerm:
             raise NoiseError(f"noise scale must be finite and > 0, got {self.scale!r}")
         if not (math.isfinite(grid) and grid >= 0):
             raise NoiseError(f"noise grid must be finite and >= 0, got {self.grid!r}")
-        if (self.law == "discrete_laplace") != (grid > 0):
-            raise NoiseError("a grid is given for discrete_laplace and only for it")
+        if (self.law in GRID_LAWS) != (grid > 0):
+            raise NoiseError(f"a grid is given for {' and '.join(GRID_LAWS)} and only for them")
         if isinstance(self.draws, bool) or not isinstance(self.draws, int) or self.draws < 1:
             raise NoiseError(f"draws must be an integer >= 1, got {self.draws!r}")
         if isinstance(self.share, bool) or not isinstance(self.share, int) or self.share < 1:
             raise NoiseError(f"share must be an integer >= 1, got {self.share!r}")
-        if self.share > 1 and self.law != "discrete_laplace":
-            raise NoiseError("shares of a draw (share > 1) are defined for discrete_laplace only")
+        if self.share > 1 and self.law not in GRID_LAWS:
+            raise NoiseError(f"shares of a draw (share > 1) are defined for "
+                             f"{' and '.join(GRID_LAWS)} only")
         object.__setattr__(self, "scale", scale)
         object.__setattr__(self, "grid", grid)
 
@@ -89,7 +98,8 @@ class NoiseTerm:
         """Variance of the term's total noise in one coordinate (all its draws)."""
         if self.law == "laplace":
             one = 2.0 * self.scale ** 2
-        elif self.law == "gaussian":
+        elif self.law in ("gaussian", "skellam"):
+            # skellam: scale is the sd of one full draw, sqrt(2 lam) * grid (LAWS)
             one = self.scale ** 2
         else:
             # Discrete Laplace on the grid g with P(k) ~ exp(-|k| t), t = g / b:

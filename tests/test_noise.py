@@ -86,3 +86,21 @@ def test_proto_and_dict_round_trips():
     assert NoiseDescription.from_dict(d.to_dict()) == d
     with pytest.raises(NoiseError):
         NoiseDescription.from_dict({"xtx": [], "xyt": []})
+
+
+def test_skellam_term_variance_and_shares():
+    """A skellam term's scale is the sd of one full draw (sqrt(2 lam) grid): C shares of
+    threshold T carry C/T of its variance; it needs a grid, like discrete_laplace."""
+    lam, grid = 12.5, 0.25
+    full = NoiseTerm("skellam", math.sqrt(2 * lam) * grid, 1, grid=grid)
+    assert full.variance() == pytest.approx(2 * lam * grid ** 2, rel=1e-12)
+    shares = NoiseTerm("skellam", full.scale, 7, grid=grid, share=5)
+    assert shares.variance() == pytest.approx(7 / 5 * 2 * lam * grid ** 2, rel=1e-12)
+    assert shares.full_draws == pytest.approx(1.4)
+    with pytest.raises(NoiseError):
+        NoiseTerm("skellam", 1.0, 1)                     # no grid
+    with pytest.raises(NoiseError):
+        NoiseTerm("gaussian", 1.0, 2, share=2)           # shares only for grid laws
+    d = NoiseDescription(xty=(shares,))
+    assert from_proto(to_proto(d)) == d
+    assert NoiseDescription.from_dict(d.to_dict()) == d
