@@ -74,7 +74,7 @@ import numpy as np
 from dpfed.sensitivity import check_norm_bound, coordinate_bound
 
 __all__ = ["JointLayout", "joint_l1_sensitivity", "joint_l2_sensitivity", "row_contribution",
-           "extreme_rows_l1", "extreme_rows_l2"]
+           "extreme_rows_l1", "extreme_rows_l2", "concentrated_row"]
 
 PARTS = ("xtx", "n_x", "xty", "yty", "n")
 
@@ -147,7 +147,7 @@ def joint_l1_sensitivity(d: int, m: int, x_bound: float, y_bound, *, x_norm_boun
     return total + sum(d * t * b + b * b + 1.0 for b in by)
 
 
-def _concentrated(d: int, x_bound: float, x_norm_bound) -> tuple[float, int, float, float]:
+def concentrated_row(d: int, x_bound: float, x_norm_bound) -> tuple[float, int, float, float]:
     """(S, k, c, r) of the L2-extreme row: k coordinates with v_i^2 = c, one with r, S = kc + r."""
     c = x_bound * x_bound
     norm = check_norm_bound(x_norm_bound)
@@ -188,7 +188,7 @@ def joint_l2_sensitivity(d: int, m: int, x_bound: float, y_bound, *, x_norm_boun
                     or v < 0:
                 raise ValueError(f"weights[{p}] must be finite and >= 0, got {v!r}")
         per[p] = [float(v) for v in vals]
-    s, k, c, r = _concentrated(d, bx, x_norm_bound)
+    s, k, c, r = concentrated_row(d, bx, x_norm_bound)
     total = per["xtx"][0] * 0.5 * (s * s + k * c * c + r * r)
     if include_n:
         total += per["n_x"][0]
@@ -219,7 +219,7 @@ def extreme_rows_l1(d: int, m: int, x_bound: float, y_bound, *, x_norm_bound=Non
 def extreme_rows_l2(d: int, m: int, x_bound: float, y_bound, *, x_norm_bound=None):
     """The L2-extreme record: k coordinates at sqrt(c), one at sqrt(r), the rest 0; every
     response present at +By_j."""
-    s, k, c, r = _concentrated(d, float(x_bound), x_norm_bound)
+    s, k, c, r = concentrated_row(d, float(x_bound), x_norm_bound)
     v = np.zeros(d)
     v[:k] = math.sqrt(c)
     if k < d:

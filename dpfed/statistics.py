@@ -276,12 +276,21 @@ def clipped_exact_statistics(x, y, x_bound: float, y_bound: float,
     radius R; the target to [-y_bound, y_bound]), with no noise (``EXACT``). For *public*
     rows that are to be fitted together with a release of the same bounds."""
     x, y = validate_data(x, y)
+    return exact_statistics(clipped_features(x, x_bound, x_norm_bound),
+                            np.clip(y, -y_bound, y_bound))
+
+
+def clipped_features(x: np.ndarray, x_bound: float, x_norm_bound: float | None = None
+                     ) -> np.ndarray:
+    """A clipped copy of finite features ``x`` (n x d): every value to [-x_bound, x_bound],
+    then with ``x_norm_bound`` R every row longer than R scaled to R (1 - 1e-12), so it is
+    inside the ball in floating point too (what ``site_node.release`` does block by block)."""
     z = np.clip(x, -x_bound, x_bound)
     if x_norm_bound is not None:
         norms = np.sqrt(np.einsum("ij,ij->i", z, z))
         over = norms > x_norm_bound
         z[over] *= (x_norm_bound * (1.0 - 1e-12) / norms[over])[:, None]
-    return exact_statistics(z, np.clip(y, -y_bound, y_bound))
+    return z
 
 
 def realisable(stats: Statistics, rel_tol: float = 1e-9) -> bool:
