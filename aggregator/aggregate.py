@@ -116,6 +116,16 @@ class RunningTotal:
                 raise StatisticsError(str(exc)) from None
 
 
+def running_total(spec: pb.RoundSpec):
+    """An empty exact running sum for ``spec``'s releases: a RunningTotal of its dimension,
+    or for a joint round an aggregator.joint_round.JointRunningTotal (same interface; its
+    total is a JointStatistics)."""
+    if spec.targets:
+        from aggregator.joint_round import JointRunningTotal
+        return JointRunningTotal(len(spec.feature_names), len(spec.targets))
+    return RunningTotal(len(spec.feature_names))
+
+
 def exact_sum(parts: Sequence[Statistics]) -> Statistics:
     """Correctly rounded sum of statistics of one dimension (n summed as integers); the
     noise descriptions are summed too (unknown if any part's is unknown)."""
@@ -185,7 +195,8 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
     d = len(spec.feature_names)
     if not spec.round_id:
         problems.append("round_id is empty")
-    if not spec.target:
+    joint = len(spec.targets) > 0     # a joint round (aggregator.joint_round)
+    if not spec.target and not joint:
         problems.append("target is empty")
     if d == 0:
         problems.append("no feature_names")
@@ -237,7 +248,12 @@ def validate_spec(spec: pb.RoundSpec, registered_sites: Sequence[str]) -> list[s
     # Aggregation mode and the secure-aggregation parameters (dpfed.secure_round).
     from dpfed.secure_round import secure_problems
     problems += secure_problems(spec, invited)
-    if spec.public_statistics:
+    # The noise mechanism, and a joint round's targets and per-target public statistics.
+    from aggregator import joint_round
+    problems += joint_round.mechanism_problems(spec)
+    if joint:
+        problems += joint_round.joint_spec_problems(spec)
+    elif spec.public_statistics:
         try:
             pub = Statistics.from_bytes(spec.public_statistics)
             if pub.dim != d:

@@ -18,7 +18,7 @@ from dpfed.statistics import Statistics
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import parse_canonical
 
-from aggregator import aggregate
+from aggregator import aggregate, joint_round
 from aggregator.contribution_wire import fast_contribution
 from aggregator.errors import Rejected
 
@@ -41,8 +41,11 @@ class AcceptedContribution:
 def round_expected_noise(spec: pb.RoundSpec) -> dpnoise.NoiseDescription:
     """The NoiseDescription every contribution to ``spec`` must declare: one release of the
     spec's mechanism (dpfed.sensitivity.expected_noise; "" = add_remove / exact; the row-norm
-    bound R = 1 when the spec's pre-processing normalises rows, ``row_norm_bound``). Raises
+    bound R = 1 when the spec's pre-processing normalises rows, ``row_norm_bound``); for a
+    joint round, its joint calibration's (aggregator.joint_round.expected_noise). Raises
     ValueError for a spec whose mechanism is invalid (validate_spec refuses those first)."""
+    if joint_round.is_joint(spec):
+        return joint_round.expected_noise(spec)
     return expected_noise(len(spec.feature_names), spec.epsilon, spec.x_bound, spec.y_bound,
                           tuple(spec.budget_split),
                           neighbouring=spec.neighbouring or "add_remove",
@@ -101,7 +104,11 @@ def with_public(running: aggregate.RunningTotal, spec: pb.RoundSpec,
                 noise: dpnoise.NoiseDescription | None) -> Statistics:
     """``running`` (a copy: it is changed) plus the spec's public statistics, if any, carrying
     ``noise``: the sum of the accepted contributions' descriptions (the public statistics are
-    exact and add none)."""
+    exact and add none). A joint round's public statistics are per target and join each
+    target's view at the fit (aggregator.joint_fit): its total is the private JointStatistics
+    sum alone."""
+    if joint_round.is_joint(spec):
+        return running.total(noise=noise)
     if spec.public_statistics:
         running.add_encoded(spec.public_statistics)
     return running.total(noise=noise)

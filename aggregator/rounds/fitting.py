@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 
+from dpfed.jsonsafe import jsonable
 from dpfed.v1 import dpfed_pb2 as pb
 
 from aggregator import aggregate
@@ -23,6 +24,9 @@ def fit_round(spec: pb.RoundSpec, running: aggregate.RunningTotal,
     """(StoredResult, the fitted Statistics, fit seconds) for ``spec`` given the running sum
     of its accepted releases ``parts`` (``running`` is changed: pass a copy). Raises whatever
     the fit raises; the caller fails the round with it."""
+    if spec.targets:
+        return fit_joint_round(spec, running, parts, round_s=round_s, skip_fit=skip_fit,
+                               dropped=dropped, phases=phases)
     t0 = time.perf_counter()
     public = aggregate.public_statistics(spec)
     total = with_public(running, spec, sum_noise(c.noise for _, c in parts))
@@ -51,3 +55,60 @@ def fit_round(spec: pb.RoundSpec, running: aggregate.RunningTotal,
                           np.ascontiguousarray(draws, dtype="<f8").tobytes(),
                           int(draws.shape[0]), int(d))
     return result, total, fit_s
+
+
+def fit_joint_round(spec: pb.RoundSpec, running, parts: list[tuple[str, AcceptedContribution]],
+                    *, round_s: float, skip_fit: bool = False, dropped: list[str] = (),
+                    phases: list = ()):
+    """``fit_round`` of a joint round (aggregator.joint_fit): one posterior per target. The
+    stored result: summary_json with the round's fields and "targets" (one entry per target,
+    spec order: the single round's per-target fields, or "status": "failed" and why),
+    beta_draws m blocks of (draws x d) in spec order (NaN for a target that did not fit),
+    ``draws`` the rows of one block. Raises JointFitError if no target fitted."""
+    from aggregator.joint_fit import fit_draws, fit_joint
+    from aggregator.joint_round import calibration
+    t0 = time.perf_counter()
+    private = with_public(running, spec, sum_noise(c.noise for _, c in parts))
+    entries, draws, keep = fit_joint(spec, private, skip_fit=skip_fit)
+    fit_s = time.perf_counter() - t0
+    cal = calibration(spec)
+    pre = spec.preprocessing
+    fitted = sum(e.get("status") == "fitted" for e in entries)
+    summary = jsonable({
+        "round_id": spec.round_id,
+        "joint": True,
+        "dim": len(spec.feature_names),
+        "m": len(spec.targets),
+        "fitted": fitted,
+        "n_total": int(private.n_x),
+        "n_public": max((e["n_public"] for e in entries), default=0),
+        "sites": [{"site_id": s, "n": int(c.n), "epsilon": float(c.epsilon)}
+                  for s, c in parts],
+        "mechanism": spec.mechanism or "laplace",
+        "epsilon": spec.epsilon,
+        "delta": spec.delta,
+        # The GDP parameter of one site's release (per patient; gaussian rounds).
+        "gdp_mu": cal.mu if (spec.mechanism or "laplace") == "gaussian" else None,
+        "noise": private.noise.summary() if private.noise is not None else "unknown",
+        "feature_names": list(spec.feature_names),
+        "target": "",
+        "targets": entries,
+        "fit_draws_per_target": fit_draws(spec),
+        "stored_draws_per_target": keep,
+        "timings": {"round_s": round_s, "fit_s": fit_s},
+        "preprocessing": {"x_mean": list(pre.x_mean), "y_mean": pre.y_mean,
+                          "normalize_rows": pre.normalize_rows,
+                          **({"x_scale": list(pre.x_scale)} if pre.x_scale else {})},
+        "public_source": spec.public_source,
+        "x_bound": spec.x_bound,
+        "y_bound": spec.y_bound,
+        "fit_method": spec.fit_method or "auto",
+        "dropped": list(dropped),
+        "aggregation": spec.aggregation or "independent",
+        "phases": [{"phase": p, "started_unix_ms": t, "seconds": s or fit_s}
+                   for p, t, s in phases],
+    })
+    result = StoredResult(spec.round_id, json.dumps(summary, sort_keys=True),
+                          np.ascontiguousarray(draws, dtype="<f8").tobytes(), int(keep),
+                          len(spec.feature_names))
+    return result, private, fit_s

@@ -25,6 +25,14 @@ from aggregator.rounds.contributions import (AcceptedContribution, noise_of,
 from aggregator.rounds.recovery import load_contributions
 from aggregator.rounds.states import CONSENT, RELEASE, STATE_TO_PB
 
+def summary_target(spec: pb.RoundSpec) -> str:
+    """RoundSummary.target: the response column, or for a joint round (whose spec.target is
+    empty) the text "[m targets]" (docs/protocol.md, "Joint rounds")."""
+    if spec.targets:
+        return f"[{len(spec.targets)} targets]"
+    return spec.target
+
+
 # ListRounds: rows per page by default and at most.
 DEFAULT_LIST_ROUNDS, MAX_LIST_ROUNDS = 100, 1000
 
@@ -120,7 +128,8 @@ class RoundReads:
                 summary["n_total"] = None
                 summary_json = json.dumps(summary, sort_keys=True)
         return pb.RoundResult(round_id=round_id, summary_json=summary_json,
-                              beta_draws=res.beta_draws, draws=res.draws, dim=res.dim)
+                              beta_draws=res.beta_draws, draws=res.draws, dim=res.dim,
+                              targets=len(ctx.rounds[round_id].spec.targets))
 
     def list_sites(self, peer: identity.PeerIdentity | None = None) -> pb.ListSitesReply:
         """Every registered site; its details (key, connection, spend, declared total) only
@@ -175,7 +184,7 @@ class RoundReads:
                 s, spec = live.stored, live.spec
                 reply.rounds.append(pb.RoundSummary(
                     round_id=s.round_id, state=STATE_TO_PB[s.state],
-                    coordinator_id=spec.coordinator_id, target=spec.target,
+                    coordinator_id=spec.coordinator_id, target=summary_target(spec),
                     epsilon=spec.epsilon, invited=len(live.invited),
                     consented=len(live.consents),
                     contributed=(len(live.contributions) if live.archived is None
@@ -217,7 +226,9 @@ class RoundReads:
 
     def aggregated_statistics(self, round_id: str) -> Statistics:
         """The sum the model is fitted on (for tests and audits): the running total of the
-        accepted releases plus the public statistics."""
+        accepted releases plus the public statistics. A joint round: the JointStatistics sum
+        of the releases (its public statistics are per target, added to each target's view
+        at the fit)."""
         ctx = self.ctx
         with ctx.lock:
             live = ctx.round(round_id)
@@ -227,6 +238,14 @@ class RoundReads:
                 running = secure_session.unmasked_total(ctx, live).copy()
                 noise = sum_noise(c.noise for c in live.contributions.values())
                 return with_public(running, live.spec, noise)
+            if live.running is None and live.spec.targets:   # a finished joint round
+                running = aggregate.running_total(live.spec)
+                stored = ctx.store.contributions(round_id)
+                for c in stored:
+                    running.add_encoded(c.statistics)
+                return running.total(noise=sum_noise(
+                    noise_of(stored_contribution(parse_envelope(c.envelope).payload))
+                    for c in stored))
             if live.running is None:   # a finished round loaded from the store
                 stored = ctx.store.contributions(round_id)
                 parts = [c.statistics for c in stored]

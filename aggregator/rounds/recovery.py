@@ -57,8 +57,12 @@ def recover(ctx: RoundContext, transitions: Transitions) -> None:
             if stored.state in (*COLLECTING, FITTING):
                 contributions = load_contributions(ctx.store, live)
                 if not secure:   # a secure round's sum is the unmasked one (replay)
-                    live.running = aggregate.RunningTotal(stored.dim)
-                if contributions and not secure:
+                    live.running = aggregate.running_total(spec)
+                if contributions and not secure and spec.targets:   # a joint round
+                    for c in contributions:
+                        live.running.add_encoded(c.statistics)
+                    live.running.fold(1)
+                elif contributions and not secure:
                     live.running.add_rows(
                         np.stack([encoded_values(c.statistics) for c in contributions]),
                         sum(c.n for c in contributions))

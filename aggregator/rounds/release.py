@@ -23,7 +23,7 @@ from dpfed.secagg.messages import MaskedInput
 from dpfed.statistics import StatisticsError
 from dpfed.v1 import dpfed_pb2 as pb
 
-from aggregator import aggregate, identity
+from aggregator import aggregate, identity, joint_round
 from aggregator.errors import Rejected
 from aggregator.rounds import secure_session
 from aggregator.rounds.contributions import (AcceptedContribution, declared_noise,
@@ -211,7 +211,18 @@ class ReleasePhase(Phase):
 
     @staticmethod
     def _check_statistics(c: pb.Contribution, live: LiveRound) -> None:
-        """An independent release: statistics of the round's dimension, and their n."""
+        """An independent release: statistics of the round's dimension, and their n (a joint
+        round's: a JointStatistics of its features and targets, n = its n_x)."""
+        if joint_round.is_joint(live.spec):
+            try:
+                stats = joint_round.decode_release(c.statistics, live.stored.dim,
+                                                   len(live.spec.targets))
+            except ValueError as exc:
+                raise Rejected("INVALID_ARGUMENT", f"invalid statistics: {exc}") from None
+            if c.n != stats.n_x:
+                raise Rejected("INVALID_ARGUMENT", f"n = {c.n} differs from the joint "
+                                                   f"statistics' n_x = {stats.n_x}")
+            return
         try:
             stats_n = aggregate.encoded_n(c.statistics, live.stored.dim)
         except StatisticsError as exc:

@@ -80,7 +80,7 @@ def start_round(ctx: RoundContext, transitions: Transitions, envelope: pb.Signed
         ctx.store.insert_round(stored)
         ctx.rounds[spec.round_id] = LiveRound(
             stored, spec, envelope, frozenset(invited),
-            running=None if secure else aggregate.RunningTotal(len(spec.feature_names)),
+            running=None if secure else aggregate.running_total(spec),
             expected_noise=expected)
         ctx.notify(invited, spec.round_id)
     log.info("round %s: started by %s, d=%d, eps=%g, %s, quorum %d of %d invited site(s), "

@@ -256,7 +256,8 @@ class Transitions:
             if ctx.closed:
                 return  # a restart re-fits; the store still says FITTING
             self.enter(live, next_phase(live.phase, secure=False), result=result, fit_s=fit_s)
-        log.info("round %s: DONE, n_total=%d, fit %.2f s (%s)", round_id, total.n, fit_s,
+        log.info("round %s: DONE, n_total=%d, fit %.2f s (%s)", round_id,
+                 total.n_x if spec.targets else total.n, fit_s,
                  "skipped" if ctx.skip_fit else spec.fit_method or "auto")
 
     def shutdown(self) -> None:
