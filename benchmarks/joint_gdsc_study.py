@@ -1,0 +1,652 @@
+"""Every GDSC drug in one round: the joint Gaussian / Laplace release against per-drug rounds
+(issue 23, "Targets"; docs/evaluation.md "Every drug in one round").
+
+    python benchmarks/joint_gdsc_study.py [--drugs N] [--repeats R] [--n 700 300] [--seed S]
+        [--y-bound B | --choose-y-bound] [--rows ROW,...] [--json out.json] [--uci]
+
+Panel: the 988 GDSC v17 cell lines with genomic features (the patients) and the 262 drugs with
+at least 400 measured lines (``dpfed_apps.evaluation.protocol.eligible_drugs``; 82 % of the
+line x drug matrix is filled). d = 10 default features (``dpfed.datasets.default_feature_names``).
+
+Per repeat (one permutation of the 988 lines, seeded by (seed, 23, repeat)): 10 public lines
+shared by every drug, the held-out test lines (988 - 10 - 700 = 278, the same for every n) and
+the private pool; the private training set of size n is the pool's first n lines (nested, as in
+``dpfed_apps.evaluation.protocol``). Each drug's fit sees the lines that have its response.
+Pre-processing as the single-drug evaluation (``Preprocessing.from_public_data(scale_columns=
+True)`` on the public lines: centre, rows to unit norm); x bounds as it chooses them
+(``repeat_bounds``: omega_x ~3.2 sigma_x > 1, i.e. no box clipping, rows in the unit ball:
+x_bound = 1, x_norm_bound = 1). Responses standardised per drug by the public lines' mean and sd
+(what the coordinator writes in each TargetSpec; ``public_centre_scale``), clipped to +-y_bound
+in those units; y_bound chosen on synthetic panels (``--choose-y-bound``; never on test lines).
+
+Rows (all per-patient privacy, add/remove; the ``ROWS`` table): the joint Gaussian release of
+all 262 drugs at (eps 10, delta 1e-6), K = 1 and K = 10 independent sites; the joint Laplace
+release at pure eps 10; one drug per round at eps 10/262 (Laplace, 262 rounds compose to 10);
+per-drug Gaussian rounds (mu = mu(10, 1e-6) / sqrt(262) each: 262 GDP rounds compose to mu);
+one drug in one Laplace round at eps 2 (today's single-drug headline mechanism) and the same drug
+in a Gaussian round of one target at (eps 2, delta 1e-6) (should Gaussian be the single-target
+default?); public-only (10 public lines) and non-private (exact statistics of the same lines).
+Every private row uses the product's pieces: ``dpfed.joint_noise.joint_calibration``, the site's
+release (``site_node.joint_release.release_joint_statistics``; ``site_node.release`` for the
+Laplace single-target rounds), ``dpfed.joint_targets.target_statistics`` for each target's view,
+and ``posterior.fit_posterior`` (default "auto": noise-aware, NUTS if refused) as the aggregator
+calls it (public statistics of the target as ``public``, x_bound, y_unit = y_bound).
+
+Scores per drug (the lines of the test set that have its response): Spearman of x_test beta
+(posterior mean) against the measured response, NaN (a constant prediction) scored as 0;
+private / non-private = mean over drugs and repeats of each; drugs at or above public-only
+(per-drug mean over repeats); coverage of 90 % intervals of the HELD-OUT least-squares
+coefficients: per coefficient, |b_test - m| <= 1.645 sqrt(v_post + v_test), with m, v_post the
+posterior mean and variance and b_test, v_test the least squares of clip(y, y_bound) on the
+test lines and its sampling variance (the held-out estimate's own error is added, so a
+calibrated posterior covers ~90 %).
+
+Randomness: release noise from OpenDP / the site's samplers (CSPRNG, not seedable); fit seeds
+and the splits from ``--seed``. Progress on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+EPSILON = 10.0
+DELTA = 1e-6
+N_PUBLIC = 10
+X_BOUND = 1.0
+X_NORM_BOUND = 1.0
+Z90 = 1.6448536269514722
+#: y bound (public sd units) chosen by ``--choose-y-bound`` on synthetic panels (docs).
+DEFAULT_Y_BOUND = 0.5
+Y_BOUND_GRID = (0.35, 0.5, 1.0)
+
+#: row -> what it is (the table's first column).
+ROWS = {
+    "joint_gauss": "joint Gaussian, all drugs, (10, 1e-6), K = 1",
+    "joint_gauss_k10": "joint Gaussian, all drugs, (10, 1e-6), K = 10 independent sites",
+    "joint_laplace": "joint Laplace, all drugs, pure eps 10",
+    "per_drug_laplace": "one drug per round, Laplace eps 10/262",
+    "per_drug_gauss": "one drug per round, Gaussian mu(10, 1e-6)/sqrt(262)",
+    "single_laplace_eps2": "one drug, Laplace eps 2 (today's single-drug round)",
+    "single_gauss_eps2": "one drug, Gaussian (2, 1e-6) (m = 1 joint round)",
+    "public": "public only (10 lines)",
+    "nonprivate": "non-private",
+}
+DEFAULT_ROWS = tuple(ROWS)
+ROW_INDEX = {r: i for i, r in enumerate(ROWS)}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# -- the panel --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Panel:
+    """Raw features of every line with features, ln IC50 of the eligible drugs (NaN: missing)."""
+
+    line_ids: np.ndarray
+    x_raw: np.ndarray           # (L, d)
+    y_raw: np.ndarray           # (L, m)
+    drugs: tuple[int, ...]
+    feature_names: tuple[str, ...]
+
+    @property
+    def m(self) -> int:
+        return len(self.drugs)
+
+
+def load_panel() -> Panel:
+    from dpfed import datasets
+    from dpfed_apps.evaluation.protocol import eligible_drugs
+
+    names = datasets.default_feature_names()
+    table = datasets.load_responses()
+    known = set(int(i) for i in datasets.load_genomic_features().line_ids)
+    keep = np.array([int(i) in known for i in table.line_ids])
+    ids = table.line_ids[keep]
+    drugs = tuple(eligible_drugs())
+    cols = [table.drug_ids.index(d) for d in drugs]
+    return Panel(ids, datasets.feature_matrix(names, ids), np.array(table.ln_ic50[keep][:, cols]),
+                 drugs, tuple(names))
+
+
+def public_centre_scale(y_public: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per-target public centre and scale (TargetSpec.y_mean, y_scale) from the public lines'
+    responses (p, m) with NaN: mean and sd (ddof 1) of the public responses; a drug with fewer
+    than 2 public responses (or sd 0) gets the median sd of the others, and with none the mean
+    of every public response. All public. Returns (mean, scale, number of drugs using a
+    fallback)."""
+    y = np.asarray(y_public, dtype=np.float64)
+    count = np.sum(np.isfinite(y), axis=0)
+    mean = np.array([np.nanmean(c) if k > 0 else np.nan for c, k in zip(y.T, count)])
+    sd = np.array([np.nanstd(c, ddof=1) if k >= 2 else np.nan for c, k in zip(y.T, count)])
+    ok = np.isfinite(sd) & (sd > 0)
+    fallback = int(np.sum(~ok | ~np.isfinite(mean)))
+    sd = np.where(ok, sd, np.median(sd[ok]) if ok.any() else 1.0)
+    mean = np.where(np.isfinite(mean), mean, np.nanmean(y) if np.isfinite(y).any() else 0.0)
+    return mean, sd, fallback
+
+
+@dataclass
+class Cell:
+    """One repeat's data after the public pre-processing: standardised responses z (NaN
+    missing), lines split into public / pool (nested prefixes) / test."""
+
+    x: np.ndarray               # (L, d) pre-processed
+    z: np.ndarray               # (L, m) standardised (public centre / scale), NaN missing
+    public: np.ndarray
+    pool: np.ndarray
+    test: np.ndarray
+    fallback: int = 0
+    meta: dict = field(default_factory=dict)
+
+
+def repeat_cell(panel: Panel, repeat: int, seed: int, n_max: int) -> Cell:
+    from dpfed.preprocess import Preprocessing
+
+    total = panel.x_raw.shape[0]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, 23, repeat]))
+    order = rng.permutation(total)
+    public = np.sort(order[:N_PUBLIC])
+    pool = order[N_PUBLIC:N_PUBLIC + n_max]
+    test = np.sort(order[N_PUBLIC + n_max:])
+    prep = Preprocessing.from_public_data(panel.x_raw[public], np.zeros(public.size),
+                                          scale_columns=True)
+    mean, scale, fb = public_centre_scale(panel.y_raw[public])
+    return Cell(prep.transform_x(panel.x_raw), (panel.y_raw - mean) / scale, public, pool, test,
+                fb, dict(preprocessing=prep))
+
+
+# -- releases ---------------------------------------------------------------------------------
+
+def _local_release(x, y, cal):
+    """Stand-in for site_node.joint_release.release_joint_statistics until it lands: exact
+    clipped joint statistics plus OpenDP noise with the calibration's per-part parameters."""
+    from dpfed.joint_statistics import joint_exact_statistics
+    from site_node.gaussian import add_gaussian_noise
+    from site_node.laplace import add_count_noise, add_laplace_noise
+
+    ex = joint_exact_statistics(x, y, cal.x_bound, cal.y_bound, cal.x_norm_bound)
+    d, m = ex.dim, ex.targets
+    iu = np.triu_indices(d)
+    counts = [int(ex.n_x)] + [int(v) for v in ex.n]
+    if cal.mechanism == "gaussian":
+        def noisy(part, values):
+            return add_gaussian_noise(values, cal.sensitivities[part], cal.losses[part])[0]
+        cnt = np.rint(noisy("n", np.asarray(counts, dtype=np.float64))).astype(np.int64)
+    else:
+        def noisy(part, values):
+            return add_laplace_noise(values, cal.sensitivities[part], cal.losses[part])[0]
+        cnt = np.asarray(add_count_noise(counts, cal.losses["n"])[0], dtype=np.int64)
+    up = noisy("xtx", ex.xtx[iu])
+    xtx = np.zeros((d, d))
+    xtx[iu] = up
+    xtx = xtx + np.triu(xtx, 1).T
+    xty = noisy("xty", ex.xty.ravel()).reshape(m, d)
+    yty = noisy("yty", ex.yty)
+    from dpfed.joint_statistics import JointStatistics
+    return JointStatistics(xtx, int(max(cnt[0], 0)), xty, yty, np.maximum(cnt[1:], 0),
+                           cal.noise())
+
+
+RELEASE_USED: dict = {}
+
+
+def release_joint(x, y, cal):
+    """The site's joint release: ``site_node.joint_release.release_joint_statistics`` when it
+    is importable and works with this calibration, else the local stand-in (recorded in
+    ``RELEASE_USED`` and in the JSON: the two draw the same law from the same samplers)."""
+    if RELEASE_USED.get("function") != "local stand-in":
+        try:
+            from site_node.joint_release import release_joint_statistics
+            out = release_joint_statistics(x, y, cal)[0]
+            RELEASE_USED["function"] = "site_node.joint_release.release_joint_statistics"
+            return out
+        except (ImportError, AttributeError, TypeError) as exc:
+            log(f"site_node.joint_release unusable ({type(exc).__name__}: {exc}): "
+                "local stand-in")
+            RELEASE_USED["function"] = "local stand-in"
+    return _local_release(x, y, cal)
+
+
+def joint_calibration(m: int, mechanism: str, epsilon: float, y_bound: float, d: int):
+    from dpfed.joint_noise import joint_calibration as jc
+
+    return jc(d, m, mechanism=mechanism, epsilon=epsilon,
+              delta=DELTA if mechanism == "gaussian" else 0.0, x_bound=X_BOUND,
+              y_bound=y_bound, x_norm_bound=X_NORM_BOUND)
+
+
+def per_round_epsilon(rounds: int, epsilon: float = EPSILON, delta: float = DELTA) -> float:
+    """eps_1 with mu(eps_1, delta) = mu(epsilon, delta) / sqrt(rounds): a Gaussian round of
+    one target at (eps_1, delta) has GDP parameter mu_1, and ``rounds`` of them compose to
+    sqrt(rounds) mu_1 = mu(epsilon, delta) (Dong, Roth & Su 2019), i.e. (epsilon, delta)."""
+    from dpfed.gaussian import mu_for_epsilon_delta
+
+    target = mu_for_epsilon_delta(epsilon, delta) / math.sqrt(rounds)
+    lo, hi = 1e-6, epsilon
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        if mu_for_epsilon_delta(mid, delta) < target:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+# -- fits and scores --------------------------------------------------------------------------
+
+def target_view(joint, j: int, public, k: int | None = None):
+    """(statistics, public) the fit of target ``j`` sees, as the aggregator builds them
+    (``aggregator.joint_fit.target_inputs``): ``dpfed.joint_targets.target_statistics`` of the
+    joint sum, the public rows' second moments bounding the MCAR sampling variance, plus the
+    target's exact public statistics (None without public responses). ``k``: the target's
+    index in ``joint`` when it differs from j (a one-target round)."""
+    from dpfed.joint_targets import target_statistics
+
+    has_public = public is not None and public.n >= 1
+    moments = public.xtx / public.n if has_public else None
+    view = target_statistics(joint, j if k is None else k, x_bound=X_BOUND,
+                             x_norm_bound=X_NORM_BOUND, second_moments=moments)
+    return (view + public, public) if has_public else (view, None)
+
+
+def fit(stats, public, y_bound, seed, draws):
+    """posterior.fit_posterior as the aggregator calls it: (beta mean, beta variance)."""
+    from posterior import fit_posterior
+
+    post = fit_posterior(stats, public=public, x_bound=X_BOUND, y_unit=y_bound, draws=draws,
+                         seed=seed)
+    b = np.asarray(post.beta_draws)
+    return b.mean(axis=0), b.var(axis=0)
+
+
+def exact_fit(x, y, seed, draws):
+    from dpfed.statistics import exact_statistics
+    from posterior import fit_posterior
+
+    if y.size == 0:
+        return np.zeros(x.shape[1]), None
+    b = np.asarray(fit_posterior(exact_statistics(x, y), draws=draws, seed=seed).beta_draws)
+    return b.mean(axis=0), b.var(axis=0)
+
+
+def spearman0(pred, measured) -> float:
+    from dpfed.metrics import spearman
+
+    v = spearman(pred, measured)
+    return float(v) if math.isfinite(v) else 0.0
+
+
+def heldout_ls(x, y, y_bound):
+    """Least squares of clip(y, y_bound) on x over held-out lines and its sampling variance
+    (None if the design is rank deficient)."""
+    yc = np.clip(y, -y_bound, y_bound)
+    n, d = x.shape
+    if n <= d + 2:
+        return None
+    g = x.T @ x
+    if np.linalg.matrix_rank(g) < d or np.linalg.cond(g) > 1e8:
+        return None
+    gi = np.linalg.inv(g)
+    b = gi @ (x.T @ yc)
+    s2 = float(np.sum((yc - x @ b) ** 2)) / (n - d)
+    return b, s2 * np.diag(gi)
+
+
+@dataclass
+class Scores:
+    spearman: dict = field(default_factory=dict)    # row -> list over fitted drugs
+    covered: dict = field(default_factory=dict)     # row -> [covered, total]
+    errors: dict = field(default_factory=dict)      # row -> count of refused fits
+    seconds: dict = field(default_factory=dict)
+
+
+def _cover(scores: Scores, row: str, mean, var, ls):
+    if ls is None or var is None:
+        return
+    b, v = ls
+    hit = np.abs(b - mean) <= Z90 * np.sqrt(var + v)
+    c = scores.covered.setdefault(row, [0, 0])
+    c[0] += int(hit.sum())
+    c[1] += int(hit.size)
+
+
+def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, draws: int = 1000,
+             public_scores: dict | None = None) -> Scores:
+    """Every row of ``rows`` at n private lines; fits of the targets ``fit_idx`` only (the
+    joint releases always carry every target of the panel)."""
+    from dpfed.joint_statistics import public_targets
+    from dpfed.statistics import clipped_exact_statistics
+    from site_node.release import release_statistics
+
+    x, z = cell.x, cell.z
+    d, m = x.shape[1], z.shape[1]
+    priv = cell.pool[:n]
+    xp, zp = x[priv], z[priv]
+    xq, zq = x[cell.public], z[cell.public]
+    xt, zt = x[cell.test], z[cell.test]
+    pubt = public_targets(xq, zq, X_BOUND, y_bound, X_NORM_BOUND)
+    seeds = np.random.SeedSequence([seed, n, 5]).generate_state(len(fit_idx) * 16)
+    out = Scores()
+    tests = []
+    for j in fit_idx:
+        have = np.isfinite(zt[:, j])
+        tests.append((have, heldout_ls(xt[have], zt[have, j], y_bound)))
+
+    def score(row, j, k, mean, var):
+        have, ls = tests[k]
+        out.spearman.setdefault(row, []).append(spearman0(xt[have] @ mean, zt[have, j]))
+        _cover(out, row, mean, var, ls)
+
+    def fit_all(row, view_of):
+        t0 = time.perf_counter()
+        for k, j in enumerate(fit_idx):
+            try:
+                stats, public = view_of(j)
+                mean, var = fit(stats, public, y_bound, int(seeds[16 * k + ROW_INDEX[row]]),
+                                draws)
+            except Exception as exc:  # a refused fit is counted, and scored as a zero beta
+                out.errors[row] = out.errors.get(row, 0) + 1
+                out.errors.setdefault("messages", []).append(f"{row}: {type(exc).__name__}")
+                mean, var = np.zeros(d), None
+            score(row, j, k, mean, var)
+        out.seconds[row] = time.perf_counter() - t0
+
+    def joint_row(row, cal, blocks):
+        t0 = time.perf_counter()
+        total = None
+        for b in blocks:
+            rel = release_joint(xp[b], zp[b], cal)
+            total = rel if total is None else total + rel
+        out.seconds[row + ":release"] = time.perf_counter() - t0
+        fit_all(row, lambda j: target_view(total, j, pubt[j]))
+
+    def have(j):
+        return np.isfinite(zp[:, j])
+
+    one = [np.arange(n)]
+    if "joint_gauss" in rows:
+        joint_row("joint_gauss", joint_calibration(m, "gaussian", EPSILON, y_bound, d), one)
+    if "joint_gauss_k10" in rows:
+        joint_row("joint_gauss_k10", joint_calibration(m, "gaussian", EPSILON, y_bound, d),
+                  np.array_split(np.arange(n), 10))
+    if "joint_laplace" in rows:
+        joint_row("joint_laplace", joint_calibration(m, "laplace", EPSILON, y_bound, d), one)
+
+    def laplace_round(eps):
+        def view(j):
+            h = have(j)
+            rel = release_statistics(xp[h], zp[h, j], epsilon=eps, x_bound=X_BOUND,
+                                     y_bound=y_bound, x_norm_bound=X_NORM_BOUND)
+            pub = pubt[j] if pubt[j].n >= 1 else None
+            return (rel + pub, pub) if pub is not None else (rel, None)
+        return view
+
+    def gauss_round(cal):
+        def view(j):
+            h = have(j)
+            rel = release_joint(xp[h], zp[h, j:j + 1], cal)
+            return target_view(rel, j, pubt[j], k=0)
+        return view
+
+    if "per_drug_laplace" in rows:
+        fit_all("per_drug_laplace", laplace_round(EPSILON / m))
+    if "per_drug_gauss" in rows:
+        fit_all("per_drug_gauss", gauss_round(
+            joint_calibration(1, "gaussian", per_round_epsilon(m), y_bound, d)))
+    if "single_laplace_eps2" in rows:
+        fit_all("single_laplace_eps2", laplace_round(2.0))
+    if "single_gauss_eps2" in rows:
+        fit_all("single_gauss_eps2", gauss_round(joint_calibration(1, "gaussian", 2.0, y_bound, d)))
+    if "nonprivate" in rows:
+        t0 = time.perf_counter()
+        train = np.concatenate([priv, cell.public])
+        for k, j in enumerate(fit_idx):
+            h = np.isfinite(z[train, j])
+            mean, _ = exact_fit(x[train][h], z[train, j][h],
+                                int(seeds[16 * k + ROW_INDEX["nonprivate"]]), draws)
+            score("nonprivate", j, k, mean, None)   # unclipped: no clipped-LS coverage
+        out.seconds["nonprivate"] = time.perf_counter() - t0
+    if "public" in rows:
+        if public_scores is None:
+            for k, j in enumerate(fit_idx):
+                h = np.isfinite(zq[:, j])
+                mean, _ = exact_fit(xq[h], zq[h, j], int(seeds[16 * k + ROW_INDEX["public"]]),
+                                    draws)
+                score("public", j, k, mean, None)
+        else:
+            out.spearman["public"] = list(public_scores)
+    return out
+
+
+# -- the y bound, chosen on synthetic panels --------------------------------------------------
+
+def synthetic_cell(panel: Panel, cell: Cell, rng: np.random.Generator, n_max: int) -> Cell:
+    """A synthetic panel shaped like the real one from PUBLIC inputs only: features of every
+    line drawn by ``dpfed.auxiliary.AuxiliarySource`` from the 10 public lines; per target a
+    signal c^T beta (beta ~ N(0, I), R^2 ~ Beta(2, 20) as the auxiliary source) plus noise from
+    a smoothed bootstrap of the public lines' standardised responses (pooled over drugs: their
+    skew and tails), responses missing completely at random at the public lines' missing rate;
+    then standardised by the synthetic public lines as the coordinator does."""
+    from dpfed.auxiliary import AuxiliarySource
+
+    prep = cell.meta["preprocessing"]
+    xq_raw = panel.x_raw[cell.public]
+    zq = cell.z[cell.public]
+    src = AuxiliarySource(xq_raw, np.nanmean(zq, axis=1), prep, feature_names=panel.feature_names)
+    total = panel.x_raw.shape[0]
+    raw = src.sample_raw_features(rng, total)
+    centred = raw - np.asarray(prep.x_mean)
+    if prep.x_scale:
+        centred = centred / np.asarray(prep.x_scale)
+    pool_z = zq[np.isfinite(zq)]
+    pool_z = (pool_z - pool_z.mean()) / pool_z.std()
+    fill = float(np.isfinite(zq).mean())
+    m = panel.m
+    beta = rng.standard_normal((centred.shape[1], m))
+    signal = centred @ beta
+    sd = signal.std(axis=0)
+    sd[sd == 0] = 1.0
+    r2 = rng.beta(2.0, 20.0, size=m)
+    h = 0.5
+    noise = math.sqrt(1 - h * h) * rng.choice(pool_z, size=(total, m)) + \
+        h * rng.standard_normal((total, m))
+    y = signal / sd * np.sqrt(r2) + noise * np.sqrt(1 - r2)
+    y[rng.random((total, m)) > fill] = np.nan
+    # Every line of the synthetic panel is fresh; reuse the real split's index sets.
+    mean, scale, fb = public_centre_scale(y[cell.public])
+    return Cell(prep.transform_x(raw), (y - mean) / scale, cell.public, cell.pool, cell.test,
+                fb, cell.meta)
+
+
+def choose_y_bound(panel: Panel, args) -> dict:
+    """Mean Spearman of the joint Gaussian row on synthetic panels for each y bound of the
+    grid, at each n; the choice maximises the mean over n."""
+    rows = ("joint_gauss", "nonprivate")
+    fit_idx = list(range(0, panel.m, max(1, panel.m // args.drugs)))[:args.drugs]
+    res = {}
+    for rep in range(args.repeats):
+        cell = repeat_cell(panel, 1000 + rep, args.seed, max(args.n))
+        syn = synthetic_cell(panel, cell, np.random.default_rng([args.seed, 99, rep]), max(args.n))
+        for n in args.n:
+            for by in args.grid:
+                s = evaluate(syn, n, rows, fit_idx, by, seed=args.seed + rep)
+                r = res.setdefault((n, by), {"private": [], "nonprivate": []})
+                r["private"] += s.spearman["joint_gauss"]
+                r["nonprivate"] += s.spearman["nonprivate"]
+                log(f"synthetic panel {rep}: n = {n}, y_bound {by}: "
+                    f"{np.mean(s.spearman['joint_gauss']):.3f} / "
+                    f"{np.mean(s.spearman['nonprivate']):.3f}")
+    table = [{"n": n, "y_bound": by, "private": float(np.mean(v["private"])),
+              "nonprivate": float(np.mean(v["nonprivate"])),
+              "ratio": float(np.mean(v["private"]) / np.mean(v["nonprivate"]))}
+             for (n, by), v in sorted(res.items())]
+    best = max(args.grid, key=lambda by: np.mean([t["ratio"] for t in table
+                                                   if t["y_bound"] == by]))
+    return {"table": table, "choice": best, "targets_scored": len(fit_idx),
+            "panels": args.repeats}
+
+
+# -- the study --------------------------------------------------------------------------------
+
+def summarise(runs: dict, drugs: list[int]) -> list[dict]:
+    """runs: (n, repeat) -> Scores. One summary row per (n, row)."""
+    out = []
+    for n in sorted({k[0] for k in runs}, reverse=True):
+        reps = [runs[k] for k in sorted(runs) if k[0] == n]
+        names = [r for r in ROWS if all(r in s.spearman for s in reps)]
+        per = {r: np.array([s.spearman[r] for s in reps]) for r in names}   # (R, drugs)
+        nonpriv = per.get("nonprivate")
+        public = per.get("public")
+        for r in names:
+            v = per[r]
+            row = {"n": n, "row": r, "label": ROWS[r], "repeats": len(reps), "drugs": len(drugs),
+                   "spearman": float(v.mean()),
+                   "se": float(v.mean(axis=0).std(ddof=1) / math.sqrt(v.shape[1]))
+                   if v.shape[1] > 1 else None}
+            if nonpriv is not None:
+                row["ratio"] = float(v.mean() / nonpriv.mean())
+            if public is not None:
+                row["at_or_above_public"] = int(np.sum(v.mean(axis=0) >= public.mean(axis=0)))
+            cov = [s.covered.get(r) for s in reps if s.covered.get(r)]
+            if cov:
+                row["coverage90"] = float(sum(c[0] for c in cov) / sum(c[1] for c in cov))
+            row["refused"] = int(sum(s.errors.get(r, 0) for s in reps))
+            secs = [s.seconds.get(r) for s in reps if r in s.seconds]
+            if secs:
+                row["fit_seconds"] = float(np.median(secs))
+            out.append(row)
+    return out
+
+
+def markdown(summary: list[dict]) -> str:
+    lines = ["| n | row | private | ratio to non-private | drugs >= public-only | "
+             "90 % coverage (held-out LS coef.) | refused |", "|---|---|---|---|---|---|---|"]
+    for s in summary:
+        cov = f"{s['coverage90']:.3f}" if "coverage90" in s else ""
+        ratio = f"{s['ratio']:.2f}" if "ratio" in s else ""
+        above = f"{s['at_or_above_public']} / {s['drugs']}" if "at_or_above_public" in s else ""
+        lines.append(f"| {s['n']} | {s['label']} | {s['spearman']:.3f} | {ratio} | {above} | "
+                     f"{cov} | {s['refused']} |")
+    return "\n".join(lines)
+
+
+def timing(panel: Panel, y_bound: float, seed: int) -> dict:
+    """Fit of every target from one joint Gaussian release (n = 700, production draws 5000
+    and the study's 1000), and the release at n = 1e5 (rows resampled from the panel)."""
+    from dpfed.joint_statistics import public_targets
+
+    cell = repeat_cell(panel, 0, seed, 700)
+    x, z = cell.x, cell.z
+    d, m = x.shape[1], z.shape[1]
+    cal = joint_calibration(m, "gaussian", EPSILON, y_bound, d)
+    rel = release_joint(x[cell.pool], z[cell.pool], cal)
+    xq, zq = x[cell.public], z[cell.public]
+    pubt = public_targets(xq, zq, X_BOUND, y_bound, X_NORM_BOUND)
+    res = {}
+    for draws in (5000, 1000):
+        w0, c0 = time.perf_counter(), time.process_time()
+        for j in range(m):
+            fit(*target_view(rel, j, pubt[j]), y_bound, j, draws)
+        res[f"fit_all_targets_draws{draws}"] = {"wall_s": time.perf_counter() - w0,
+                                                "cpu_s": time.process_time() - c0}
+    rng = np.random.default_rng(seed)
+    rows = rng.integers(0, x.shape[0], 100_000)
+    xb, zb = x[rows], z[rows]
+    rel_times = []
+    for _ in range(3):
+        w0, c0 = time.perf_counter(), time.process_time()
+        release_joint(xb, zb, cal)
+        rel_times.append((time.perf_counter() - w0, time.process_time() - c0))
+    res["release_n1e5"] = {"wall_s": min(t[0] for t in rel_times),
+                           "cpu_s": min(t[1] for t in rel_times)}
+    res["release_function"] = RELEASE_USED.get("function")
+    return res
+
+
+def run(args) -> dict:
+    panel = load_panel()
+    if args.choose_y_bound:
+        return {"choose_y_bound": choose_y_bound(panel, args)}
+    k = max(1, panel.m // args.drugs) if args.drugs < panel.m else 1
+    fit_idx = list(range(0, panel.m, k))[:args.drugs]
+    drugs = [panel.drugs[i] for i in fit_idx]
+    rows = tuple(args.rows)
+    runs = {}
+    t0 = time.time()
+    for rep in range(args.repeats):
+        cell = repeat_cell(panel, rep, args.seed, max(args.n))
+        public_scores = None
+        for n in sorted(args.n, reverse=True):
+            s = evaluate(cell, n, rows, fit_idx, args.y_bound, seed=args.seed * 1000 + rep,
+                         public_scores=public_scores)
+            public_scores = s.spearman.get("public")
+            runs[(n, rep)] = s
+            log(f"repeat {rep} n = {n} ({time.time() - t0:.0f} s): " + ", ".join(
+                f"{r} {np.mean(v):.3f}" for r, v in s.spearman.items()))
+    summary = summarise(runs, drugs)
+    per_drug = {}
+    for (n, rep), s in runs.items():
+        for r, v in s.spearman.items():
+            per_drug.setdefault(f"{n}:{r}", []).append(v)
+    return {"config": {"drugs": drugs, "repeats": args.repeats, "n": list(args.n),
+                       "seed": args.seed, "y_bound": args.y_bound, "rows": list(rows),
+                       "epsilon": EPSILON, "delta": DELTA, "x_bound": X_BOUND,
+                       "x_norm_bound": X_NORM_BOUND, "panel_drugs": panel.m,
+                       "lines": int(panel.x_raw.shape[0]),
+                       "test_lines": int(panel.x_raw.shape[0]) - N_PUBLIC - max(args.n),
+                       "public_centre_fallbacks": cell.fallback,
+                       "release_function": RELEASE_USED.get("function")},
+            "summary": summary, "seconds": time.time() - t0,
+            "per_drug_spearman": {k: np.mean(v, axis=0).tolist() for k, v in per_drug.items()}}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--drugs", type=int, default=262, help="drugs scored (evenly spaced); the "
+                    "joint releases always carry all 262")
+    ap.add_argument("--repeats", type=int, default=10)
+    ap.add_argument("--n", type=int, nargs="+", default=[700, 300])
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--y-bound", type=float, default=DEFAULT_Y_BOUND)
+    ap.add_argument("--choose-y-bound", action="store_true",
+                    help="score the y bounds of --grid on synthetic panels instead")
+    ap.add_argument("--grid", type=float, nargs="+", default=list(Y_BOUND_GRID))
+    ap.add_argument("--rows", type=lambda s: s.split(","), default=list(DEFAULT_ROWS))
+    ap.add_argument("--timing", action="store_true", help="fit-all-targets and n = 1e5 release "
+                    "times only")
+    ap.add_argument("--json", type=Path, help="write the results here")
+    args = ap.parse_args(argv)
+    unknown = set(args.rows) - set(ROWS)
+    if unknown:
+        ap.error(f"unknown rows {sorted(unknown)}; known: {', '.join(ROWS)}")
+    if args.timing:
+        result = {"timing": timing(load_panel(), args.y_bound, args.seed)}
+    else:
+        result = run(args)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1))
+    if "summary" in result:
+        print(markdown(result["summary"]))
+    else:
+        print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
