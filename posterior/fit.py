@@ -57,6 +57,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import time
 
 import numpy as np
@@ -165,7 +166,12 @@ def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics
         raise ValueError(f"method must be one of {METHODS}, got {method!r}")
     if public is not None and not (isinstance(public, Statistics) and public.is_exact):
         raise ValueError("public must be exact Statistics (noise=EXACT)")
-    if public is not None and public.n > 0 and not realisable(public):
+    # At d >= _ENVELOPE_MIN_DIM under the fit's one BLAS thread too: a two-thread BLAS call
+    # leaves OpenBLAS's second thread spinning ~0.1 CPU-s (d = 64: 136 -> 244 ms of process
+    # CPU per fit, a core taken from the fit on a loaded machine).
+    with _one_blas_thread(stats.dim):
+        public_ok = public is None or public.n == 0 or realisable(public)
+    if not public_ok:
         # They get their own exact likelihood (posterior.noise_aware), unbounded for these.
         raise PosteriorError("the public statistics are not the exact statistics of any rows "
                              "(their augmented Gram matrix is not positive semidefinite)")
@@ -260,12 +266,22 @@ def _one_blas_thread(d: int):
     """At d >= _ENVELOPE_MIN_DIM, BLAS limited to one thread for the fit (threadpoolctl, a
     base dependency): its matrices are at most a few hundred wide, where OpenBLAS's threads
     cost more than they bring, and on a loaded 2-core machine far more (the d = 64 fit 2-3x
-    slower at load 9). Below that the limit's own cost (~1 ms) is not worth paying."""
+    slower at load 9). One controller per process (``_blas_controller``): a fresh
+    ``threadpool_limits`` scans the process's libraries each time (2.1 ms against 0.05 ms)."""
     if d < _ENVELOPE_MIN_DIM:
         return contextlib.nullcontext()
-    from threadpoolctl import threadpool_limits
+    return _blas_controller().limit(limits=1, user_api="blas")
 
-    return threadpool_limits(limits=1, user_api="blas")
+
+@functools.lru_cache(maxsize=1)
+def _blas_controller():
+    """The process's thread pools (threadpoolctl), found once, when the first large fit runs;
+    scipy.linalg is imported first so that its BLAS (a library apart from numpy's) is among
+    them."""
+    import scipy.linalg  # noqa: F401
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController()
 
 
 def _fit_laplace(stats, public, model, rep, diag, ss, draws, x_bound=None,

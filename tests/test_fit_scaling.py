@@ -348,3 +348,33 @@ def test_envelope_attempts_that_fail_leave_the_old_path(monkeypatch):
     dg = post.diagnostics
     assert dg["envelope"]["used"] is False and dg["envelope"]["hmc"]["hmc_rhat"] == 1.5
     assert dg["importance_attempts"] >= 1 and "proposal" not in dg
+
+
+def test_large_fit_runs_its_blas_on_one_thread_from_the_start(monkeypatch):
+    """At d >= 32 the fit's BLAS runs on one thread from its first matrix call (the public
+    rows' check) to the envelope's proposal: a two-thread call leaves OpenBLAS's second
+    thread spinning ~0.1 CPU-s, a core taken from the fit on a loaded machine."""
+    from threadpoolctl import threadpool_info
+
+    import posterior.envelope_importance as ei
+    import posterior.fit as fit_mod
+
+    def blas_threads():
+        return max(i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas")
+
+    if blas_threads() < 2:
+        pytest.skip("BLAS runs one thread here anyway: nothing to check")
+    seen = []
+
+    def spying(fn):
+        def wrapper(*args, **kwargs):
+            seen.append(blas_threads())
+            return fn(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(fit_mod, "realisable", spying(fit_mod.realisable))
+    monkeypatch.setattr(ei, "prepare_envelope", spying(ei.prepare_envelope))
+    s, pub = _noise_aware_release(32, 800, 1001)
+    fit_posterior(s, public=pub, seed=0, draws=200)
+    assert seen == [1, 1]
+    assert blas_threads() >= 2   # restored after the fit
