@@ -16,6 +16,12 @@ that outgrew the grid is refused after unmasking, ``SecureRound.decode_sum``); `
 aggregator relays). The sum must hold at least ``min_contributors`` = max(quorum, T + c)
 contributions before anything is unmasked.
 
+Joint rounds (``spec.targets``, issue 23): the input is the joint vector of
+``dpfed.joint_sensitivity.JointLayout(d, m, include_n=True)``, calibrated on the grid by
+``dpfed.secagg.joint_calibration`` (Laplace: discrete Laplace shares per part; Gaussian:
+distributed Skellam shares, charged with the Skellam RDP bound, ``SecureRound.event``), and
+the unmasked sum decodes to that layout (``decode_joint_sum``).
+
 Noise (docs/secure_aggregation.md, "Noise description"): each masked contribution declares,
 per part, ``NoiseTerm("discrete_laplace", b/s, draws=1, grid=1/s, share=T)`` (a 1/T share of
 one discrete Laplace draw on the grid); the sum of C contributions carries the merged term
@@ -32,7 +38,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives import serialization
 
 from dpfed.noise import NoiseDescription, NoiseTerm
+from dpfed.joint_sensitivity import JointLayout
 from dpfed.secagg.calibration import GridCalibration, calibrate
+from dpfed.secagg.joint_calibration import JointGridCalibration, calibrate_joint
 from dpfed.secagg.codec import Reader, Writer
 from dpfed.secagg.errors import MalformedMessage, ParameterError, SecAggError
 from dpfed.secagg.fixedpoint import PARTS, StatisticsLayout
@@ -69,13 +77,29 @@ def min_contributors(spec) -> int:
     return max(int(spec.quorum), int(spec.noise_threshold) + int(spec.colluders))
 
 
-def vector_length(d: int) -> int:
-    """Entries of one site's secure input: d(d+1)/2 + d + 2 (Sxx triangle, Sxy, Syy, n)."""
+def vector_length(d: int, m: int = 0) -> int:
+    """Entries of one site's secure input: d(d+1)/2 + d + 2 (Sxx triangle, Sxy, Syy, n), or
+    for a joint round of m >= 1 targets the joint layout's d(d+1)/2 + 1 + m d + 2 m
+    (``JointLayout(d, m, include_n=True)``)."""
+    if m:
+        return JointLayout(d, m, include_n=True).size
     return StatisticsLayout(d).length
 
 
-def _calibration(spec, n_sites: int) -> GridCalibration:
+def is_joint(spec) -> bool:
+    """A joint (multi-target) round: the spec names its targets (issue 23)."""
+    return len(spec.targets) > 0
+
+
+def _calibration(spec, n_sites: int) -> GridCalibration | JointGridCalibration:
     d = len(spec.feature_names)
+    if is_joint(spec):
+        # The real-unit calibration of the spec (dpfed.joint_noise: Laplace shares of
+        # epsilon or Gaussian shares of mu^2), on the grid with Skellam for Gaussian rounds
+        # (dpfed.secagg.joint_calibration).
+        from dpfed.joint_noise import calibration_from_spec
+        return calibrate_joint(calibration_from_spec(spec), n_max=int(spec.max_site_rows),
+                               n_sites=n_sites, noise_threshold=int(spec.noise_threshold))
     # The round's own relation: a site uses every usable row (no cap), and its statistics are
     # exact integers (statistics="exact": no float-error term, so max_site_rows only sizes
     # the grid; site_node.secure, dpfed.secagg.exact).
@@ -136,7 +160,7 @@ def secure_problems(spec, invited: int) -> list[str]:
     if not problems and invited >= 2:
         try:
             _calibration(spec, invited)
-        except (ParameterError, ValueError) as exc:
+        except (ParameterError, ValueError, SecAggError) as exc:
             problems.append(f"no fixed-point grid for this secure round: {exc}")
     return problems
 
@@ -146,7 +170,12 @@ class SecureRound:
     """The secure-aggregation parameters of one round once its participants are fixed."""
 
     config: RoundConfig
-    calibration: GridCalibration
+    calibration: GridCalibration | JointGridCalibration
+
+    @property
+    def joint(self) -> bool:
+        """A joint round (``JointGridCalibration``): the input is the joint vector."""
+        return isinstance(self.calibration, JointGridCalibration)
 
     @property
     def sites(self) -> tuple[str, ...]:
@@ -160,6 +189,9 @@ class SecureRound:
 
     def _shares(self, count: int) -> NoiseDescription:
         cal, t = self.calibration, self.calibration.noise_threshold
+        if self.joint:
+            # discrete Laplace or Skellam shares per part (JointGridCalibration)
+            return cal.noise_description(count)
         terms = {}
         for part in PARTS:
             b, s = cal.grid_noise[part], cal.scales[part]
@@ -179,9 +211,33 @@ class SecureRound:
         invited sites x max_site_rows), or an entry beyond its bound given n. A site never
         refuses for having more rows than max_site_rows; this is where a federation that
         outgrew it is caught, after the DP release (post-processing)."""
+        if self.joint:
+            raise SecureRoundError("a joint round's sum is decoded by decode_joint_sum")
         upper, n = self.calibration.decode(vector)
         self.calibration.check_sum(upper, n, bound_name="max_site_rows")
         return upper, n
+
+    def decode_joint_sum(self, vector) -> tuple:
+        """(values in the joint layout ``JointStatistics.to_vector``, noisy n_x) of the
+        unmasked sum of a joint round, refused (``SumOutOfRange``) as ``decode_sum`` refuses
+        a sum that may have wrapped or is implausible (``JointGridCalibration.check_sum``).
+        Counts are integers (scale 1)."""
+        if not self.joint:
+            raise SecureRoundError("not a joint round: use decode_sum")
+        values = self.calibration.decode(vector)
+        self.calibration.check_sum(values, bound_name="max_site_rows")
+        n_x = float(values[JointLayout(self.calibration.d, self.calibration.m,
+                                       include_n=True).slices()["n_x"]][0])
+        return values, n_x
+
+    def event(self):
+        """The privacy event each patient of a joint round's release is charged
+        (``dpfed.accounting``): PureDP(epsilon) for Laplace, the dominating Skellam event for
+        Gaussian (``JointGridCalibration.event``). A single-target secure round charges
+        PureDP(spec.epsilon), as it always has (site_node.secure)."""
+        if not self.joint:
+            raise SecureRoundError("a single-target secure round charges PureDP(spec.epsilon)")
+        return self.calibration.event()
 
     def sum_noise(self, contributors: int) -> NoiseDescription:
         """The noise of the unmasked sum of ``contributors`` inputs: C shares of 1/T draw (the
@@ -224,7 +280,7 @@ def build(spec, participants) -> SecureRound:
                                f"{spec.noise_threshold} + {spec.colluders})")
     try:
         config = RoundConfig.create(spec.round_id, invited,
-                                    vector_length(len(spec.feature_names)),
+                                    vector_length(len(spec.feature_names), len(spec.targets)),
                                     min_contributors=floor,
                                     noise_threshold=int(spec.noise_threshold),
                                     colluders=int(spec.colluders), seed=graph_seed(spec))

@@ -54,7 +54,8 @@ import numpy as np
 
 from dpfed.secagg.errors import ParameterError
 
-__all__ = ["QUANT_BITS", "CHUNK_ROWS", "quantum_exponent", "quantum_exponents", "quantize", "ExactStatistics",
+__all__ = ["QUANT_BITS", "CHUNK_ROWS", "quantum_exponent", "quantum_exponents", "quantize",
+           "ExactStatistics", "JointExactStatistics", "joint_exact_statistics",
            "ExactAccumulator", "round_scaled"]
 
 #: Bits of magnitude of a quantised value: |value| <= 2^QUANT_BITS grid units.
@@ -205,3 +206,75 @@ class ExactAccumulator:
         return ExactStatistics(self.d, self.n, self.qx, self.qy,
                                tuple(int(v) for v in self._total_xtx[iu]),
                                tuple(int(v) for v in self._total_xty), int(self._total_yty))
+
+
+@dataclass(frozen=True)
+class JointExactStatistics:
+    """The exact integer statistics of a JOINT round's quantised rows (issue 23): X_q^T X_q
+    (upper triangle, row-major) over the n_x rows, and per target j over the rows with a
+    response j: X_q^T y_q,j (``xty``, m blocks of d, target-major), y_q,j^T y_q,j (``yty``)
+    and n_j (``n``). Units as ``ExactStatistics``: 2^-(2 qx), 2^-(qx + qy), 2^-(2 qy).
+    The same argument (module docstring) keeps the joint sensitivities of
+    ``dpfed.joint_sensitivity``: a missing response stays missing, a present one is clipped
+    and truncated toward zero, so a quantised row is an admissible row of eq. J1."""
+
+    d: int
+    m: int
+    qx: int
+    qy: int
+    xtx: tuple
+    n_x: int
+    xty: tuple
+    yty: tuple
+    n: tuple
+
+    def on_grid(self, scales: Mapping[str, float]) -> list[int]:
+        """round(s_p * value) per entry (exact, ties to even) in the joint layout order
+        [Sxx upper | n_x | Sxy_1..m | Syy_1..m | n_1..m] (``JointStatistics.to_vector``);
+        the counts as they are (their scale must be 1)."""
+        if float(scales["n"]) != 1.0:
+            raise ParameterError("counts are encoded on the integer grid (scale 1)")
+        sx, sy = _exponent_of_scale(scales["xtx"]), _exponent_of_scale(scales["xty"])
+        sq = _exponent_of_scale(scales["yty"])
+        return ([round_scaled(int(v), sx - 2 * self.qx) for v in self.xtx] + [int(self.n_x)]
+                + [round_scaled(int(v), sy - self.qx - self.qy) for v in self.xty]
+                + [round_scaled(int(v), sq - 2 * self.qy) for v in self.yty]
+                + [int(v) for v in self.n])
+
+    def values(self) -> np.ndarray:
+        """The statistics as float64 (nearest) in the joint layout order: for comparisons
+        and tests, never for encoding (``on_grid`` is exact)."""
+        def real(ints, e):
+            return [float(Fraction(int(v), 1) / Fraction(2) ** e) for v in ints]
+        return np.array(real(self.xtx, 2 * self.qx) + [float(self.n_x)]
+                        + real(self.xty, self.qx + self.qy) + real(self.yty, 2 * self.qy)
+                        + [float(v) for v in self.n])
+
+
+def joint_exact_statistics(xq: np.ndarray, yq: np.ndarray, present: np.ndarray, *, qx: int,
+                           qy: int) -> JointExactStatistics:
+    """``JointExactStatistics`` of quantised rows: ``xq`` (n x d) and ``yq`` (n x m) int64 from
+    ``quantize`` (missing responses already 0) and ``present`` (n x m bool, the responses
+    that are there). Exact: int64 partial sums over at most ``CHUNK_ROWS`` rows (every product
+    <= 2^40), totals in Python integers."""
+    n = int(xq.shape[0])
+    if xq.dtype != np.int64 or yq.dtype != np.int64 or xq.ndim != 2 or yq.ndim != 2 \
+            or yq.shape[0] != n or present.shape != yq.shape:
+        raise ParameterError("quantised joint blocks must be int64 (n, d), (n, m) and a "
+                             "(n, m) mask")
+    d, m = int(xq.shape[1]), int(yq.shape[1])
+    if np.any(yq[~present]):
+        raise ParameterError("a missing response must be quantised to 0")
+    xtx = np.zeros((d, d), dtype=object) + 0
+    xty = np.zeros((m, d), dtype=object) + 0
+    yty = np.zeros(m, dtype=object) + 0
+    for start in range(0, n, CHUNK_ROWS):
+        a, b = xq[start:start + CHUNK_ROWS], yq[start:start + CHUNK_ROWS]
+        xtx = xtx + (a.T @ a).astype(object)          # int64 matmul: exact below 2^63
+        xty = xty + (b.T @ a).astype(object)
+        yty = yty + np.einsum("ij,ij->j", b, b).astype(object)
+    iu = np.triu_indices(d)
+    counts = np.asarray(present, dtype=bool).sum(axis=0)
+    return JointExactStatistics(d, m, int(qx), int(qy), tuple(int(v) for v in xtx[iu]), n,
+                                tuple(int(v) for v in xty.ravel()),
+                                tuple(int(v) for v in yty), tuple(int(v) for v in counts))

@@ -1,0 +1,194 @@
+"""Secure JOINT rounds (issue 23 parts 2-3): the grid calibration of the joint vector
+(dpfed.secagg.joint_calibration), its distributed noise (Skellam for Gaussian rounds, discrete
+Laplace for Laplace rounds) by goodness of fit, the exact integer joint statistics, and the
+round end to end over real gRPC.
+
+The samplers draw from os.urandom (nothing seeded): each statistical test is set to a false
+failure probability of about 1e-6, and its power is shown on the same samples by a control
+whose standard deviation is 5 % off, which must be rejected (tests/test_secagg_skellam.py)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpfed.accounting import PureDP, Skellam, compose
+from dpfed.joint_noise import joint_calibration
+from dpfed.joint_statistics import joint_exact_statistics
+from dpfed.secagg import fixedpoint as fp
+from dpfed.secagg.errors import ParameterError
+from dpfed.secagg.joint_calibration import JOINT_PARTS, calibrate_joint, skellam_inflation
+from site_node.secure import joint_exact_clipped_statistics
+
+ALPHA = 1e-6
+Z = stats.norm.isf(ALPHA / 2)
+
+
+def _grid(mechanism="gaussian", *, d=3, m=4, eps=1.0, delta=1e-5, k=10, t=4, n_max=500,
+          norm=None, split=None):
+    cal = joint_calibration(d, m, mechanism=mechanism, epsilon=eps,
+                            delta=delta if mechanism == "gaussian" else 0.0, x_bound=0.5,
+                            y_bound=2.0, budget_split=split, x_norm_bound=norm)
+    return cal, calibrate_joint(cal, n_max=n_max, n_sites=k, noise_threshold=t)
+
+
+# ---- calibration ----------------------------------------------------------------------------
+@pytest.mark.parametrize("eps,delta,m", [(1.0, 1e-5, 1), (1.0, 1e-5, 262), (4.0, 1e-6, 20),
+                                         (0.3, 1e-5, 5)])
+def test_skellam_calibration_meets_eps_delta_and_is_tight(eps, delta, m):
+    """The charged event is (eps, delta)-DP by eq. A2 + A3, and 1 % less noise is not."""
+    cal, grid = _grid(eps=eps, delta=delta, m=m, d=10)
+    event = grid.event()
+    assert isinstance(event, Skellam)
+    assert compose([event]).epsilon(delta) <= eps
+    unit = {p: grid.grid_noise[p] / grid.kappa for p in JOINT_PARTS}
+    less = {p: 0.99 * grid.grid_noise[p] for p in JOINT_PARTS}
+    from dpfed.secagg.joint_calibration import _skellam_event
+    assert compose([_skellam_event(less, grid.l1, grid.l2)]).epsilon(delta) > eps
+    # kappa: Skellam variance over the central Gaussian's on the grid (> 1: A3 is looser
+    # than the exact Gaussian profile), here 1.1-1.25
+    assert 1.0 < grid.kappa < 1.3
+    assert skellam_inflation(unit, grid.l1, grid.l2, eps, delta) == pytest.approx(grid.kappa)
+    for p in ("xtx", "xty", "yty"):
+        sd_real = grid.sd_grid(p) / grid.scales[p]
+        assert sd_real == pytest.approx(math.sqrt(grid.kappa) * cal.scales[p], rel=1e-4)
+
+
+def test_the_dominating_event_bounds_the_per_part_composition():
+    """One Skellam(lam*, l1*, l2*) event is at least the composition of the per-part Skellam
+    mechanisms it stands for (module docstring): never under-charged."""
+    _, grid = _grid(d=4, m=6)
+    per_part = [Skellam(grid.grid_noise[p], grid.l1[p], grid.l2[p]) for p in JOINT_PARTS]
+    for delta in (1e-5, 1e-8):
+        assert compose([grid.event()]).epsilon(delta) >= compose(per_part).epsilon(delta)
+
+
+def test_laplace_grid_calibration_is_pure_eps_per_part():
+    cal, grid = _grid("laplace", m=5)
+    assert grid.event() == PureDP(1.0)
+    assert sum(cal.losses.values()) == pytest.approx(1.0)
+    for p in JOINT_PARTS:
+        assert grid.grid_noise[p] == pytest.approx(grid.l1[p] / cal.losses[p])
+        # the grid sensitivity covers the real one times the scale plus one unit per entry
+        assert grid.l1[p] >= cal.sensitivities[p] * grid.scales[p]
+    assert grid.l1["n"] == 1 + 5
+
+
+def test_grid_sensitivity_covers_every_row_after_rounding():
+    """For random rows (and the extreme ones) the change of one site's ENCODED statistics
+    when a row is added is within the grid L1 / L2 sensitivities of every part."""
+    _, grid = _grid(d=3, m=4)
+    rng = np.random.default_rng(5)
+    sl = grid.layout.slices()
+    parts = {"xtx": [sl["xtx"]], "xty": [sl["xty"]], "yty": [sl["yty"]],
+             "n": [sl["n_x"], sl["n"]]}
+    x = rng.uniform(-0.5, 0.5, (30, 3))
+    y = rng.uniform(-2, 2, (30, 4))
+    y[rng.random((30, 4)) < 0.3] = np.nan
+    base = joint_exact_clipped_statistics(x, y, 0.5, 2.0)
+    extra = [(np.full(3, 0.5), np.full(4, 2.0)), (np.array([0.5, 0.0, 0.0]), np.full(4, -2.0))]
+    extra += [(rng.uniform(-0.6, 0.6, 3), rng.uniform(-3, 3, 4)) for _ in range(20)]
+    a = fp.to_signed(grid.encode_exact(base)).astype(np.float64)
+    for v, w in extra:
+        more = joint_exact_clipped_statistics(np.vstack([x, v]), np.vstack([y, w]), 0.5, 2.0)
+        diff = fp.to_signed(grid.encode_exact(more)).astype(np.float64) - a
+        for p, slices in parts.items():
+            block = np.concatenate([diff[s] for s in slices])
+            assert np.abs(block).sum() <= grid.l1[p]
+            assert math.sqrt((block ** 2).sum()) <= grid.l2[p] + 1e-9
+
+
+def test_exact_joint_statistics_match_the_float_ones_within_quantisation():
+    rng = np.random.default_rng(2)
+    x = rng.normal(size=(200, 3))
+    y = rng.normal(size=(200, 4)) * 1.5
+    y[rng.random((200, 4)) < 0.2] = np.nan
+    exact = joint_exact_clipped_statistics(x, y, 0.5, 2.0, 0.8)
+    ref = joint_exact_statistics(x, y, 0.5, 2.0, 0.8).to_vector()
+    got = exact.values()
+    assert exact.n_x == 200 and list(exact.n) == list((~np.isnan(y)).sum(axis=0))
+    np.testing.assert_allclose(got, ref, rtol=0, atol=200 * 4 * 2.0 ** -19 * 4)
+    _, grid = _grid(d=3, m=4, norm=0.8)
+    decoded = grid.decode(grid.encode_exact(exact))
+    np.testing.assert_allclose(decoded, got, rtol=0, atol=1.0 / min(grid.scales.values()))
+
+
+def test_infeasible_or_malformed_joint_grids_are_refused():
+    cal, _ = _grid()
+    with pytest.raises(ParameterError):
+        calibrate_joint(cal, n_max=500, n_sites=3, noise_threshold=4)
+    with pytest.raises(ParameterError):
+        calibrate_joint(cal, n_max=10 ** 18, n_sites=10, noise_threshold=4)
+    _, grid = _grid(m=2)
+    with pytest.raises(ParameterError):
+        grid.encode_exact(joint_exact_clipped_statistics(np.zeros((2, 3)), np.zeros((2, 3)),
+                                                         0.5, 2.0))
+
+
+# ---- the distributed noise of the joint vector ----------------------------------------------
+def _chi2_skellam(x, lam, law_lam):
+    edges = np.unique(np.floor(stats.norm.ppf(np.linspace(0, 1, 31)[1:-1])
+                               * math.sqrt(2 * lam)).astype(np.int64))
+    observed = np.bincount(np.searchsorted(edges, x, side="left"), minlength=len(edges) + 1)
+    cdf = stats.skellam(law_lam, law_lam).cdf(edges)
+    expected = np.diff(np.concatenate([[0.0], cdf, [1.0]])) * x.size
+    return float(np.sum((observed - expected) ** 2 / expected)), \
+        stats.chi2.isf(ALPHA, len(expected) - 1)
+
+
+def _variance_z(x, target):
+    c = x - x.mean()
+    return (np.mean(c * c) - target) / (np.std(c * c) / math.sqrt(x.size))
+
+
+def _check(x, lam, chi2=True):
+    """x ~ Sk(lam) (chi-square when ``chi2``, else the variance only) and 5 % off rejected."""
+    assert abs(_variance_z(x, 2 * lam)) < Z
+    if chi2:
+        value, crit = _chi2_skellam(x, lam, lam)
+        assert value < crit, (value, crit)
+    for f in (1.05 ** 2, 0.95 ** 2):
+        rejected = abs(_variance_z(x, 2 * f * lam)) > Z
+        if chi2 and not rejected:
+            rejected = _chi2_skellam(x, lam, f * lam)[0] > _chi2_skellam(x, lam, lam)[1]
+        assert rejected, f
+
+
+@pytest.mark.parametrize("shares", ["one", "T"])
+def test_joint_vector_noise_is_skellam_of_the_declared_scale(shares):
+    """The noise ``release_exact`` adds (``noise_shares``): one share per entry of part p is
+    Sk(lam_p / T), the sum of T shares Sk(lam_p); its variance in real units is what the
+    declared NoiseDescription says (one share: ``noise_description(1)``, T: of T)."""
+    _, grid = _grid(d=2, m=3, t=4, eps=1.0)
+    t = grid.noise_threshold
+    rows = 30000
+    k = 1 if shares == "one" else t
+    draws = sum(grid.noise_shares(rows) for _ in range(k)).astype(np.float64)
+    declared = grid.noise_description(k)
+    for name, sl in grid.layout.slices().items():
+        part = "n" if name in ("n_x", "n") else name
+        x = draws[:, sl].ravel()
+        lam = grid.grid_noise[part] * k / t
+        # the counts' lam is small enough for the exact Skellam cdf; the real parts' lam
+        # (~1e12 grid units^2) are checked by their variance
+        _check(x, lam, chi2=(part == "n"))
+        s = grid.scales[part]
+        assert declared.variance(part) == pytest.approx(2 * lam / s ** 2, rel=1e-12)
+
+
+def test_joint_vector_noise_laplace_shares_sum_to_the_declared_variance():
+    from dpfed.secagg.dlaplace import dl_variance
+    _, grid = _grid("laplace", d=2, m=3, t=3)
+    total = sum(grid.noise_shares(20000) for _ in range(3)).astype(np.float64)
+    declared = grid.noise_description(3)
+    for name, sl in grid.layout.slices().items():
+        part = "n" if name in ("n_x", "n") else name
+        x = total[:, sl].ravel()
+        target = dl_variance(grid.grid_noise[part])
+        assert abs(_variance_z(x, target)) < Z
+        assert abs(_variance_z(x, 1.05 ** 2 * target)) > Z
+        assert declared.variance(part) == pytest.approx(target / grid.scales[part] ** 2,
+                                                        rel=1e-9)
