@@ -40,10 +40,14 @@ import logging
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from dpfed import secure_round
 from dpfed.noise import to_proto as noise_to_proto
 from dpfed.preprocess import NonFiniteRow, Preprocessing
 from dpfed.secagg.errors import SecAggError
+from dpfed.secagg.exact import (JointExactStatistics, joint_exact_statistics, quantize,
+                                quantum_exponents)
 from dpfed.secagg.messages import AGGREGATOR
 from dpfed.secagg.protocol import SiteSession
 from dpfed.sensitivity import row_norm_bound
@@ -54,7 +58,7 @@ from site_node import policy as site_policy
 from site_node.data import DataError, load_round_data
 from site_node.ledger import BudgetExhausted, RoundConflict
 from site_node.messages import RELEASE_FAILED, new_nonce, now_ms
-from site_node.release import exact_clipped_statistics
+from site_node.release import clip, exact_clipped_statistics, project_rows
 from site_node.rows import finite_after_preprocessing, log_left_out
 
 log = logging.getLogger(__name__)
@@ -276,6 +280,8 @@ class SecureSite:
         the signed masked Contribution in one ledger transaction; return it to be sent."""
         node, spec, spec_digest = self.node, state.spec, state.spec_digest
         rid = spec.round_id
+        if state.secure.joint:
+            return self._release_joint(state, notice)
         try:
             site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
                                    spent=node.ledger.spent,
@@ -338,3 +344,108 @@ class SecureSite:
         log.info("released round %s (secure, masked; %s): epsilon=%g, %s",
                  rid, neighbouring, charge, node.ledger.budget_text())
         return result.release.envelope
+
+    def _release_joint(self, state: _SecureState, notice: pb.PhaseNotice) -> pb.SignedEnvelope:
+        """The "release" notice of a JOINT secure round (issue 23): every target column read,
+        the features pre-processed and each response standardised by its TargetSpec as the
+        independent joint release does (``SiteNode._release_joint``; a response that is not
+        finite afterwards is missing), the per-patient filter with the round's event
+        (``SecureRound.event``: PureDP(eps) or the Skellam event of the grid calibration),
+        exact integer statistics of the quantised rows (``joint_exact_clipped_statistics``),
+        this site's 1/T share of the distributed noise, masked; then debit and store in one
+        ledger transaction, as the single-target path."""
+        node, spec, spec_digest = self.node, state.spec, state.spec_digest
+        rid = spec.round_id
+        calibration = state.secure.calibration
+        from site_node.data import load_joint_round_data
+        try:
+            site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
+                                   spent=node.ledger.spent,
+                                   total=node.ledger.total_epsilon, now_ms=now_ms())
+            data = load_joint_round_data(node.config.data, list(spec.feature_names),
+                                         [t.name for t in spec.targets],
+                                         require_ids=node.per_patient)
+        except site_policy.PolicyViolation as exc:
+            return self._refuse(spec, spec_digest, str(exc))
+        except DataError as exc:
+            log.error("refused round %s: %s", rid, exc)
+            return self._refuse(spec, spec_digest, exc.public_reason)
+        pre = spec.preprocessing
+        preprocessing = Preprocessing(tuple(pre.x_mean), 0.0, pre.normalize_rows,
+                                      source=spec.public_source or "coordinator",
+                                      x_scale=tuple(pre.x_scale))
+        zeros = np.zeros(data.x.shape[0])
+        usable = finite_after_preprocessing(preprocessing, data.x, zeros)
+        log_left_out(rid, "response", data, int((~usable).sum()))
+        event = state.secure.event()
+        selection = node.select_patients(rid, data, usable, float(spec.epsilon), event)
+        usable = selection.usable
+        try:
+            x, _ = preprocessing.apply(data.x[usable], zeros[usable])
+            centre = np.array([t.y_mean for t in spec.targets])
+            scale = np.array([t.y_scale for t in spec.targets])
+            with np.errstate(over="ignore", invalid="ignore"):
+                y = (np.asarray(data.y, dtype=np.float64)[usable] - centre) / scale
+            y[~np.isfinite(y)] = np.nan        # cell-wise: that response is missing
+            stats = joint_exact_clipped_statistics(x, y, spec.x_bound, spec.y_bound,
+                                                   row_norm_bound(pre.normalize_rows))
+        except (NonFiniteRow, ValueError, SecAggError) as exc:   # not reached: rows left out
+            log.error("refused round %s: pre-processing or statistics failed: %s", rid, exc)
+            return self._refuse(spec, spec_digest, RELEASE_FAILED)
+        try:
+            encoded = calibration.encode_exact(stats)
+            vector = calibration.release_exact(stats)   # + this site's 1/T noise share
+            if self.on_release is not None:
+                self.on_release(rid, encoded, vector)
+            masked = state.session.masked_input(notice.body, vector)
+        except SecAggError as exc:
+            return self._refuse(spec, spec_digest, f"secure aggregation: {type(exc).__name__}: "
+                                                   f"{exc}")
+        charge = float(spec.epsilon)
+        contribution = pb.Contribution(
+            round_id=rid, site_id=node.site_id, masked=masked.to_bytes(),
+            epsilon_spent=charge, spec_digest=spec_digest, timestamp_unix_ms=now_ms(),
+            nonce=new_nonce(), noise=noise_to_proto(state.secure.share_noise()))
+        signed = node.signing_key.sign(contribution)
+        per_patient = selection.charge(charge)
+        if per_patient:
+            per_patient["event"] = event
+        try:
+            result = node.ledger.record_release(round_id=rid, spec_digest=spec_digest,
+                                                epsilon=charge, n=0, envelope=signed,
+                                                neighbouring="add_remove",
+                                                **(per_patient or {"event": event}))
+        except (BudgetExhausted, RoundConflict) as exc:
+            return self._refuse(spec, spec_digest, str(exc))
+        state.answered["release"] = b""
+        if not result.fresh:
+            return node.fresh_envelope(result.release)
+        log.info("released joint round %s (secure, masked, %s, %d targets): epsilon=%g%s, %s",
+                 rid, calibration.mechanism, len(spec.targets), charge,
+                 f" at delta {spec.delta:g}" if calibration.mechanism == "gaussian" else "",
+                 node.ledger.budget_text())
+        return result.release.envelope
+
+
+def joint_exact_clipped_statistics(x, y, x_bound: float, y_bound: float,
+                                   x_norm_bound: float | None = None) -> JointExactStatistics:
+    """The exact joint statistics a site encodes in a secure joint round
+    (``dpfed.secagg.exact.JointExactStatistics``): features clipped to the box and projected
+    into the ball (``site_node.release.clip``, ``project_rows``, as
+    ``site_node.joint_release``), present responses (``y`` (n, m), NaN = missing) clipped to
+    [-y_bound, y_bound], every value quantised toward zero to the round's power-of-two grid
+    (``dpfed.secagg.exact.quantize``), then summed exactly in integers. Any number of rows.
+    ValueError (naming no value) for a non-finite feature or an infinite response."""
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0]:
+        raise ValueError("x must be (n, d) and y (n, m) with the same rows")
+    if not np.all(np.isfinite(x)) or np.any(np.isinf(y)):
+        raise ValueError("x must be finite and y finite or NaN (missing)")
+    qx, qy = quantum_exponents(x_bound, y_bound, x_norm_bound)
+    z = clip(x, x_bound)
+    if x_norm_bound is not None:
+        project_rows(z, x_norm_bound)
+    present = ~np.isnan(y)
+    u = np.where(present, clip(np.nan_to_num(y), y_bound), 0.0)
+    return joint_exact_statistics(quantize(z, qx), quantize(u, qy), present, qx=qx, qy=qy)

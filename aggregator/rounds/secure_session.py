@@ -138,9 +138,20 @@ def close_step(live: LiveRound) -> None:
 
 def unmask(live: LiveRound) -> None:
     """finish() the session and keep the decoded sum as the round's running total (n
-    clamped at 0: post-processing). A sum that may have wrapped modulo 2^64 (more rows
+    clamped at 0: post-processing; a joint round's in an ``aggregator.joint_round.
+    JointRunningTotal``). A sum that may have wrapped modulo 2^64 (more rows
     than the grid holds) raises SumOutOfRange: the round fails with its message."""
     result = live.session.finish()
+    if live.secure.joint:
+        # A joint round (issue 23): the sum in the joint layout (JointStatistics.to_vector),
+        # its counts integers; the fit adds the noise of the C declared shares
+        # (aggregator.rounds.fitting, sum_noise) and fits each target.
+        from aggregator.joint_round import JointRunningTotal
+        values, n_x = live.secure.decode_joint_sum(result.vector)
+        running = JointRunningTotal(live.stored.dim, len(live.spec.targets))
+        running.add_rows(values[None, :], max(0, int(round(n_x))))
+        live.running = running
+        return
     upper, n = live.secure.decode_sum(result.vector)
     running = aggregate.RunningTotal(live.stored.dim)
     running.add_rows(upper[None, :], max(0, int(round(n))))
