@@ -192,3 +192,106 @@ def test_joint_vector_noise_laplace_shares_sum_to_the_declared_variance():
         assert abs(_variance_z(x, 1.05 ** 2 * target)) > Z
         assert declared.variance(part) == pytest.approx(target / grid.scales[part] ** 2,
                                                         rel=1e-9)
+
+
+# ---- end to end over gRPC --------------------------------------------------------------------
+JOINT_TARGETS = ["d1", "d2", "d3"]
+
+
+def _write_joint_data(fed, missing=0.25):
+    """Each site's csv with the features of tests/secure_federation and 3 responses, a
+    quarter of the cells empty (missing); returns site -> (x, y with NaN)."""
+    from tests.secure_federation import FEATURES
+    out = {}
+    for i, s in enumerate(fed.sites):
+        rng = np.random.default_rng(100 + i)
+        n = 60 + 7 * i
+        x = np.round(rng.normal(size=(n, len(FEATURES))), 4)
+        y = np.round(x.sum(axis=1)[:, None] * np.array([1.0, -0.5, 0.2])
+                     + rng.normal(size=(n, 3)), 4)
+        y[rng.random(y.shape) < missing] = np.nan
+        lines = ["id," + ",".join(FEATURES + JOINT_TARGETS)]
+        for k in range(n):
+            cells = [f"{v:.4f}" for v in x[k]] + ["" if math.isnan(v) else f"{v:.4f}"
+                                                  for v in y[k]]
+            lines.append(f"{s}-{k}," + ",".join(cells))
+        (fed.tmp / f"{s}.csv").write_text("\n".join(lines) + "\n")
+        out[s] = (x, y)
+    return out
+
+
+def joint_spec(fed, mechanism, round_id="joint-1", **kw):
+    from dpfed.v1 import dpfed_pb2 as pb
+    fields = dict(target="", targets=[pb.TargetSpec(name=t, y_mean=0.0, y_scale=1.0)
+                                      for t in JOINT_TARGETS],
+                  mechanism=mechanism, delta=1e-5 if mechanism == "gaussian" else 0.0,
+                  budget_split=[0.30, 0.60, 0.05, 0.05],
+                  preprocessing=pb.Preprocessing(x_mean=[0.0] * 3, y_mean=0.0,
+                                                 normalize_rows=False))
+    fields.update(kw)
+    return fed.spec(round_id, **fields)
+
+
+@pytest.mark.parametrize("mechanism", ["gaussian", "laplace"])
+def test_secure_joint_round_over_grpc(tmp_path, mechanism):
+    """A joint secure round of 5 sites (T = 3) finishes; the unmasked sum is exactly the sum of
+    the sites' inputs, its noise-free part decodes to the exact joint statistics of all the
+    sites' clipped rows (within the quantisation), the noise is within its declared tails,
+    the aggregator's JointStatistics carries the declared law (C = 5 shares of 1/3 draw),
+    and every site's ledger charged the round's event (Skellam for Gaussian rounds), also
+    per patient."""
+    from dpfed.v1 import dpfed_pb2 as pb
+    from site_node.ledger import PrivacyLedger
+    from tests.secure_federation import EPSILON, SecureFed
+    extra = {"patient_epsilon": 4.0}
+    if mechanism == "gaussian":
+        extra["patient_delta"] = 1e-5
+    fed = SecureFed(tmp_path, 5, policy_extra=extra)
+    data = _write_joint_data(fed)
+    fed.start_aggregator()
+    try:
+        seen = {}
+        for s in fed.sites:
+            def hook(round_id, encoded, vector, s=s):
+                seen[s] = (np.array(encoded, dtype=np.uint64), np.array(vector, dtype=np.uint64))
+            fed.node(s).secure.on_release = hook
+        fed.start_clients()
+        coordinator = fed.coordinator()
+        coordinator.start_round(joint_spec(fed, mechanism, t=3, quorum=3))
+        status = coordinator.wait("joint-1", 60, poll_s=0.05)
+        assert status.state == pb.RoundStatus.DONE, status.message
+        live = fed.manager.context.rounds["joint-1"]
+        grid = live.secure.calibration
+        assert live.secure.joint and grid.mechanism == mechanism
+        result = live.session.result
+        assert result.included == tuple(fed.sites) and sorted(seen) == fed.sites
+        total_input = fp.wrap_sum([x for _, x in seen.values()])
+        assert np.array_equal(result.vector, total_input)
+        clean = fp.wrap_sum([e for e, _ in seen.values()])
+        x = np.vstack([data[s][0] for s in fed.sites])
+        y = np.vstack([data[s][1] for s in fed.sites])
+        exact = joint_exact_statistics(x, y, 0.5, 2.0).to_vector()
+        # quantisation (2^-20 of the bounds per value) and one rounding per site and entry
+        np.testing.assert_allclose(grid.decode(clean), exact, rtol=0,
+                                   atol=x.shape[0] * 4 * 2.0 ** -19 + 5.0 / min(
+                                       grid.scales.values()))
+        noise = fp.to_signed(total_input - clean).astype(np.float64)
+        sd = grid.per_entry({p: grid.sd_grid(p) for p in JOINT_PARTS})
+        assert np.any(noise != 0) and np.all(np.abs(noise) < 8 * sd * math.sqrt(5 / 3) + 1)
+        private = fed.manager.aggregated_statistics("joint-1")
+        counts = grid.decode(total_input)
+        np.testing.assert_allclose(private.to_vector(), counts, rtol=0, atol=1e-9)
+        declared = grid.noise_description(5)
+        assert private.noise == declared
+        law = "skellam" if mechanism == "gaussian" else "discrete_laplace"
+        assert private.noise.xty[0].law == law and private.noise.full_draws("xty") == \
+            pytest.approx(5 / 3)
+        event = grid.event()
+        for s in fed.sites:
+            with PrivacyLedger(fed.ledger_path(s)) as ledger:
+                assert ledger.spent == pytest.approx(EPSILON)
+                histories = ledger.all_patient_histories()
+                assert len(histories) == data[s][0].shape[0]
+                assert all(h == [event] for h in histories.values())
+    finally:
+        fed.stop()
