@@ -36,7 +36,7 @@ DATA_KEYS = frozenset({"path", "format", "id_column", "columns", "max_bytes", "l
 POLICY_KEYS = frozenset({"trusted_coordinators", "max_epsilon_per_round", "total_epsilon",
                          "min_n", "allowed_targets", "allowed_features", "allow_replace_one",
                          "max_noise_threshold", "min_colluders", "min_contributors",
-                         "patient_epsilon"})
+                         "patient_epsilon", "patient_delta"})
 
 
 @dataclass(frozen=True)
@@ -90,6 +90,11 @@ class PolicyConfig:
     # includes only the patients whose own history still admits it. Needs [data] id_column.
     # None: the site-wide budget alone, every usable row in every release.
     patient_epsilon: float | None = None
+    # With patient_epsilon: an (eps, delta) per-patient budget (0 < delta < 1), enforced by the
+    # individual Renyi filter (site_node.patients.PatientBudget). Needed for Gaussian rounds
+    # (RoundSpec.mechanism = "gaussian"); None: a pure-eps budget, which admits Laplace
+    # releases only.
+    patient_delta: float | None = None
 
 
 @dataclass(frozen=True)
@@ -209,6 +214,15 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
         if not data.id_column:
             raise ConfigError(f"{where}: policy.patient_epsilon needs data.id_column: the "
                               f"per-patient budget is kept by patient id")
+    patient_delta = None
+    if "patient_delta" in p.raw:
+        if patient_eps is None:
+            raise ConfigError(f"{where}: policy.patient_delta needs policy.patient_epsilon: "
+                              f"the per-patient budget is (patient_epsilon, patient_delta)")
+        patient_delta = p.positive_number("patient_delta")
+        if not patient_delta < 1:
+            raise ConfigError(f"{where}: policy.patient_delta must be in (0, 1), got "
+                              f"{patient_delta}")
     min_n = p.integer("min_n", default=20)
     if min_n < 1:
         raise ConfigError(f"{where}: policy.min_n must be >= 1, got {min_n}")
@@ -228,7 +242,7 @@ def parse_config(raw: dict, *, base_dir: Path, source: Path | None = None,
         allowed_features=tuple(p.string_list("allowed_features", default=["*"])),
         allow_replace_one=p.boolean("allow_replace_one", default=False),
         max_noise_threshold=max_t, min_colluders=min_c, min_contributors=min_k,
-        patient_epsilon=patient_eps)
+        patient_epsilon=patient_eps, patient_delta=patient_delta)
     explicit = frozenset([*(k for k in raw if not isinstance(raw[k], dict)),
                           *(f"{t}.{k}" for t in ("tls", "data", "policy")
                             if isinstance(raw.get(t), dict) for k in raw[t])])

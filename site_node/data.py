@@ -359,6 +359,55 @@ def select_round_data(table: Table, features: list[str], target: str,
                      left_out=audit.left_out - audit.missing_target, ids=ids)
 
 
+def select_joint_round_data(table: Table, features: list[str], targets: list[str],
+                            config: DataConfig, *, require_ids: bool = False) -> RoundData:
+    """x (features in the given order) and y (n, m: one column per target, NaN where missing)
+    for a JOINT round (issue 23; site_node.joint_release).
+
+    A row is used when its features (and id) pass the row-wise rules of ``audit_rows``; its
+    responses do not decide that: a response cell that is missing, not a number or not finite
+    is NaN for that target only (a cell-wise rule: adding or removing a patient changes no
+    other patient's cells). Unknown columns raise DataError whose public reason names the
+    spec's column names, never a value; the id column is never a feature or a target.
+    ``RoundData.dropped_missing_target`` counts the used rows' missing response cells (for
+    the site's own log)."""
+    names = {name: config.column_for(name) for name in [*features, *targets]}
+    missing = [n for n, c in names.items() if c not in table.columns]
+    if missing:
+        mapped = [f"{n!r}" + (f" (file column {names[n]!r})" if names[n] != n else "")
+                  for n in missing]
+        raise DataError(f"{table.path}: missing column(s) {', '.join(mapped)}",
+                        f"column(s) not available at the site: "
+                        f"{', '.join(repr(n) for n in missing)}")
+    table.check_unique(set(names.values()) | ({config.id_column} if config.id_column else set()))
+    if config.id_column and config.id_column in names.values():
+        raise DataError(f"{table.path}: the round asks for the id column "
+                        f"{config.id_column!r} as a feature or target; it is never released",
+                        "the round asks for the site's id column, which is never released")
+    if require_ids:
+        if not config.id_column:
+            raise DataError("a per-patient budget needs data.id_column",
+                            "the site's per-patient budget has no id column")
+        require_patient_ids(table, config.id_column, config.log_patient_ids)
+    feature_columns = [config.column_for(f) for f in features]
+    audit = audit_rows(table, feature_columns, id_column=config.id_column, keep_numbers=True)
+    keep = audit.used
+    x = np.array([[audit.numbers[c][i] for c in feature_columns] for i in keep],
+                 dtype=np.float64).reshape(len(keep), len(features))
+    y = np.empty((len(keep), len(targets)), dtype=np.float64)
+    for j, target in enumerate(targets):
+        values = table.columns[config.column_for(target)]
+        column = [_number(values[i]) for i in keep]
+        y[:, j] = [math.nan if v is None else v for v in column]
+    ids = ()
+    if config.id_column:
+        from site_node.patients import normalise_id
+        id_values = table.columns[config.id_column]
+        ids = tuple(normalise_id(id_values[i]) for i in keep)
+    return RoundData(x=x, y=y, dropped_missing_target=int(np.isnan(y).sum()), rows=keep,
+                     first_line=table.first_line, left_out=audit.left_out, ids=ids)
+
+
 def round_audit(table: Table, features, target: str, config: DataConfig, *,
                 keep_numbers: bool = False) -> RowAudit:
     """``audit_rows`` for a round's model names (mapped to file columns by the config); the
@@ -441,6 +490,14 @@ def load_round_data(config: DataConfig, features: list[str], target: str, *,
     """Read the data file and select one round's columns (see select_round_data)."""
     return select_round_data(read_table(config.path, config.format, config.max_bytes),
                              list(features), target, config, require_ids=require_ids)
+
+
+def load_joint_round_data(config: DataConfig, features: list[str], targets: list[str], *,
+                          require_ids: bool = False) -> RoundData:
+    """Read the data file and select a joint round's columns (``select_joint_round_data``)."""
+    return select_joint_round_data(read_table(config.path, config.format, config.max_bytes),
+                                   list(features), list(targets), config,
+                                   require_ids=require_ids)
 
 
 def describe(config: DataConfig) -> dict:

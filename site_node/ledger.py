@@ -188,7 +188,7 @@ class PrivacyLedger:
 
     def __init__(self, db_path: str | Path, *, site_id: str | None = None,
                  total_epsilon: float | None = None, patient_epsilon: float | None = None,
-                 timeout_s: float = 30.0):
+                 patient_delta: float | None = None, timeout_s: float = 30.0):
         self.path = Path(db_path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # isolation_level=None: we issue BEGIN/COMMIT ourselves, so the transaction boundaries
@@ -225,7 +225,12 @@ class PrivacyLedger:
             if total_epsilon is not None:
                 self._settle_total(float(total_epsilon))
             if patient_epsilon is not None:
+                fresh = self._meta("patient_epsilon") is None
                 self._settle_patient_budget(float(patient_epsilon))
+                self._settle_patient_delta(None if patient_delta is None
+                                           else float(patient_delta), fresh=fresh)
+            elif patient_delta is not None:
+                raise LedgerError("a per-patient delta needs a per-patient epsilon")
         self._hasher: PatientHasher | None = None
 
     def _migrate_1_to_2(self) -> None:
@@ -348,15 +353,95 @@ class PrivacyLedger:
             log.warning("config patient_epsilon=%g lowers the ledger's per-patient budget from "
                         "%g (permanent)", configured, stored_f)
 
+    def _settle_patient_delta(self, configured: float | None, *, fresh: bool) -> None:
+        """The delta of the per-patient budget (meta ``patient_delta``; None: pure eps). Like
+        the budget itself it is written on first use and only lowered silently: a smaller
+        delta, or none (pure eps: a Gaussian release is then never admitted again), is a
+        tightening and recorded; a larger one, or a delta added to a pure budget that already
+        has patients, raises BudgetRaise until recorded with ``raise_patient_delta``. The
+        filter's Renyi order (meta ``patient_alpha``, site_node.patients.renyi_order) is fixed
+        when the delta is first written and never changed: the filter needs one order for the
+        whole history (Feldman & Zrnic 2021)."""
+        stored = self._meta("patient_delta")
+        if stored is None:
+            if configured is None:
+                return
+            has_records = self._conn.execute("SELECT EXISTS(SELECT 1 FROM patients)").fetchone()[0]
+            if not fresh and has_records:
+                raise BudgetRaise(
+                    f"policy.patient_delta = {configured:g} turns the pure per-patient budget "
+                    f"of the privacy ledger {self.path} into an (eps, delta) budget, which is "
+                    f"weaker. A budget is never loosened silently: remove patient_delta, or "
+                    f"record the change with `dpfed site ledger --raise-total --config "
+                    f"<site.toml>`")
+            self._set_patient_delta(configured)
+            self._event("patient_delta_created", None, configured,
+                        note="first use (policy.patient_delta)")
+            return
+        stored_f = float(stored)
+        if configured is None:
+            self._conn.execute("DELETE FROM meta WHERE key = 'patient_delta'")
+            self._event("patient_delta_lowered", stored_f, 0.0,
+                        note="policy.patient_delta removed: pure eps per patient")
+            log.warning("the config has no patient_delta: the ledger's per-patient budget is "
+                        "pure eps from now on (permanent; Gaussian releases are not admitted)")
+        elif configured > stored_f * (1 + 1e-12):
+            raise BudgetRaise(
+                f"policy.patient_delta = {configured:g} in the config is larger than the "
+                f"per-patient delta {stored_f:g} recorded in the privacy ledger {self.path}. A "
+                f"budget is never raised silently: set patient_delta back to {stored_f:g}, or "
+                f"record the raise with `dpfed site ledger --raise-total --config <site.toml>`")
+        elif configured < stored_f:
+            self._set_meta("patient_delta", repr(configured))
+            self._event("patient_delta_lowered", stored_f, configured,
+                        note="policy.patient_delta lowered")
+
+    def _set_patient_delta(self, delta: float) -> None:
+        from site_node.patients import renyi_order
+        if self._meta("patient_alpha") is None:
+            eps = self.patient_epsilon
+            self._set_meta("patient_alpha", repr(float(renyi_order(eps, delta))))
+        self._set_meta("patient_delta", repr(float(delta)))
+
     @property
     def patient_epsilon(self) -> float | None:
         value = self._meta("patient_epsilon")
         return None if value is None else float(value)
 
+    @property
+    def patient_delta(self) -> float | None:
+        """The per-patient delta (None: a pure-eps per-patient budget, or none at all)."""
+        value = self._meta("patient_delta")
+        return None if value is None else float(value)
+
     def patient_budget(self) -> PatientBudget | None:
-        """The ledger's per-patient budget (pure eps), or None without one."""
+        """The ledger's per-patient budget: pure eps, or (eps, delta) with the Renyi order
+        fixed when the delta was first written; None without one."""
         eps = self.patient_epsilon
-        return None if eps is None else PatientBudget(eps)
+        if eps is None:
+            return None
+        delta = self.patient_delta
+        if delta is None:
+            return PatientBudget(eps)
+        return PatientBudget(eps, delta, float(self._meta("patient_alpha")))
+
+    def raise_patient_delta(self, new_delta: float, *, operator: str, note: str = "") -> float | None:
+        """Record an explicit raise of the per-patient delta (or a delta added to a pure
+        budget), with who and when. Returns the old delta (None: it was pure); LedgerError if
+        it is not a raise."""
+        with self._transaction():
+            if self.patient_epsilon is None:
+                raise LedgerError(f"{self.path}: no per-patient budget recorded yet")
+            old = self.patient_delta
+            if not 0 < new_delta < 1 or (old is not None and not new_delta > old):
+                raise LedgerError(f"patient_delta {new_delta:g} is not a raise of the ledger's "
+                                  f"{'pure budget' if old is None else format(old, 'g')}")
+            self._set_patient_delta(float(new_delta))
+            self._event("patient_delta_raised", old, float(new_delta), operator=operator,
+                        note=note or "dpfed site ledger --raise-total")
+        log.warning("privacy ledger %s: per-patient delta RAISED from %s to %g by %s",
+                    self.path, old, new_delta, operator)
+        return old
 
     def raise_patient_budget(self, new_epsilon: float, *, operator: str, note: str = "") -> float:
         """Record an explicit raise of the per-patient budget (who and when). Returns the old
@@ -559,7 +644,15 @@ class PrivacyLedger:
                                  "LEFT JOIN inclusions i ON i.patient = p.patient "
                                  "LEFT JOIN debits d ON d.id = i.debit_id GROUP BY p.patient")]
         if not pure:
-            remaining = [budget.remaining(h) for h in self.all_patient_histories().values()]
+            # Each patient's history composed by the site's accountant (dpfed.accounting:
+            # for (eps, delta), eps at the budget's delta); identical histories once.
+            cache: dict = {}
+            remaining = []
+            for h in self.all_patient_histories().values():
+                key = tuple(h)
+                if key not in cache:
+                    cache[key] = budget.remaining(h)
+                remaining.append(cache[key])
         edges = [budget.epsilon * k / bins for k in range(bins + 1)]
         counts = [0] * (bins + 1)
         for r in remaining:
@@ -573,8 +666,14 @@ class PrivacyLedger:
                        "patients": counts[k]} for k in range(1, bins + 1)]
         common = math.fsum(e.epsilon for e in self._all_scope_events()
                            if isinstance(e, PureDP))
-        return {"budget_epsilon": budget.epsilon, "patients": len(remaining),
-                "charged_to_every_patient_epsilon": common, "histogram": histogram}
+        out = {"budget_epsilon": budget.epsilon, "patients": len(remaining),
+               "charged_to_every_patient_epsilon": common, "histogram": histogram}
+        if budget.delta is not None:
+            # (eps, delta): the remaining figures are eps - (composed eps at this delta).
+            out.update(budget_delta=budget.delta, renyi_order=budget.alpha,
+                       max_spent_epsilon=max((budget.epsilon - r for r in remaining),
+                                             default=0.0))
+        return out
 
     def total_explicitly_raised(self) -> bool:
         """Whether the current total was set by an explicit raise (``raise_total``)."""

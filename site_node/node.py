@@ -63,13 +63,14 @@ from dpfed.wire.signing import SigningKey
 from site_node import policy as site_policy
 from site_node.client import SiteClient
 from site_node.config import SiteConfig
-from site_node.data import DataError, load_round_data
+from site_node.data import DataError, load_joint_round_data, load_round_data
 # LedgerMismatch lives with the other ledger errors (the client stops on it too).
 from site_node.ledger import BudgetExhausted, LedgerMismatch, PrivacyLedger, RoundConflict
 # The shared vocabulary (site_node.messages), named here too: callers and tests use
 # site_node.node.now_ms, CONTRIBUTION, ... as before.
 from site_node.messages import (CONTRIBUTION, PHASE_MESSAGE, PHASE_NOTICE,  # noqa: F401
                                 REFUSAL, RELEASE_FAILED, ROUND_SPEC, new_nonce, now_ms)
+from site_node.joint_release import release_joint_statistics
 from site_node.release import release_statistics
 from site_node.rows import finite_after_preprocessing, log_left_out
 from site_node.secure import SecureSite
@@ -97,7 +98,8 @@ class SiteNode:
         self.trusted = site_policy.trusted_keys(config.policy.trusted_coordinators)
         self.ledger = ledger or PrivacyLedger(config.state_db, site_id=config.site_id,
                                               total_epsilon=config.policy.total_epsilon,
-                                              patient_epsilon=config.policy.patient_epsilon)
+                                              patient_epsilon=config.policy.patient_epsilon,
+                                              patient_delta=config.policy.patient_delta)
         # A per-patient budget: the patient key must be there (or is created, for a ledger
         # without patients) before the site serves; LedgerError otherwise.
         self.per_patient = config.policy.patient_epsilon is not None
@@ -184,18 +186,20 @@ class SiteNode:
 
     # -- the per-patient filter ------------------------------------------------------------
     def select_patients(self, round_id: str, data, usable: np.ndarray,
-                        epsilon: float) -> "PatientSelection":
+                        epsilon: float, event=None) -> "PatientSelection":
         """The individual filter (site_node.patients; docs/method.md section 13): of the rows
         ``usable`` after the row-wise rules, keep those whose patient's own ledger history
-        admits a release of ``epsilon``; the others are left out before clipping and the
-        statistics. Without a per-patient budget every usable row is kept and the release is
-        charged to every patient."""
+        admits a release of ``event`` (default PureDP(epsilon); a Gaussian round's is
+        Gaussian(mu)); the others are left out before clipping and the statistics. Without a
+        per-patient budget every usable row is kept and the release is charged to every
+        patient."""
         if not self.per_patient:
             return PatientSelection(usable, None, (), None)
+        event = event or PureDP(epsilon)
         budget = self.ledger.patient_budget()
         keys = self.ledger.patient_hasher().keys_of(data.ids)
         candidates = np.flatnonzero(usable)
-        ok = np.asarray(self.ledger.admitted([keys[i] for i in candidates], PureDP(epsilon),
+        ok = np.asarray(self.ledger.admitted([keys[i] for i in candidates], event,
                                              budget), dtype=bool).reshape(-1)
         usable = usable.copy()
         left = candidates[~ok]
@@ -204,7 +208,7 @@ class SiteNode:
             log.info("round %s: %d patient(s) left out: their remaining budget does not cover "
                      "epsilon %g", round_id, left.size, epsilon)
         return PatientSelection(usable, [keys[i] for i in np.flatnonzero(usable)],
-                                [keys[i] for i in left], budget)
+                                [keys[i] for i in left], budget, event)
 
     # -- one round ---------------------------------------------------------------------------
     def consent(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
@@ -337,8 +341,14 @@ class SiteNode:
                                    spent=self.ledger.spent, total=self.ledger.total_epsilon,
                                    now_ms=now_ms())
             neighbouring, xtx_rule = site_policy.round_mechanism(spec)
-            data = load_round_data(self.config.data, list(spec.feature_names), spec.target,
-                                   require_ids=self.per_patient)
+            if spec.targets:   # a joint round (issue 23): its calibration, then every target
+                calibration = joint_calibration(spec)
+                data = load_joint_round_data(self.config.data, list(spec.feature_names),
+                                             [t.name for t in spec.targets],
+                                             require_ids=self.per_patient)
+            else:
+                data = load_round_data(self.config.data, list(spec.feature_names), spec.target,
+                                       require_ids=self.per_patient)
             if neighbouring == "replace_one":
                 # n is public under replace-one: the exact check reveals nothing more.
                 site_policy.check_n(data.n, self.config.policy)
@@ -360,6 +370,8 @@ class SiteNode:
             log.info("consented to round %s (nothing drawn, nothing debited)", round_id)
             return self._consent_message(round_id, spec_digest)
 
+        if spec.targets:
+            return self._release_joint(spec, spec_digest, data, calibration)
         pre = spec.preprocessing
         preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
                                       source=spec.public_source or "coordinator",
@@ -424,6 +436,83 @@ class SiteNode:
                  self.ledger.budget_text())
         return result.release.envelope
 
+    def _release_joint(self, spec: pb.RoundSpec, spec_digest: str, data,
+                       calibration) -> pb.SignedEnvelope:
+        """Steps 4-6 of the module docstring for a joint round (site_node.joint_release):
+        the features pre-processed as a single-target round's (``spec.preprocessing``; its
+        y_mean is not used), each response standardised by its TargetSpec, (y - y_mean) /
+        y_scale (a cell that is not finite afterwards is missing), the per-patient filter
+        with the calibration's event (PureDP(eps) or Gaussian(mu)), one release, the noisy
+        n_x compared with min_n, and the debit + stored answer in one ledger transaction."""
+        round_id = spec.round_id
+        pre = spec.preprocessing
+        preprocessing = Preprocessing(tuple(pre.x_mean), 0.0, pre.normalize_rows,
+                                      source=spec.public_source or "coordinator",
+                                      x_scale=tuple(pre.x_scale))
+        zeros = np.zeros(data.x.shape[0])
+        usable = finite_after_preprocessing(preprocessing, data.x, zeros)
+        log_left_out(round_id, f"response ({data.dropped_missing_target} missing cell(s))",
+                     data, int((~usable).sum()))
+        event = calibration.event()
+        selection = self.select_patients(round_id, data, usable, float(spec.epsilon), event)
+        usable = selection.usable
+        try:
+            x, _ = preprocessing.apply(data.x[usable], zeros[usable])
+        except NonFiniteRow:   # not reached: the rows it would name were left out above
+            log.error("refused round %s: pre-processing gave a non-finite number", round_id)
+            return self.refusal(round_id, spec_digest, RELEASE_FAILED)
+        centre = np.array([t.y_mean for t in spec.targets])
+        scale = np.array([t.y_scale for t in spec.targets])
+        with np.errstate(over="ignore", invalid="ignore"):
+            y = (data.y[usable] - centre) / scale
+        y[~np.isfinite(y)] = np.nan   # cell-wise: that response is missing
+        try:
+            stats, info = release_joint_statistics(x, y, calibration, return_info=True)
+        except ValueError as exc:
+            log.error("refused round %s: joint release failed: %s", round_id, exc)
+            return self.refusal(round_id, spec_digest, RELEASE_FAILED)
+        # The site-wide debit: the round's eps (at its delta, for a Gaussian round), or what
+        # OpenDP certifies if that were ever more (Laplace).
+        charge = float(spec.epsilon)
+        if calibration.mechanism == "laplace":
+            charge = max(charge, float(info["epsilon_certified"]))
+            event = PureDP(charge)
+        refused = stats.n_x < self.config.policy.min_n
+        if refused:
+            signed = self.refusal(round_id, spec_digest, site_policy.NOISY_MIN_N_REASON,
+                                  epsilon_spent=charge)
+        else:
+            contribution = pb.Contribution(round_id=round_id, site_id=self.site_id,
+                                           statistics=stats.to_bytes(), n=stats.n_x,
+                                           epsilon_spent=charge, spec_digest=spec_digest,
+                                           timestamp_unix_ms=now_ms(), nonce=new_nonce(),
+                                           noise=noise_to_proto(stats.noise))
+            signed = self.signing_key.sign(contribution)
+        per_patient = selection.charge(charge)
+        if per_patient:
+            per_patient["event"] = event
+        try:
+            result = self.ledger.record_release(round_id=round_id, spec_digest=spec_digest,
+                                                epsilon=charge, n=stats.n_x, envelope=signed,
+                                                neighbouring="add_remove",
+                                                **(per_patient or {"event": event}))
+        except (BudgetExhausted, RoundConflict) as exc:
+            log.warning("refused round %s: %s", round_id, exc)
+            return self.refusal(round_id, spec_digest, str(exc))
+        if not result.fresh:
+            log.info("round %s was answered concurrently: returning that stored release", round_id)
+            return self.fresh_envelope(result.release)
+        if refused:
+            log.warning("refused round %s after drawing its release: noisy n %d < min_n %d "
+                        "(epsilon %g debited; the refusal is stored as the round's answer)",
+                        round_id, stats.n_x, self.config.policy.min_n, charge)
+            return result.release.envelope
+        log.info("released joint round %s (%s, %d targets): n_x=%d (noisy), epsilon=%g%s, %s",
+                 round_id, calibration.mechanism, len(spec.targets), stats.n_x, charge,
+                 f" at delta {spec.delta:g}" if calibration.mechanism == "gaussian" else "",
+                 self.ledger.budget_text())
+        return result.release.envelope
+
     def run(self, stop=None) -> None:
         """Serve forever: dial the aggregator, answer rounds, reconnect (site_node.client,
         which is given this node and asks it for every answer)."""
@@ -440,13 +529,27 @@ class PatientSelection:
     included: list | None
     seen: list | tuple
     budget: object
+    # The event the filter admitted (None: PureDP of the charged epsilon).
+    event: object = None
 
     def charge(self, epsilon: float) -> dict:
         """The per-patient arguments of ``PrivacyLedger.record_release``."""
         if self.included is None:
             return {}
-        return {"patients": self.included, "seen": self.seen, "event": PureDP(epsilon),
+        event = PureDP(epsilon) if self.event is None or isinstance(self.event, PureDP) \
+            else self.event
+        return {"patients": self.included, "seen": self.seen, "event": event,
                 "patient_budget": self.budget}
+
+
+def joint_calibration(spec: pb.RoundSpec):
+    """``dpfed.joint_noise.calibration_from_spec``, its ValueError as a PolicyViolation (the
+    spec's public parameters only; nothing drawn)."""
+    from dpfed.joint_noise import calibration_from_spec
+    try:
+        return calibration_from_spec(spec)
+    except ValueError as exc:
+        raise site_policy.PolicyViolation(f"invalid joint round parameters: {exc}") from None
 
 
 def _untrusted_round_id(envelope: pb.SignedEnvelope) -> str:

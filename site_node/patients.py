@@ -35,11 +35,11 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpfed.accounting import (ZCDP, Gaussian, PrivacyEvent, PureDP, Skellam, compose,
-                              renyi_filter_admits)
+from dpfed.accounting import (ALPHAS, ZCDP, Gaussian, PrivacyEvent, PureDP, Skellam, compose,
+                              renyi_budget, renyi_filter_admits)
 
 __all__ = ["PatientHasher", "PatientBudget", "PatientKeyError", "event_to_json",
-           "event_from_json", "key_path_for", "normalise_id"]
+           "event_from_json", "key_path_for", "normalise_id", "renyi_order"]
 
 # Floating-point slack of the pure-eps filter (as the site-wide budget: 10 releases of 0.1
 # fit in 1.0).
@@ -157,6 +157,24 @@ class PatientBudget:
 
     def remaining(self, history) -> float:
         return max(0.0, self.epsilon - self.spent(history))
+
+
+def renyi_order(epsilon: float, delta: float) -> float:
+    """The Renyi order of an (eps, delta) per-patient budget's filter, fixed with the budget
+    (Feldman & Zrnic 2021 need one order for the whole history): the order of
+    ``dpfed.accounting.ALPHAS`` at which the filter admits the largest total zCDP, i.e. the
+    largest renyi_budget(eps, delta, alpha) / alpha (a history of Gaussian / zCDP events of
+    total rho has eps(alpha) = alpha rho). Public: a function of the budget only. Raises
+    ValueError when no order admits anything (delta too small for eps)."""
+    best, order = 0.0, None
+    for a in ALPHAS:
+        rho = renyi_budget(epsilon, delta, a) / a
+        if rho > best:
+            best, order = rho, a
+    if order is None:
+        raise ValueError(f"no Renyi order admits any release under a budget of eps "
+                         f"{epsilon:g}, delta {delta:g}")
+    return order
 
 
 def event_to_json(event: PrivacyEvent) -> str:

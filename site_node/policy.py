@@ -78,6 +78,9 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
 
     neighbouring, _ = round_mechanism(spec)
     check_aggregation(spec, policy)
+    check_mechanism(spec, policy)
+    if spec.targets:
+        check_targets(spec, policy)
     if neighbouring == "replace_one" and not policy.allow_replace_one:
         raise PolicyViolation("a replace_one round releases n exactly; this site's policy does "
                               "not allow it (policy.allow_replace_one = false)")
@@ -106,11 +109,12 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
         raise PolicyViolation(f"epsilon {eps:g} exceeds the per-patient budget "
                               f"{policy.patient_epsilon:g}")
 
-    if not spec.target:
-        raise PolicyViolation("round spec names no target")
-    if not _allowed(spec.target, policy.allowed_targets):
-        raise PolicyViolation(f"target {spec.target!r} is not in allowed_targets")
     features = list(spec.feature_names)
+    if not spec.targets:
+        if not spec.target:
+            raise PolicyViolation("round spec names no target")
+        if not _allowed(spec.target, policy.allowed_targets):
+            raise PolicyViolation(f"target {spec.target!r} is not in allowed_targets")
     if not features:
         raise PolicyViolation("round spec names no features")
     if len(set(features)) != len(features):
@@ -132,6 +136,73 @@ def check_spec(spec: pb.RoundSpec, policy: PolicyConfig, *, site_id: str, spent:
                               f"{len(features)} features")
     if not all(math.isfinite(v) and v > 0 for v in pre.x_scale):
         raise PolicyViolation("preprocessing column scales must be finite and > 0")
+
+
+#: Noise mechanisms a spec may name ("" is "laplace").
+MECHANISMS = ("laplace", "gaussian")
+
+
+def round_noise(spec: pb.RoundSpec) -> str:
+    """The spec's noise mechanism ("" means "laplace"); an unknown one raises PolicyViolation."""
+    mechanism = spec.mechanism or "laplace"
+    if mechanism not in MECHANISMS:
+        raise PolicyViolation(f"unknown noise mechanism {spec.mechanism!r}; this site knows "
+                              f"{', '.join(MECHANISMS)}")
+    return mechanism
+
+
+def check_mechanism(spec: pb.RoundSpec, policy: PolicyConfig) -> None:
+    """The noise mechanism (issue 23): "laplace" is pure eps (``spec.delta`` must be 0);
+    "gaussian" is (eps, delta) with 0 < delta < 1, and is admitted only under a per-patient
+    (eps, delta) budget (policy.patient_epsilon with policy.patient_delta): a pure-eps budget
+    (per patient, or the site-wide total alone) cannot account a Gaussian release. Outside
+    secure aggregation only joint rounds (``spec.targets``) draw Gaussian noise at the site."""
+    from dpfed.secure_round import is_secure
+    mechanism = round_noise(spec)
+    if mechanism == "laplace":
+        if spec.delta:
+            raise PolicyViolation("a Laplace round is pure eps: it must not name a delta")
+        return
+    if not (math.isfinite(spec.delta) and 0 < spec.delta < 1):
+        raise PolicyViolation("a Gaussian round needs a delta with 0 < delta < 1")
+    if policy.patient_epsilon is None or policy.patient_delta is None:
+        raise PolicyViolation("a Gaussian round is (eps, delta)-DP; this site's budget is pure "
+                              "eps (it needs policy.patient_epsilon and policy.patient_delta), "
+                              "so it cannot account the release")
+    if spec.delta > policy.patient_delta:
+        raise PolicyViolation(f"delta {spec.delta:g} exceeds the per-patient delta "
+                              f"{policy.patient_delta:g}")
+    if not spec.targets and not is_secure(spec):
+        raise PolicyViolation("this site draws Gaussian noise for joint rounds (targets) only")
+
+
+def check_targets(spec: pb.RoundSpec, policy: PolicyConfig) -> None:
+    """A joint round's targets (issue 23): no single ``target`` beside them, add/remove
+    neighbours only (every n_j is a private count), each target named once, allowed, not a
+    feature, with a finite public centre and a finite scale > 0. Reasons name columns from the
+    spec, never a value of the site's data."""
+    if spec.target:
+        raise PolicyViolation("a joint round names its targets in `targets`, not `target`")
+    if (spec.neighbouring or "add_remove") != "add_remove":
+        raise PolicyViolation("a joint round is add_remove only: its per-target counts are "
+                              "private and released with noise")
+    names = [t.name for t in spec.targets]
+    if not all(names):
+        raise PolicyViolation("a joint round's target has no name")
+    if len(set(names)) != len(names):
+        raise PolicyViolation("the joint round repeats a target")
+    not_allowed = [n for n in names if not _allowed(n, policy.allowed_targets)]
+    if not_allowed:
+        raise PolicyViolation(f"target(s) not in allowed_targets: {not_allowed[:5]}"
+                              + (f" and {len(not_allowed) - 5} more" if len(not_allowed) > 5
+                                 else ""))
+    both = sorted(set(names) & set(spec.feature_names))
+    if both:
+        raise PolicyViolation(f"target(s) also features: {both[:5]}")
+    for t in spec.targets:
+        if not (math.isfinite(t.y_mean) and math.isfinite(t.y_scale) and t.y_scale > 0):
+            raise PolicyViolation(f"target {t.name!r}: its public y_mean must be finite and "
+                                  f"its y_scale finite and > 0")
 
 
 def check_aggregation(spec: pb.RoundSpec, policy: PolicyConfig) -> None:

@@ -253,6 +253,7 @@ def cmd_raise_total(args) -> int:
         return code
     new = config.policy.total_epsilon
     new_patient = config.policy.patient_epsilon
+    new_delta = config.policy.patient_delta
     done = []
     try:
         with PrivacyLedger(config.state_db, site_id=config.site_id) as ledger:
@@ -263,6 +264,14 @@ def cmd_raise_total(args) -> int:
                     new_patient > stored_patient:
                 old = ledger.raise_patient_budget(new_patient, operator=_operator(args))
                 done.append(f"per-patient budget raised from {old:g} to {new_patient:g}")
+            # policy.patient_delta: a larger delta, or a delta added to a pure budget.
+            stored_delta = ledger.patient_delta
+            if new_delta is not None and ledger.patient_epsilon is not None and \
+                    (stored_delta is None or new_delta > stored_delta):
+                old = ledger.raise_patient_delta(new_delta, operator=_operator(args))
+                done.append(f"per-patient delta raised from "
+                            f"{'none (pure eps)' if old is None else format(old, 'g')} to "
+                            f"{new_delta:g}")
             if new is not None and (not done or (ledger.total_epsilon is not None
                                                  and new > ledger.total_epsilon)):
                 old = ledger.raise_total(new, operator=_operator(args))
@@ -341,8 +350,17 @@ def _print_patients(patients) -> None:
     (site_node.ledger.PrivacyLedger.patient_summary)."""
     if not patients:
         return
-    print(f"per patient: epsilon {patients['budget_epsilon']:g} each, "
-          f"{patients['patients']} patient(s) seen")
+    if patients.get("budget_delta") is not None:
+        # (eps, delta): each history composed by dpfed.accounting (eps at the budget's delta);
+        # admission is the Renyi filter at the ledger's fixed order.
+        print(f"per patient: (epsilon {patients['budget_epsilon']:g}, delta "
+              f"{patients['budget_delta']:g}) each, Renyi filter at order "
+              f"{patients['renyi_order']:g}, {patients['patients']} patient(s) seen; largest "
+              f"composed epsilon at delta {patients['budget_delta']:g}: "
+              f"{patients['max_spent_epsilon']:.4g}")
+    else:
+        print(f"per patient: epsilon {patients['budget_epsilon']:g} each, "
+              f"{patients['patients']} patient(s) seen")
     if patients["charged_to_every_patient_epsilon"]:
         print(f"  charged to every patient (releases without per-patient records): epsilon "
               f"{patients['charged_to_every_patient_epsilon']:g}")
