@@ -196,6 +196,8 @@ def test_joint_vector_noise_laplace_shares_sum_to_the_declared_variance():
 
 # ---- end to end over gRPC --------------------------------------------------------------------
 JOINT_TARGETS = ["d1", "d2", "d3"]
+#: A Gaussian round needs an (eps, delta) per-patient budget at the site (site_node.policy).
+GAUSSIAN_POLICY = {"patient_epsilon": 4.0, "patient_delta": 1e-5}
 
 
 def _write_joint_data(fed, missing=0.25):
@@ -294,4 +296,98 @@ def test_secure_joint_round_over_grpc(tmp_path, mechanism):
                 assert len(histories) == data[s][0].shape[0]
                 assert all(h == [event] for h in histories.values())
     finally:
+        fed.stop()
+
+
+def test_isolation_attack_on_a_joint_round_reveals_nothing(tmp_path, caplog):
+    """method.md section 12 on a joint Gaussian round: the aggregator shows site u "only you
+    survived" and every other site "u and you": no site signs, no unmask share is released,
+    the round fails saying why, and each site was charged once (its stored release)."""
+    import logging
+    from dpfed.v1 import dpfed_pb2 as pb
+    from tests.secure_federation import EPSILON, SecureFed, SiteDriver, notice_phase, wait_state
+    from tests.test_secure_round_lying import _rewritten
+    fed = SecureFed(tmp_path, 5, policy_extra=GAUSSIAN_POLICY)
+    _write_joint_data(fed)
+    fed.start_aggregator()
+    drivers = {}
+    try:
+        drivers = {s: SiteDriver(fed, s) for s in fed.sites}
+        fed.coordinator().start_round(joint_spec(fed, "gaussian", "sec-1", t=3, quorum=3,
+                                                 deadline_s=30))
+        released = {}
+        for phase in ("consent", "keys", "share_keys", "release"):
+            for s, d in drivers.items():
+                got, answer, _ = d.step()
+                assert got == phase and answer.payload_type != "dpfed.v1.Refusal"
+                if phase == "release":
+                    released[s] = answer.payload
+        pushed = {s: d.next() for s, d in drivers.items()}
+        assert {notice_phase(p) for p in pushed.values()} == {"confirm"}
+        u = fed.sites[0]
+        views = {u: {u}} | {w: {u, w} for w in fed.sites[1:]}
+        with caplog.at_level(logging.ERROR, logger="site_node.secure"):
+            answers = {s: drivers[s].answer(_rewritten(pushed[s], views[s], fed.aggregator_key))
+                       for s in fed.sites}
+        assert answers == {s: None for s in fed.sites}
+        assert drivers[u].answer(pushed[u]) is None
+        for s in fed.sites:
+            ledger = fed.node(s).ledger
+            stored = ledger.get_release("sec-1")
+            assert ledger.spent == EPSILON and stored is not None
+            # the masked release that left the site is the stored one (retries resend it)
+            assert stored.envelope.payload == released[s]
+        status = wait_state(fed.manager, "sec-1", (pb.RoundStatus.FAILED,), 40)
+        assert "confirm step ended" in status.message, status.message
+    finally:
+        for d in drivers.values():
+            d.close()
+        fed.stop()
+
+
+def test_a_joint_masked_input_declaring_other_noise_is_refused(tmp_path):
+    """The aggregator takes a joint masked input only with exactly the declared share of the
+    spec's Skellam grid noise; the same input declaring the central Gaussian noise (or any
+    other law/scale) is rejected, and a repeated release notice gets the stored bytes."""
+    from dpfed.joint_noise import calibration_from_spec
+    from dpfed.noise import to_proto
+    from dpfed.v1 import dpfed_pb2 as pb
+    from dpfed.wire.canonical import parse_canonical
+    import grpc
+    from site_node.messages import new_nonce
+    from tests.secure_federation import SecureFed, SiteDriver
+    fed = SecureFed(tmp_path, 3, policy_extra=GAUSSIAN_POLICY)
+    _write_joint_data(fed)
+    fed.start_aggregator()
+    drivers = {}
+    try:
+        drivers = {s: SiteDriver(fed, s) for s in fed.sites}
+        spec = joint_spec(fed, "gaussian", "sec-2", t=2, quorum=2, deadline_s=30)
+        fed.coordinator().start_round(spec)
+        for phase in ("consent", "keys", "share_keys"):
+            for d in drivers.values():
+                assert d.step()[0] == phase
+        d = drivers["site-a"]
+        notice = d.next()
+        answer = d.answer(notice)
+        again = d.answer(notice)   # the aggregator asks again: the same stored release
+        c = parse_canonical(answer.payload, "dpfed.v1.Contribution")
+        assert parse_canonical(again.payload, "dpfed.v1.Contribution").masked == c.masked
+        assert c.noise.xty[0].law == "skellam"
+        lying = pb.Contribution()
+        lying.CopyFrom(c)
+        lying.noise.CopyFrom(to_proto(calibration_from_spec(spec).noise()))
+        lying.nonce = new_nonce()
+        forged = fed.site_keys["site-a"].sign(lying)
+        try:
+            reply = d.send(forged)
+            refused, message = not reply.accepted, reply.message
+        except grpc.RpcError as exc:
+            refused, message = True, exc.details()
+        assert refused and "noise" in message.lower(), message
+        assert d.send(answer).accepted   # the genuine one is taken
+        assert fed.node("site-a").ledger.spent == pytest.approx(1.0)
+    finally:
+        for d in drivers.values():
+            d.close()
         fed.stop()
