@@ -34,6 +34,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
+import numpy as np
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives import serialization
 
@@ -221,14 +222,17 @@ class SecureRound:
         """(values in the joint layout ``JointStatistics.to_vector``, noisy n_x) of the
         unmasked sum of a joint round, refused (``SumOutOfRange``) as ``decode_sum`` refuses
         a sum that may have wrapped or is implausible (``JointGridCalibration.check_sum``).
-        Counts are integers (scale 1)."""
+        Counts are integers (scale 1), clamped at 0 after the check (post-processing, as the
+        independent joint release clamps them: a noisy n_j of a rare response can be
+        negative)."""
         if not self.joint:
             raise SecureRoundError("not a joint round: use decode_sum")
         values = self.calibration.decode(vector)
         self.calibration.check_sum(values, bound_name="max_site_rows")
-        n_x = float(values[JointLayout(self.calibration.d, self.calibration.m,
-                                       include_n=True).slices()["n_x"]][0])
-        return values, n_x
+        sl = JointLayout(self.calibration.d, self.calibration.m, include_n=True).slices()
+        for part in ("n_x", "n"):
+            values[sl[part]] = np.maximum(values[sl[part]], 0.0)
+        return values, float(values[sl["n_x"]][0])
 
     def event(self):
         """The privacy event each patient of a joint round's release is charged
