@@ -49,7 +49,8 @@ the smallest value (bisection; every term of A2 decreases in kappa) whose conver
 the spec's delta is <= epsilon. kappa is the variance cost over the central Gaussian of the
 same (eps, delta): it comes from the RDP conversion (A3 is looser than the exact Gaussian
 profile) and A2's 1/lam^2 term (negligible on a fine grid). ``JointGridCalibration.kappa``;
-docs/benchmarks.md quotes it (about 1.2-1.6 at eps 1-4, delta 1e-5..1e-6).
+measured 1.13-1.20 (sd 1.06-1.10 x) at eps 0.3-4, delta 1e-5..1e-6, d = 10, m = 1..262
+(tests/test_secure_joint.py bounds it in (1, 1.3); docs/benchmarks.md, "Secure joint round").
 
 With c colluders among C contributors the honest noise is Sk((C - c) lam_p / T): a round
 unmasks only with C >= T + c (``dpfed.secure_round.min_contributors``), so at least T honest
