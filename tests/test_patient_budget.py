@@ -418,3 +418,152 @@ def test_events_round_trip_through_the_ledger_text():
     assert not pure.admits([], Gaussian(0.1))            # a pure budget fails closed
     approx = PatientBudget(4.0, delta=1e-6, alpha=8.0)
     assert approx.admits([PureDP(1.0)], Gaussian(0.5))
+
+
+# -- (eps, delta) per-patient budgets and Gaussian rounds (issue 23 parts 2-3) -----------------
+
+DELTA_POLICY = """
+max_epsilon_per_round = 1.0
+patient_epsilon = 3.0
+patient_delta = 1e-5
+min_n = 1
+"""
+
+
+def joint_csv_of(ids) -> str:
+    """A joint round's CSV (two drugs, one of them missing for every third patient); a
+    patient's row is a function of its id only."""
+    rows = ["id,g1,g2,g3,drug,drug2"]
+    for i in ids:
+        rng = np.random.default_rng([7, int(i)])
+        x = rng.normal(size=3)
+        second = "" if i % 3 == 0 else f"{x[0] - x[2]:.4f}"
+        rows.append(f"P{i:05d},{x[0]:.4f},{x[1]:.4f},{x[2]:.4f},{x.sum():.4f},{second}")
+    return "\n".join(rows) + "\n"
+
+
+def gaussian_joint_spec(round_id, epsilon=1.0, delta=1e-6):
+    return make_spec(round_id, target="", epsilon=epsilon, mechanism="gaussian", delta=delta,
+                     targets=[pb.TargetSpec(name="drug", y_mean=0.0, y_scale=2.0),
+                              pb.TargetSpec(name="drug2", y_mean=0.0, y_scale=2.0)])
+
+
+def test_the_eps_delta_filter_admits_until_the_renyi_budget_and_never_past_the_composed_one(
+        tmp_path):
+    """Nine Gaussian joint rounds of (eps 1, delta 1e-6) (mu = 0.237 each) under a per-patient
+    (3, 1e-5) budget; 40 patients from the start, 20 more before round 5. Replaying the ledger
+    through dpfed.accounting: each patient is admitted exactly while the Renyi filter at the
+    ledger's fixed order allows it (7 rounds here), and no admitted history's composed eps at
+    delta 1e-5 passes 3 (the 7th leaves 2.57; compose would allow 9: the filter's price for
+    validity under adaptive choice, docs/method.md section 13)."""
+    from dpfed.accounting import Gaussian, rdp, renyi_budget
+    from dpfed.gaussian import mu_for_epsilon_delta
+    from site_node.patients import renyi_order
+    config_path, coordinator, _ = write_site(tmp_path, data_text=joint_csv_of(range(40)),
+                                             policy=DELTA_POLICY)
+    node = SiteNode(load_config(config_path))
+    budget = node.ledger.patient_budget()
+    assert (budget.epsilon, budget.delta, budget.alpha) == (3.0, 1e-5, renyi_order(3.0, 1e-5))
+    event = Gaussian(mu_for_epsilon_delta(1.0, 1e-6))
+    limit = renyi_budget(3.0, 1e-5, budget.alpha)
+    hasher = node.ledger.patient_hasher()
+    first, late = set(hasher.keys_of([f"P{i:05d}" for i in range(40)])), \
+        set(hasher.keys_of([f"P{i:05d}" for i in range(40, 60)]))
+    replay: dict[str, list] = {}
+    for k in range(1, 10):
+        if k == 5:
+            (tmp_path / "data/site.csv").write_text(joint_csv_of(range(60)))
+        rid = f"g{k}"
+        answer = node.handle_round(coordinator.sign(gaussian_joint_spec(rid)))
+        assert answer.payload_type in ("dpfed.v1.Contribution", "dpfed.v1.Refusal")
+        included = node.ledger.included_in(rid)
+        candidates = first | (late if k >= 5 else set())
+        for p in candidates:
+            history = replay.get(p, [])
+            admits = sum(rdp(e, budget.alpha) for e in [*history, event]) <= limit
+            assert (p in included) == admits, (rid, len(history))
+            if p in included:
+                replay.setdefault(p, []).append(event)
+        assert included <= candidates
+    assert {len(replay[p]) for p in first} == {7} and {len(replay[p]) for p in late} == {5}
+    histories = node.ledger.all_patient_histories()
+    for p, events in replay.items():
+        assert histories[p] == events
+        assert compose(events).epsilon(1e-5) <= 3.0
+    assert compose([event] * 9).epsilon(1e-5) <= 3.0 < compose([event] * 10).epsilon(1e-5)
+    assert node.ledger.spent == pytest.approx(9.0)   # the site-wide sum of the rounds' eps
+
+
+def test_patient_delta_config_keys(tmp_path):
+    config_path, _, _ = write_site(tmp_path, policy=DELTA_POLICY)
+    assert load_config(config_path).policy.patient_delta == 1e-5
+    text = config_path.read_text()
+    for bad, why in ((DELTA_POLICY.replace("patient_epsilon = 3.0\n", "total_epsilon = 5.0\n"),
+                      "patient_delta needs policy.patient_epsilon"),
+                     (DELTA_POLICY.replace("1e-5", "1.5"), r"in \(0, 1\)")):
+        config_path.write_text(text.replace(DELTA_POLICY, bad))
+        with pytest.raises(ConfigError, match=why):
+            load_config(config_path)
+
+
+def test_patient_delta_is_never_loosened_silently(tmp_path):
+    from dpfed.accounting import Gaussian
+    from site_node.ledger import BudgetRaise
+    path = tmp_path / "l.sqlite"
+    env = pb.SignedEnvelope(payload=b"x", payload_type="dpfed.v1.Contribution")
+    with PrivacyLedger(path, site_id="s", patient_epsilon=2.0) as ledger:   # pure, in use
+        ledger.record_release(round_id="r", spec_digest="d" * 64, epsilon=0.5, n=1, envelope=env,
+                              patients=["a"], patient_budget=ledger.patient_budget())
+    with pytest.raises(BudgetRaise, match="weaker"):    # a delta added to a pure budget in use
+        PrivacyLedger(path, site_id="s", patient_epsilon=2.0, patient_delta=1e-6)
+    with PrivacyLedger(path, site_id="s", patient_epsilon=2.0) as ledger:
+        assert ledger.raise_patient_delta(1e-6, operator="ops") is None
+        alpha = ledger.patient_budget().alpha
+    with pytest.raises(BudgetRaise, match="patient_delta"):
+        PrivacyLedger(path, site_id="s", patient_epsilon=2.0, patient_delta=1e-5)
+    with PrivacyLedger(path, site_id="s", patient_epsilon=1.5, patient_delta=1e-7) as ledger:
+        budget = ledger.patient_budget()      # lowered: recorded; the order is kept
+        assert (budget.epsilon, budget.delta, budget.alpha) == (1.5, 1e-7, alpha)
+        # "a" (PureDP(0.5): RDP 0.457 at order 12) is past the Renyi budget 0.348 of
+        # (1.5, 1e-7); "b" (nothing yet) admits a Gaussian(0.1) (0.06)
+        assert ledger.admitted(["a", "b"], Gaussian(0.1), budget) == [False, True]
+        kinds = [e["kind"] for e in ledger.budget_events()]
+        assert "patient_delta_raised" in kinds and "patient_delta_lowered" in kinds
+    with PrivacyLedger(path, site_id="s", patient_epsilon=1.5) as ledger:   # back to pure
+        assert ledger.patient_delta is None
+        assert ledger.admitted(["b"], Gaussian(0.1), ledger.patient_budget()) == [False]
+
+
+def test_site_ledger_reports_composed_eps_delta_without_ids(tmp_path, capsys):
+    from dpfed.accounting import Gaussian
+    from dpfed.gaussian import mu_for_epsilon_delta
+    from dpfed_apps.cli import main
+    config_path, coordinator, _ = write_site(tmp_path, data_text=joint_csv_of(range(30)),
+                                             policy=DELTA_POLICY)
+    node = SiteNode(load_config(config_path))
+    node.handle_round(coordinator.sign(gaussian_joint_spec("g1")))
+    (tmp_path / "data/site.csv").write_text(joint_csv_of(range(50)))
+    node.handle_round(coordinator.sign(gaussian_joint_spec("g2")))
+    hashes = set(node.ledger.all_patient_histories())
+    node.ledger.close()
+    capsys.readouterr()
+    assert main(["site", "ledger", "--config", str(config_path), "--json"]) == 0
+    out = capsys.readouterr().out
+    patients = json.loads(out)["patients"]
+    mu = mu_for_epsilon_delta(1.0, 1e-6)
+    two = compose([Gaussian(mu)] * 2).epsilon(1e-5)
+    one = compose([Gaussian(mu)]).epsilon(1e-5)
+    assert patients["patients"] == 50 and patients["budget_delta"] == 1e-5
+    assert patients["max_spent_epsilon"] == pytest.approx(two)
+    # 30 patients with two releases, 20 with one, binned by what is left of eps 3
+    counts = {b["remaining_to"]: b["patients"] for b in patients["histogram"]}
+    assert sum(counts.values()) == 50
+    want = {}
+    for left, k in ((3.0 - two, 30), (3.0 - one, 20)):
+        edge = min(e for e in counts if e >= left - 1e-12 and e > 0)
+        want[edge] = want.get(edge, 0) + k
+    assert {e: c for e, c in counts.items() if c} == want
+    assert main(["site", "ledger", "--config", str(config_path)]) == 0
+    text = capsys.readouterr().out
+    assert "delta 1e-05" in text and "50 patient(s)" in text
+    assert not any(h in out or h in text for h in hashes) and "P000" not in out + text
