@@ -394,3 +394,33 @@ def test_a_joint_masked_input_declaring_other_noise_is_refused(tmp_path):
         for d in drivers.values():
             d.close()
         fed.stop()
+
+
+def test_secure_problems_and_build_of_a_joint_spec():
+    """A joint secure spec is checked like any secure spec, with the joint grid: feasible at
+    GDSC size, refused (with the reason) when no 64-bit grid holds the rows; the RoundConfig's
+    vector is the joint layout."""
+    from dpfed import secure_round
+    from dpfed.v1 import dpfed_pb2 as pb
+    sites = [f"s{i}" for i in range(4)]
+    spec = pb.RoundSpec(
+        round_id="j", feature_names=["a", "b", "c"], epsilon=1.0, x_bound=0.5, y_bound=2.0,
+        targets=[pb.TargetSpec(name=t, y_mean=0.0, y_scale=1.0) for t in JOINT_TARGETS],
+        mechanism="gaussian", delta=1e-5, budget_split=[0.3, 0.6, 0.05, 0.05], quorum=2,
+        aggregation="secure", noise_threshold=2, max_site_rows=1000, sites=sites,
+        site_key_ids={s: "k" + s for s in sites}, aggregator_key_id="agg")
+    assert secure_round.secure_problems(spec, 4) == []
+    built = secure_round.build(spec, sites)
+    assert built.joint and built.config.vector_length == 6 + 1 + 9 + 3 + 3
+    assert isinstance(built.event(), Skellam)
+    assert built.share_noise() == built.calibration.noise_description(1)
+    assert built.sum_noise(3) == built.calibration.noise_description(3)
+    # the joint grid holds even 4 x 1e9 rows at these bounds (row capacity 3.5e13 at eps 1)
+    assert built.calibration.row_capacity() > 4 * 10 ** 9
+    bad = pb.RoundSpec()
+    bad.CopyFrom(spec)
+    bad.delta = 0.0            # a Gaussian round without delta has no calibration
+    problems = secure_round.secure_problems(bad, 4)
+    assert len(problems) == 1 and "no fixed-point grid" in problems[0], problems
+    with pytest.raises(secure_round.SecureRoundError):
+        secure_round.build(bad, sites)

@@ -36,8 +36,8 @@ vector that is released. The exact secure statistics (``dpfed.secagg.exact``) qu
 row toward zero to a public power-of-two grid and sum integers, so the integer vector moves by
 exactly the quantised row's contribution; its L1 / L2 norms are bounded by the joint formulas
 of ``dpfed.joint_sensitivity`` (the quantised row lies in the same box and ball) times each
-part's fixed-point scale. That mapping (per-part scales, hence the weighted L2 with weights
-s_p^2) is the next session's wiring.
+part's fixed-point scale. That mapping (per-part scales and per-part lam, charged as one
+dominating Skellam event) is ``dpfed.secagg.joint_calibration``.
 
 **Sampler accuracy.** As for ``dlaplace``: the Poisson sampler is exact in exact arithmetic;
 floating point moves an outcome's probability by a relative ~1e-15, so the total variation of
@@ -60,7 +60,7 @@ from dpfed.secagg.errors import ParameterError
 __all__ = ["LAW", "skellam_variance", "lam_for_variance", "lam_for_rho", "sample_skellam",
            "sample_share", "noise_share", "DistributedSkellam", "skellam_rdp"]
 
-#: The law's name for a future ``dpfed.noise`` term (not wired yet).
+#: The law's name in ``dpfed.noise`` (NoiseTerm "skellam": scale = sd of one full draw).
 LAW = "skellam"
 _MAX_LAM = 2.0 ** 50
 
