@@ -29,6 +29,13 @@ the steps is the privacy argument:
 6. sign the Contribution (or that Refusal) and debit + store it in one ledger transaction;
    only then is it returned to be sent.
 
+Joint rounds (``spec.targets``: m responses in one release, issue 23) take the same steps
+with ``site_node.joint_release``: the data file's every target column is read (a row is left
+out for its features or id only; a missing response is missing for that target only), each
+response standardised by its TargetSpec, the noise Laplace (pure eps) or Gaussian ((eps,
+delta), only under a per-patient (eps, delta) budget: site_node.policy.check_mechanism), and
+the ledger charged the calibration's event (PureDP(eps) or Gaussian(mu)).
+
 Secure rounds (spec.aggregation = "secure") use the same consent; their later steps (key
 agreement, masked release, unmasking) arrive as notices with a body and are answered by
 ``site_node.secure.SecureSite`` (docs/protocol.md, "Secure rounds"); a secure spec is never
@@ -451,8 +458,12 @@ class SiteNode:
                                       x_scale=tuple(pre.x_scale))
         zeros = np.zeros(data.x.shape[0])
         usable = finite_after_preprocessing(preprocessing, data.x, zeros)
-        log_left_out(round_id, f"response ({data.dropped_missing_target} missing cell(s))",
-                     data, int((~usable).sum()))
+        if data.left_out or not usable.all() or data.dropped_missing_target:
+            # Counts only, for the site's own log. Missing responses leave no row out.
+            log.info("round %s: left out %d malformed row(s) (a feature or id that is not "
+                     "usable) and %d whose pre-processing is not finite; %d response cell(s) "
+                     "missing (those targets only)", round_id, data.left_out,
+                     int((~usable).sum()), data.dropped_missing_target)
         event = calibration.event()
         selection = self.select_patients(round_id, data, usable, float(spec.epsilon), event)
         usable = selection.usable
