@@ -584,11 +584,48 @@ class PrivacyLedger:
         self._conn.execute("DELETE FROM temp.wanted")
         return out
 
+    def _renyi_spent(self, patients, alpha: float) -> dict[str, float]:
+        """Each patient's Renyi divergence at order ``alpha`` (the (eps, delta) filter's
+        state), summed in SQL: every debit's eps_alpha is computed once from its event
+        (``dpfed.accounting.rdp``), kept in a temporary table, and summed per patient over
+        their inclusions, plus the debits of scope 'all'. The same figure as summing
+        ``rdp`` over ``_histories`` (up to float summation order), without building every
+        patient's history in Python (1e5 patients a release)."""
+        from dpfed.accounting import rdp
+        common = []
+        per_debit = []
+        for debit_id, eps, ev, scope in self._conn.execute(
+                "SELECT id, epsilon, event, scope FROM debits"):
+            r = rdp(event_from_json(ev, eps), alpha)
+            (common.append(r) if scope == "all" else per_debit.append((debit_id, r)))
+        base = math.fsum(common)
+        out = dict.fromkeys(patients, base)
+        self._conn.execute("CREATE TEMP TABLE IF NOT EXISTS debit_rdp(id INTEGER PRIMARY KEY, "
+                           "r REAL NOT NULL)")
+        self._conn.execute("DELETE FROM temp.debit_rdp")
+        self._conn.executemany("INSERT INTO temp.debit_rdp(id, r) VALUES(?, ?)", per_debit)
+        self._conn.execute("CREATE TEMP TABLE IF NOT EXISTS wanted(patient TEXT PRIMARY KEY) "
+                           "WITHOUT ROWID")
+        self._conn.execute("DELETE FROM temp.wanted")
+        self._conn.executemany("INSERT OR IGNORE INTO temp.wanted(patient) VALUES(?)",
+                               ((p,) for p in sorted(out)))
+        for patient, spent in self._conn.execute(
+                "SELECT i.patient, SUM(r.r) FROM inclusions i "
+                "JOIN temp.wanted w ON w.patient = i.patient "
+                "JOIN temp.debit_rdp r ON r.id = i.debit_id GROUP BY i.patient"):
+            out[patient] = math.fsum([base, float(spent)])
+        self._conn.execute("DELETE FROM temp.wanted")
+        self._conn.execute("DELETE FROM temp.debit_rdp")
+        return out
+
     def _admitted(self, patients, event: PrivacyEvent, budget: PatientBudget) -> list[bool]:
         """The filter for each patient, inside the caller's transaction."""
         if budget.delta is None and isinstance(event, PureDP) and self._only_pure():
             spent = self._pure_spent(patients)
             return [budget.admits_pure(spent[p], event) for p in patients]
+        if budget.delta is not None:   # the Renyi filter: its state summed in SQL
+            spent = self._renyi_spent(patients, budget.alpha)
+            return [budget.admits_renyi(spent[p], event) for p in patients]
         histories = self._histories(patients)
         return [budget.admits(histories[p], event) for p in patients]
 

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dpfed.accounting import (ALPHAS, ZCDP, Gaussian, PrivacyEvent, PureDP, Skellam, compose,
-                              renyi_budget, renyi_filter_admits)
+                              rdp, renyi_budget, renyi_filter_admits)
 
 __all__ = ["PatientHasher", "PatientBudget", "PatientKeyError", "event_to_json",
            "event_from_json", "key_path_for", "normalise_id", "renyi_order"]
@@ -137,6 +137,15 @@ class PatientBudget:
                 return False   # a pure-eps budget cannot account anything else (fail closed)
             return self.admits_pure(math.fsum(e.epsilon for e in history), event)
         return renyi_filter_admits(history, event, self.epsilon, self.delta, self.alpha)
+
+    def admits_renyi(self, spent: float, event: PrivacyEvent) -> bool:
+        """``admits`` for an (eps, delta) budget, given the history's Renyi divergence at the
+        budget's order summed (``spent``; the ledger sums it in SQL for large sites): the
+        filter's rule, spent + eps_alpha(event) <= renyi_budget(eps, delta, alpha)."""
+        if self.delta is None:
+            raise ValueError("admits_renyi is the (eps, delta) budget's rule")
+        return math.fsum([spent, rdp(event, self.alpha)]) <= renyi_budget(
+            self.epsilon, self.delta, self.alpha)
 
     def admits_pure(self, spent: float, event: PrivacyEvent) -> bool:
         """``admits`` for a pure-eps budget and a history of PureDP events whose epsilons sum

@@ -567,3 +567,27 @@ def test_site_ledger_reports_composed_eps_delta_without_ids(tmp_path, capsys):
     text = capsys.readouterr().out
     assert "delta 1e-05" in text and "50 patient(s)" in text
     assert not any(h in out or h in text for h in hashes) and "P000" not in out + text
+
+
+def test_the_sql_renyi_filter_is_the_rule_on_each_history(tmp_path):
+    """The ledger sums each patient's Renyi divergence in SQL (``_renyi_spent``); it decides
+    as PatientBudget.admits on the replayed histories, for a mix of PureDP, Gaussian and
+    site-wide ('all') debits."""
+    from dpfed.accounting import Gaussian, ZCDP
+    ledger = PrivacyLedger(tmp_path / "l.sqlite", site_id="s", total_epsilon=50.0,
+                           patient_epsilon=3.0, patient_delta=1e-5)
+    budget = ledger.patient_budget()
+    env = pb.SignedEnvelope(payload=b"x", payload_type="dpfed.v1.Contribution")
+    ledger.acknowledge_reset(aggregator_spent=0.2, operator="t")      # 0.2 to every patient
+    patients = [f"p{i}" for i in range(12)]
+    for k, (event, who) in enumerate([(Gaussian(0.3), patients), (PureDP(0.3), patients[::2]),
+                                      (Gaussian(0.35), patients[::3]), (ZCDP(0.01), patients[1:4])]):
+        ledger.record_release(round_id=f"r{k}", spec_digest=f"{k}" * 64, epsilon=1.0, n=1,
+                              envelope=env, patients=who, event=event, patient_budget=budget)
+    histories = ledger.patient_histories(patients + ["new"])
+    assert histories["new"] == [PureDP(0.2)] and len(set(map(tuple, histories.values()))) > 3
+    for event in (Gaussian(0.2), Gaussian(0.45), PureDP(0.8), PureDP(1.6)):
+        got = ledger.admitted(list(histories), event, budget)
+        assert got == [budget.admits(h, event) for h in histories.values()]
+    assert any(ledger.admitted(list(histories), Gaussian(0.45), budget)) and \
+        not all(ledger.admitted(list(histories), Gaussian(0.45), budget))
