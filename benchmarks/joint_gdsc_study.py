@@ -48,6 +48,7 @@ and the splits from ``--seed``. Progress on stderr.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import sys
@@ -75,6 +76,7 @@ Y_BOUND_GRID = (0.35, 0.5, 1.0)
 ROWS = {
     "joint_gauss": "joint Gaussian, all drugs, (10, 1e-6), K = 1",
     "joint_gauss_k10": "joint Gaussian, all drugs, (10, 1e-6), K = 10 independent sites",
+    "joint_gauss_k10_secure": "joint Gaussian, all drugs, (10, 1e-6), K = 10 secure (Skellam)",
     "joint_laplace": "joint Laplace, all drugs, pure eps 10",
     "per_drug_laplace": "one drug per round, Laplace eps 10/262",
     "per_drug_gauss": "one drug per round, Gaussian mu(10, 1e-6)/sqrt(262)",
@@ -202,6 +204,45 @@ def _local_release(x, y, cal):
                            cal.noise())
 
 
+def secure_sum(blocks, cal):
+    """What a secure round of K = len(blocks) sites with the joint Gaussian calibration hands
+    the aggregator, simulated: each site's exact clipped joint statistics on a fixed-point grid
+    per part (gamma_p = 2^floor(log2(sigma_p / 16)), counts on grid 1) plus its share of
+    Skellam noise (``dpfed.secagg.skellam.noise_share``, T = K: the K shares sum to one
+    Sk(lam_p) draw, lam_p = ``lam_for_rho``(Delta_p / gamma_p, rho_p), the variance of the
+    central Gaussian), summed and decoded. Masks are not simulated (they cancel exactly in the
+    modular sum, tests/evaluation/test_secure_aggregation.py). Simplifications: the sums, not
+    each row, are rounded to the grid; the lam is the variance-matched one (the accountant
+    charges the Skellam's eq. A2, slightly above rho: ``dpfed.secagg.skellam``), so this is
+    the secure round's utility at equal noise variance; the aggregator's noise description is
+    the central one (same variance per entry)."""
+    from dpfed.joint_statistics import JointStatistics, joint_exact_statistics
+    from dpfed.secagg.skellam import lam_for_rho, noise_share
+
+    k = len(blocks)
+    parts = ("xtx", "xty", "yty", "n")
+    grid = {p: 1.0 if p == "n" else 2.0 ** math.floor(math.log2(cal.scales[p] / 16.0))
+            for p in parts}
+    lam = {p: lam_for_rho(cal.sensitivities[p] / grid[p], cal.losses[p]) for p in parts}
+    total = None
+    for x, y in blocks:
+        ex = joint_exact_statistics(x, y, cal.x_bound, cal.y_bound, cal.x_norm_bound)
+        d, m = ex.dim, ex.targets
+        iu = np.triu_indices(d)
+        vals = {"xtx": ex.xtx[iu], "xty": ex.xty.ravel(), "yty": ex.yty,
+                "n": np.concatenate([[ex.n_x], ex.n]).astype(np.float64)}
+        site = {p: np.rint(vals[p] / grid[p]).astype(np.int64) +
+                noise_share(np.full(vals[p].size, lam[p]), k) for p in parts}
+        total = site if total is None else {p: total[p] + site[p] for p in parts}
+    dec = {p: total[p] * grid[p] for p in parts}
+    xtx = np.zeros((d, d))
+    xtx[iu] = dec["xtx"]
+    xtx = xtx + np.triu(xtx, 1).T
+    counts = np.maximum(np.rint(dec["n"]), 0).astype(np.int64)
+    return JointStatistics(xtx, int(counts[0]), dec["xty"].reshape(m, d), dec["yty"],
+                           counts[1:], cal.noise())
+
+
 RELEASE_USED: dict = {}
 
 
@@ -212,7 +253,7 @@ def release_joint(x, y, cal):
     if RELEASE_USED.get("function") != "local stand-in":
         try:
             from site_node.joint_release import release_joint_statistics
-            out = release_joint_statistics(x, y, cal)[0]
+            out = release_joint_statistics(x, y, cal)
             RELEASE_USED["function"] = "site_node.joint_release.release_joint_statistics"
             return out
         except (ImportError, AttributeError, TypeError) as exc:
@@ -222,12 +263,13 @@ def release_joint(x, y, cal):
     return _local_release(x, y, cal)
 
 
-def joint_calibration(m: int, mechanism: str, epsilon: float, y_bound: float, d: int):
+def joint_calibration(m: int, mechanism: str, epsilon: float, y_bound: float, d: int, *,
+                      x_bound: float = X_BOUND, x_norm_bound: float | None = X_NORM_BOUND):
     from dpfed.joint_noise import joint_calibration as jc
 
     return jc(d, m, mechanism=mechanism, epsilon=epsilon,
-              delta=DELTA if mechanism == "gaussian" else 0.0, x_bound=X_BOUND,
-              y_bound=y_bound, x_norm_bound=X_NORM_BOUND)
+              delta=DELTA if mechanism == "gaussian" else 0.0, x_bound=x_bound,
+              y_bound=y_bound, x_norm_bound=x_norm_bound)
 
 
 def per_round_epsilon(rounds: int, epsilon: float = EPSILON, delta: float = DELTA) -> float:
@@ -249,7 +291,8 @@ def per_round_epsilon(rounds: int, epsilon: float = EPSILON, delta: float = DELT
 
 # -- fits and scores --------------------------------------------------------------------------
 
-def target_view(joint, j: int, public, k: int | None = None):
+def target_view(joint, j: int, public, k: int | None = None, *, x_bound: float = X_BOUND,
+                x_norm_bound: float | None = X_NORM_BOUND):
     """(statistics, public) the fit of target ``j`` sees, as the aggregator builds them
     (``aggregator.joint_fit.target_inputs``): ``dpfed.joint_targets.target_statistics`` of the
     joint sum, the public rows' second moments bounding the MCAR sampling variance, plus the
@@ -259,17 +302,33 @@ def target_view(joint, j: int, public, k: int | None = None):
 
     has_public = public is not None and public.n >= 1
     moments = public.xtx / public.n if has_public else None
-    view = target_statistics(joint, j if k is None else k, x_bound=X_BOUND,
-                             x_norm_bound=X_NORM_BOUND, second_moments=moments)
+    view = target_statistics(joint, j if k is None else k, x_bound=x_bound,
+                             x_norm_bound=x_norm_bound, second_moments=moments)
     return (view + public, public) if has_public else (view, None)
 
 
-def fit(stats, public, y_bound, seed, draws):
-    """posterior.fit_posterior as the aggregator calls it: (beta mean, beta variance)."""
+#: The fit's fallback when the noise-aware Laplace fit refuses: "nuts" is the production
+#: default ("auto"); None (``--no-nuts``) counts the refusal instead (FIT_LOG) and scores it.
+FIT = {"fallback": "nuts"}
+FIT_LOG: list = []
+
+
+def fit(stats, public, y_bound, seed, draws, x_bound: float = X_BOUND):
+    """posterior.fit_posterior as the aggregator calls it (method "auto": the noise-aware fit,
+    NUTS if it refuses): (beta mean, beta variance). Each fit's method and time go to
+    ``FIT_LOG``."""
     from posterior import fit_posterior
 
-    post = fit_posterior(stats, public=public, x_bound=X_BOUND, y_unit=y_bound, draws=draws,
-                         seed=seed)
+    t0 = time.perf_counter()
+    try:
+        post = fit_posterior(stats, public=public, x_bound=x_bound, y_unit=y_bound,
+                             draws=draws, seed=seed, fallback=FIT["fallback"])
+    except Exception:
+        FIT_LOG.append(("refused", time.perf_counter() - t0))
+        raise
+    FIT_LOG.append((post.method if "fallback_from" not in post.diagnostics else
+                    f"{post.method} after {post.diagnostics['fallback_from']}",
+                    time.perf_counter() - t0))
     b = np.asarray(post.beta_draws)
     return b.mean(axis=0), b.var(axis=0)
 
@@ -313,6 +372,7 @@ class Scores:
     covered: dict = field(default_factory=dict)     # row -> [covered, total]
     errors: dict = field(default_factory=dict)      # row -> count of refused fits
     seconds: dict = field(default_factory=dict)
+    fits: dict = field(default_factory=dict)        # row -> {fit method: count, "max_s"}
 
 
 def _cover(scores: Scores, row: str, mean, var, ls):
@@ -354,6 +414,7 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
 
     def fit_all(row, view_of):
         t0 = time.perf_counter()
+        first = len(FIT_LOG)
         for k, j in enumerate(fit_idx):
             try:
                 stats, public = view_of(j)
@@ -365,6 +426,9 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
                 mean, var = np.zeros(d), None
             score(row, j, k, mean, var)
         out.seconds[row] = time.perf_counter() - t0
+        methods = [m for m, _ in FIT_LOG[first:]]
+        out.fits[row] = {m: methods.count(m) for m in set(methods)}
+        out.fits[row]["max_s"] = max((t for _, t in FIT_LOG[first:]), default=0.0)
 
     def joint_row(row, cal, blocks):
         t0 = time.perf_counter()
@@ -384,6 +448,12 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
     if "joint_gauss_k10" in rows:
         joint_row("joint_gauss_k10", joint_calibration(m, "gaussian", EPSILON, y_bound, d),
                   np.array_split(np.arange(n), 10))
+    if "joint_gauss_k10_secure" in rows:
+        cal = joint_calibration(m, "gaussian", EPSILON, y_bound, d)
+        t0 = time.perf_counter()
+        total = secure_sum([(xp[b], zp[b]) for b in np.array_split(np.arange(n), 10)], cal)
+        out.seconds["joint_gauss_k10_secure:release"] = time.perf_counter() - t0
+        fit_all("joint_gauss_k10_secure", lambda j: target_view(total, j, pubt[j]))
     if "joint_laplace" in rows:
         joint_row("joint_laplace", joint_calibration(m, "laplace", EPSILON, y_bound, d), one)
 
@@ -501,6 +571,72 @@ def choose_y_bound(panel: Panel, args) -> dict:
             "panels": args.repeats}
 
 
+# -- single-target rounds: Gaussian (eps, 1e-6) vs Laplace eps, on UCI ---------------------------
+
+def uci_single(path: Path, repeats: int, epsilon: float = 2.0, seed: int = 0) -> dict:
+    """One target, one site: the Laplace release at pure ``epsilon`` (today's round) against a
+    Gaussian round of one target at (``epsilon``, 1e-6), on the rows, split, public scales,
+    bounds and split of benchmarks/uci.py (200 test, 30 public, the rest private; bounds and
+    budget split chosen for the Laplace round on auxiliary data shaped like the public rows,
+    used for both: the Gaussian round gets no tuning of its own)."""
+    from dpfed.auxiliary import AuxiliarySource
+    from dpfed.bounds import choose_bounds
+    from dpfed.preprocess import Preprocessing
+    from dpfed.statistics import clipped_exact_statistics, exact_statistics
+    from site_node.release import release_statistics
+
+    spec = importlib.util.spec_from_file_location("uci_bench", ROOT / "benchmarks" / "uci.py")
+    uci = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(uci)
+    names, x, y = uci.load(path)
+    rng = np.random.default_rng(seed)
+    scores = {"laplace": [], "gaussian": [], "nonprivate": [], "public": []}
+    refused = {"laplace": 0, "gaussian": 0}
+    for rep in range(repeats):
+        perm = rng.permutation(len(y))
+        test, pub, priv = perm[:200], perm[200:230], perm[230:]
+        scale = x[pub].std(axis=0, ddof=1)
+        scale[scale == 0] = 1.0
+        xs = x / scale
+        pre = Preprocessing.from_public_data(xs[pub], y[pub], normalize_rows=False)
+        zp, yp = pre.apply(xs[pub], y[pub])
+        zq, yq = pre.apply(xs[priv], y[priv])
+        zt = pre.transform_x(xs[test])
+        sigma_x, sigma_y = float(np.std(zp)), float(np.std(yp))
+        aux = AuxiliarySource(xs[pub], y[pub], pre, feature_names=tuple(names))
+        choice = choose_bounds(len(priv), x.shape[1], epsilon, auxiliary=aux,
+                               neighbouring="add_remove", xtx_sensitivity="exact",
+                               ridge="noise_matched", search_sxx_share=True, n_datasets=8,
+                               n_noise=8)
+        bx, by = choice.bounds(sigma_x, sigma_y)
+        public = clipped_exact_statistics(zp, yp, bx, by)
+        lap = release_statistics(zq, yq, epsilon=epsilon, x_bound=bx, y_bound=by,
+                                 budget_split=choice.budget_split)
+        cal = joint_calibration(1, "gaussian", epsilon, by, x.shape[1], x_bound=bx,
+                                x_norm_bound=None)
+        gau = target_view(release_joint(zq, yq[:, None], cal), 0, public, x_bound=bx,
+                          x_norm_bound=None)
+        for name, (stats, pub_) in (("laplace", (lap + public, public)), ("gaussian", gau)):
+            try:
+                mean, _ = fit(stats, pub_, by, rep, 1000, x_bound=bx)
+            except Exception:  # a refused fit is counted, and scored as a zero beta
+                refused[name] += 1
+                mean = np.zeros(x.shape[1])
+            scores[name].append(spearman0(zt @ mean, y[test]))
+        npv, _ = exact_fit(np.vstack([zq, zp]), np.concatenate([yq, yp]), rep, 1000)
+        scores["nonprivate"].append(spearman0(zt @ npv, y[test]))
+        pbv, _ = exact_fit(zp, yp, rep, 1000)
+        scores["public"].append(spearman0(zt @ pbv, y[test]))
+        log(f"{path.stem} repeat {rep}: " + ", ".join(f"{k} {v[-1]:.3f}" for k, v in
+                                                      scores.items()))
+    diff = np.array(scores["gaussian"]) - np.array(scores["laplace"])
+    return {"data": path.stem, "rows": int(len(y)), "private_rows": int(len(y) - 230),
+            "epsilon": epsilon, "delta": DELTA, "repeats": repeats, "refused": refused,
+            **{k: float(np.mean(v)) for k, v in scores.items()},
+            "gaussian_minus_laplace": float(diff.mean()),
+            "se": float(diff.std(ddof=1) / math.sqrt(len(diff))) if len(diff) > 1 else None}
+
+
 # -- the study --------------------------------------------------------------------------------
 
 def summarise(runs: dict, drugs: list[int]) -> list[dict]:
@@ -598,12 +734,21 @@ def run(args) -> dict:
             runs[(n, rep)] = s
             log(f"repeat {rep} n = {n} ({time.time() - t0:.0f} s): " + ", ".join(
                 f"{r} {np.mean(v):.3f}" for r, v in s.spearman.items()))
+            log(f"  fits: {s.fits}")
+        if args.json:   # after every repeat: a long run's partial results are usable
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(_result(args, panel, drugs, rows, runs, cell, t0),
+                                            indent=1))
+    return _result(args, panel, drugs, rows, runs, cell, t0)
+
+
+def _result(args, panel, drugs, rows, runs, cell, t0) -> dict:
     summary = summarise(runs, drugs)
     per_drug = {}
     for (n, rep), s in runs.items():
         for r, v in s.spearman.items():
             per_drug.setdefault(f"{n}:{r}", []).append(v)
-    return {"config": {"drugs": drugs, "repeats": args.repeats, "n": list(args.n),
+    return {"config": {"drugs": drugs, "repeats": len({k[1] for k in runs}), "n": list(args.n),
                        "seed": args.seed, "y_bound": args.y_bound, "rows": list(rows),
                        "epsilon": EPSILON, "delta": DELTA, "x_bound": X_BOUND,
                        "x_norm_bound": X_NORM_BOUND, "panel_drugs": panel.m,
@@ -612,6 +757,11 @@ def run(args) -> dict:
                        "public_centre_fallbacks": cell.fallback,
                        "release_function": RELEASE_USED.get("function")},
             "summary": summary, "seconds": time.time() - t0,
+            "errors": sorted({m for s in runs.values() for m in s.errors.get("messages", [])}),
+            "fit_methods": {f"{n}:{rep}": s.fits for (n, rep), s in runs.items()},
+            "fit_fallback": FIT["fallback"],
+            "release_seconds": {f"{n}:{k}": v for (n, _), s in runs.items()
+                                for k, v in s.seconds.items()},
             "per_drug_spearman": {k: np.mean(v, axis=0).tolist() for k, v in per_drug.items()}}
 
 
@@ -629,12 +779,21 @@ def main(argv=None) -> int:
     ap.add_argument("--rows", type=lambda s: s.split(","), default=list(DEFAULT_ROWS))
     ap.add_argument("--timing", action="store_true", help="fit-all-targets and n = 1e5 release "
                     "times only")
+    ap.add_argument("--uci", type=Path, nargs="*", help="UCI CSVs (default: every file of "
+                    "../shared/data/uci): single-target Gaussian vs Laplace at eps 2 instead")
+    ap.add_argument("--no-nuts", action="store_true", help="no NUTS fallback: a refused "
+                    "noise-aware fit is counted and scored as beta = 0")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     unknown = set(args.rows) - set(ROWS)
     if unknown:
         ap.error(f"unknown rows {sorted(unknown)}; known: {', '.join(ROWS)}")
-    if args.timing:
+    if args.no_nuts:
+        FIT["fallback"] = None
+    if args.uci is not None:
+        paths = args.uci or sorted((ROOT.parent / "shared" / "data" / "uci").glob("*.csv"))
+        result = {"uci_single": [uci_single(p, args.repeats, seed=args.seed) for p in paths]}
+    elif args.timing:
         result = {"timing": timing(load_panel(), args.y_bound, args.seed)}
     else:
         result = run(args)
