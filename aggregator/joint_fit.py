@@ -11,7 +11,11 @@ are standardised per target, so every coefficient is in units of that target's p
 y_scale (the summary gives y_mean and y_scale to convert back).
 
 A target whose fit refuses or fails gets an entry saying so; the others are still reported
-(the round is DONE if at least one target fitted: ``fit_joint`` raises otherwise).
+(the round is DONE if at least one target fitted: ``fit_joint`` raises otherwise). The
+"auto" fit of a target has no NUTS fallback: where importance sampling and HMC refuse, the
+single round falls back to NUTS (seconds to minutes), which for hundreds of targets would
+hold the round for hours (a target whose noisy count n_j was clamped to 0 took > 4 minutes);
+such a target is reported as refused instead.
 
 Cost (docs/benchmarks.md "Fitting a joint round"): each target is fitted with at most
 ``JOINT_FIT_DRAWS`` posterior draws (the production default fit, fewer draws: its fixed cost
@@ -40,7 +44,7 @@ log = logging.getLogger(__name__)
 
 # Posterior draws per target: the production fit (Laplace + importance sampling) with fewer
 # draws than a single-target round's 5000 (its cost is mostly fixed; benchmarks).
-JOINT_FIT_DRAWS = 2000
+JOINT_FIT_DRAWS = 1000
 # The stored draws of all targets together stay within this many bytes (m x draws x d x 8).
 JOINT_RESULT_BYTES = 8 * 1024 * 1024
 MIN_RESULT_DRAWS = 100
@@ -86,13 +90,15 @@ def target_inputs(spec: pb.RoundSpec, private_sum) -> list[tuple]:
     moments bound its sampling variance) and public_j the target's exact public statistics
     (None without public rows)."""
     from dpfed.joint_targets import target_statistics
+    from dpfed.sensitivity import row_norm_bound
 
     from aggregator.joint_round import public_targets
     publics = public_targets(spec)
+    norm = row_norm_bound(spec.preprocessing.normalize_rows)
     out = []
     for j, public in enumerate(publics):
         moments = (public.xtx / public.n) if public is not None and public.n >= 1 else None
-        view = target_statistics(private_sum, j, x_bound=spec.x_bound,
+        view = target_statistics(private_sum, j, x_bound=spec.x_bound, x_norm_bound=norm,
                                  second_moments=moments)
         out.append((view + public if public is not None else view, public))
     return out
@@ -101,13 +107,20 @@ def target_inputs(spec: pb.RoundSpec, private_sum) -> list[tuple]:
 def _fit_one(j: int, total, public, method: str, draws: int, seed, x_bound: float,
              y_bound: float, keep: int):
     """(j, entry, kept draws or None): target j's posterior summary, or why it failed."""
-    from posterior import PosteriorError
+    from posterior import PosteriorError, fit_method_options, fit_posterior
 
     from aggregator import aggregate
     t0 = time.perf_counter()
     try:
-        beta_mean, beta_draws, diag = aggregate.fit(total, method, draws, seed, public=public,
-                                                    x_bound=x_bound, y_bound=y_bound)
+        # aggregate.fit's call, without the NUTS fallback (module docstring).
+        post = fit_posterior(total, **fit_method_options(method), draws=draws, seed=seed,
+                             public=public, x_bound=x_bound, y_unit=y_bound, fallback=None)
+        beta_mean = np.asarray(post.beta_mean, dtype=np.float64)
+        beta_draws = np.asarray(post.beta_draws, dtype=np.float64)
+        diag = dict(post.diagnostics)
+        diag["model"] = post.model
+        diag["information"] = aggregate.information(beta_draws, public, total.dim, seed,
+                                                    y_unit=y_bound)
     except (PosteriorError, ValueError, ArithmeticError) as exc:
         # Fit errors name the failed check, never a data value.
         return j, {"status": "failed", "error": f"{type(exc).__name__}: {exc}",

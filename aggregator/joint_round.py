@@ -115,7 +115,7 @@ def public_targets_problems(spec: pb.RoundSpec) -> list[str]:
         public = PublicTargets.from_bytes(spec.public_statistics)
     except ValueError as exc:
         return [f"public_statistics do not decode as per-target statistics: {exc}"]
-    parts = list(public)
+    parts = list(public.targets)
     if len(parts) != m:
         return [f"public_statistics hold {len(parts)} targets' statistics, the spec names {m}"]
     problems = []
@@ -136,7 +136,7 @@ def public_targets(spec: pb.RoundSpec):
         return (None,) * len(spec.targets)
     from dpfed.joint_statistics import PublicTargets
     from dpfed.noise import EXACT
-    return tuple(s.with_noise(EXACT) for s in PublicTargets.from_bytes(spec.public_statistics))
+    return tuple(s.with_noise(EXACT) for s in PublicTargets.from_bytes(spec.public_statistics).targets)
 
 
 def calibration(spec: pb.RoundSpec):
