@@ -430,3 +430,26 @@ def test_secure_problems_and_build_of_a_joint_spec():
     assert len(problems) == 1 and "no fixed-point grid" in problems[0], problems
     with pytest.raises(secure_round.SecureRoundError):
         secure_round.build(bad, sites)
+
+
+def test_a_secure_joint_gaussian_round_fits_every_target(tmp_path):
+    """With the fit on: the aggregator fits each target of the decoded Skellam sum (the law
+    travels to the noise-aware posterior as variances) and says how the noise was combined."""
+    import json
+    from dpfed.v1 import dpfed_pb2 as pb
+    from tests.secure_federation import SecureFed
+    fed = SecureFed(tmp_path, 4, policy_extra=GAUSSIAN_POLICY)
+    _write_joint_data(fed)
+    fed.start_aggregator(skip_fit=False)
+    try:
+        fed.start_clients()
+        coordinator = fed.coordinator()
+        coordinator.start_round(joint_spec(fed, "gaussian", t=2, quorum=2, deadline_s=120))
+        status = coordinator.wait("joint-1", 180, poll_s=0.1)
+        assert status.state == pb.RoundStatus.DONE, status.message
+        summary = json.loads(coordinator.result("joint-1").summary_json)
+        assert [t["status"] for t in summary["targets"]] == ["fitted"] * 3
+        assert summary["aggregation"] == "secure"
+        assert "4 shares of 1/2 draw" in summary["noise"]
+    finally:
+        fed.stop()
