@@ -273,6 +273,8 @@ def test_the_node_releases_a_joint_round_and_charges_its_event(joint_site, mecha
     node = SiteNode(load_config(config_path))
     spec = joint_spec(mechanism=mechanism, delta=delta)
     envelope = coordinator.sign(spec)
+    consent = node.consent(envelope)           # nothing drawn, nothing debited
+    assert consent.payload_type == "dpfed.v1.PhaseMessage" and node.ledger.spent == 0
     c = contribution(node.handle_round(envelope))
     cal = calibration_from_spec(spec)
     stats_ = JointStatistics.from_bytes(c.statistics)
