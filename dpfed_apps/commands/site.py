@@ -158,6 +158,7 @@ def cmd_serve(args) -> int:
         return exitcodes.USAGE
     log.info("site %s: privacy budget: %s%s", config.site_id, node.ledger.budget_text(),
              f"; per patient epsilon {node.ledger.patient_epsilon:g}"
+             + (f", delta {node.ledger.patient_delta:g}" if node.ledger.patient_delta else "")
              if node.ledger.patient_epsilon is not None else "")
     client = SiteClient(node)
     # SIGTERM (systemd, docker stop) stops as cleanly as Ctrl-C.
@@ -330,7 +331,8 @@ def cmd_ledger(args) -> int:
                   and e["new_total"] != e["old_total"] else f"{e['new_total']:g}")
         carried = f", carried epsilon {e['epsilon']:g}" if e["epsilon"] else ""
         by = f" by {e['operator']}" if e["operator"] else ""
-        what = "per patient" if e["kind"].startswith("patient_") else "total"
+        what = ("per-patient delta (0: pure eps)" if e["kind"].startswith("patient_delta")
+                else "per patient" if e["kind"].startswith("patient_") else "total")
         print(f"  {when}  budget {e['kind']}: {what} {change}{carried}{by} ({e['note']})")
     print(f"releases:  {len(summary['releases'])}")
     for r in summary["releases"]:
