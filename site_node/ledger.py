@@ -32,7 +32,10 @@ accounting). Patients are ledger keys, HMAC-SHA256 of their id under the site's 
 (site_node.patients), never ids. ``record_release`` with ``patients=`` re-checks every included
 patient's filter and writes the debit, the inclusions and the stored release in the same
 transaction as ever. The per-patient budget belongs to the ledger like the total: written on
-first use, lowered by the config for good, raised only by ``raise_total`` (recorded).
+first use, lowered by the config for good, raised only by ``raise_total`` (recorded). So is
+its delta (meta ``patient_delta``, with the Renyi order ``patient_alpha`` fixed when it is
+first written; ``raise_patient_delta``): an (eps, delta) budget admits Gaussian releases
+(event Gaussian(mu)) through the individual Renyi filter (site_node.patients).
 
 Durability: WAL journal with ``synchronous=FULL``, so a committed debit survives power loss.
 """

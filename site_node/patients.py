@@ -15,9 +15,11 @@ pieces that are not SQL:
 * ``PatientBudget``: the filter. Pure eps (today's releases): the sum of a patient's PureDP
   events plus the new one must stay within ``epsilon`` (basic composition, a valid filter
   under adaptively chosen epsilons: Rogers, Roth, Ullman & Vadhan 2016; ProPer). With a
-  ``delta`` (ready, not yet a config key): the individual Renyi filter at one order ``alpha``
-  fixed with the budget (Feldman & Zrnic 2021; ``dpfed.accounting.
-  renyi_filter_admits``), valid for any mix of PureDP / Gaussian / zCDP / Skellam events.
+  ``delta`` (``[policy] patient_delta``; needed for Gaussian rounds): the individual Renyi
+  filter at one order ``alpha`` fixed with the budget (Feldman & Zrnic 2021; ``dpfed.
+  accounting.renyi_filter_admits``; the order from ``renyi_order``, kept in the ledger),
+  valid for any mix of PureDP / Gaussian / zCDP / Skellam events. The ledger sums each
+  patient's eps_alpha in SQL (``admits_renyi`` is the rule on that sum).
   ``dpfed.accounting.admits`` (the minimum of several bounds) is *not* used as the filter:
   it is not known to be a valid filter under adaptive choice (docs/method.md section 13).
 * ``event_to_json`` / ``event_from_json``: the ledger stores every release's event in the
