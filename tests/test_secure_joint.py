@@ -453,3 +453,72 @@ def test_a_secure_joint_gaussian_round_fits_every_target(tmp_path):
         assert "4 shares of 1/2 draw" in summary["noise"]
     finally:
         fed.stop()
+
+
+# ---- the single-target secure round tests, re-run on joint Gaussian specs --------------------
+def _joint_fed_class():
+    from tests.secure_federation import SecureFed
+
+    class JointFed(SecureFed):
+        """SecureFed whose sites hold joint data (3 responses, cells missing) and whose
+        ``spec`` is a joint Gaussian spec (per-patient (eps, delta) budgets at the sites)."""
+
+        def __init__(self, tmp, n_sites=4, **kw):
+            kw["policy_extra"] = {**GAUSSIAN_POLICY, **(kw.get("policy_extra") or {})}
+            super().__init__(tmp, n_sites, **kw)
+            _write_joint_data(self)
+
+        def spec(self, round_id="sec-1", **kw):
+            from dpfed.v1 import dpfed_pb2 as pb
+            joint = dict(target="", targets=[pb.TargetSpec(name=t, y_mean=0.0, y_scale=1.0)
+                                             for t in JOINT_TARGETS],
+                         mechanism="gaussian", delta=1e-5,
+                         budget_split=[0.30, 0.60, 0.05, 0.05],
+                         preprocessing=pb.Preprocessing(x_mean=[0.0] * 3, y_mean=0.0,
+                                                        normalize_rows=False))
+            JointFed.specs += 1
+            return super().spec(round_id, **{**joint, **kw})
+    JointFed.specs = 0
+    return JointFed
+
+
+REUSED = ["test_k_minus_t_dropouts_after_keys_still_give_the_sum_one_more_fails",
+          "test_a_round_that_fails_before_its_release_step_costs_no_site_anything",
+          "test_aggregator_restart_in_every_step_rebuilds_the_session_by_replay",
+          "test_a_site_restarted_before_release_drops_out_and_one_after_release_is_counted",
+          "test_the_sum_is_never_unmasked_with_fewer_than_T_plus_c_contributions"]
+
+
+@pytest.mark.parametrize("name,arg", [(REUSED[0], 2), (REUSED[0], 3), (REUSED[1], None),
+                                      (REUSED[2], "release"), (REUSED[2], "unmask"),
+                                      (REUSED[3], None), (REUSED[4], None)])
+def test_secure_round_guarantees_hold_for_joint_rounds(tmp_path, monkeypatch, name, arg):
+    """tests/test_secure_round.py's dropout, no-debit-before-release, aggregator restart
+    (replay), site restart (stored release resent, counted once) and T + c floor tests, run
+    unchanged on joint Gaussian rounds (their SecureFed replaced by a joint one)."""
+    import tests.test_secure_round as single
+    joint_fed = _joint_fed_class()
+    monkeypatch.setattr(single, "SecureFed", joint_fed)
+    test = getattr(single, name)
+    if arg is None:
+        test(tmp_path)
+    elif name == REUSED[0]:
+        test(tmp_path, drop=arg)
+    else:
+        test(tmp_path, restart_in=arg)
+    assert joint_fed.specs >= 1     # the rounds it ran were joint
+
+
+@pytest.mark.parametrize("name", [
+    "test_forged_replayed_and_out_of_phase_messages_are_rejected_in_every_step",
+    "test_a_site_refuses_relayed_identity_keys_the_coordinator_did_not_sign"])
+def test_secure_round_rejections_hold_for_joint_rounds(tmp_path, name):
+    import tests.test_secure_round as single
+    joint_fed = _joint_fed_class()
+    fed = joint_fed(tmp_path, 4)
+    fed.start_aggregator()
+    try:
+        getattr(single, name)(fed)
+        assert joint_fed.specs >= 1 and fed.manager.context.rounds["sec-1"].secure.joint
+    finally:
+        fed.stop()
