@@ -40,7 +40,7 @@ ROUND_KEYS = frozenset({"round_id", "target", "features", "epsilon", "x_bound", 
                         "budget_split", "quorum", "deadline_s", "sites", "public", "fit",
                         "normalize_rows", "expected_site_n", "neighbouring", "xtx_sensitivity",
                         "consent_s", "aggregation", "noise_threshold", "max_site_rows",
-                        "colluders"})
+                        "colluders", "targets", "mechanism", "delta"})
 # Secure aggregation: rows per site assumed when round.toml gives no max_site_rows.
 DEFAULT_MAX_SITE_ROWS = 100_000
 PUBLIC_KEYS = frozenset({"path", "normalize_rows", "scale_columns", "source"})
@@ -176,8 +176,13 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     client to fill)."""
     base = Path(base_dir)
     check_round_keys(config)
+    from coordinator import joint_spec
+    problems = joint_spec.joint_keys_problems(config)
+    if problems:
+        raise RoundSpecError("round.toml: " + "; ".join(problems))
+    joint = "targets" in config
     try:
-        target = str(config["target"])
+        target = "" if joint else str(config["target"])
         features = [str(f) for f in config["features"]]
         eps = float(config["epsilon"])
     except KeyError as exc:
@@ -194,7 +199,7 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
         raise RoundSpecError(f"round.toml: {exc}") from None
     split = [float(p) for p in config.get("budget_split", default_budget_split(neighbouring))]
     expected_parts = len(default_budget_split(neighbouring))
-    if len(split) != expected_parts:
+    if len(split) != expected_parts and not joint:
         raise RoundSpecError(f"round.toml: budget_split needs {expected_parts} shares under "
                              f"{neighbouring} (Sxx, Sxy, Syy{', n' if expected_parts == 4 else ''}), "
                              f"got {len(split)}")
@@ -220,6 +225,12 @@ def build_round_spec(config: dict, *, base_dir: str | Path = ".", now_ms: int | 
     spec.fit_draws = int(fit.get("draws", 5000))
     spec.fit_seed = int(fit.get("seed", 0))
 
+    if joint:   # many targets in one release (coordinator.joint_spec)
+        try:
+            joint_spec.fill_joint_spec(spec, config, features, base)
+        except (ValueError, OSError) as exc:
+            raise RoundSpecError(f"round.toml: {exc}") from None
+        return spec
     public = config.get("public", {})
     x_raw, y_raw = np.zeros((0, d)), np.zeros(0)
     xp, yp = x_raw, y_raw

@@ -19,6 +19,7 @@ examples:
   dpfed round start --spec round.toml --config coordinator.toml --wait --json
   dpfed round status r-20250101-120000-abc123 --config coordinator.toml
   dpfed round result r-20250101-120000-abc123 --config coordinator.toml [--json]
+  dpfed round result r-20250101-120000-abc123 --config coordinator.toml --target Drug_1
   dpfed round list --config coordinator.toml [--limit 20] [--json]
 
 coordinator.toml holds the connection so it need not be typed each time:
@@ -178,6 +179,10 @@ def _print_status(status) -> None:
     from dpfed.v1 import dpfed_pb2 as pb
     state = pb.RoundStatus.State.Name(status.state)
     print(f"round {status.round_id}: {state}" + (f" - {status.message}" if status.message else ""))
+    if status.spec.targets:
+        names = [t.name for t in status.spec.targets]
+        print(f"  joint round: {len(names)} targets ({', '.join(names[:5])}"
+              f"{', ...' if len(names) > 5 else ''}), {status.spec.mechanism or 'laplace'} noise")
     print(f"  contributions: {len(status.contributions)} (quorum {status.quorum}): "
           + ", ".join(f"{c.site_id} ({c.hidden or f'n={c.n}'})" for c in status.contributions))
     if status.refusals:
@@ -306,15 +311,87 @@ def format_result_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _strongest(entry: dict, names: list[str]) -> str:
+    """The coefficient of largest |posterior mean| with its 90 % interval, e.g.
+    "g1 +0.412 [0.20, 0.63]"."""
+    mean = entry.get("beta_mean") or []
+    if not mean:
+        return ""
+    k = max(range(len(mean)), key=lambda i: abs(mean[i]) if mean[i] is not None else -1)
+    ci = (entry.get("beta_ci90") or [[None, None]] * len(mean))[k]
+    name = names[k] if k < len(names) else f"beta{k}"
+    interval = (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if None not in ci else "")
+    return f"{name} {mean[k]:+.3f}{interval}"
+
+
+def format_joint_table(summary: dict) -> str:
+    """A joint round's result, one line per target (docs/protocol.md "Joint rounds"):
+    its private n_j (noisy) and public rows, the fit's model, the strongest coefficient
+    (in units of the target's public sd), and what the data told beyond the public rows;
+    a target that did not fit says why."""
+    names = summary.get("feature_names") or []
+    entries = summary.get("targets") or []
+    mech = summary.get("mechanism", "laplace")
+    privacy = (f"eps {summary.get('epsilon', 0):g}, delta {summary.get('delta', 0):g}"
+               if mech == "gaussian" else f"eps {summary.get('epsilon', 0):g}")
+    lines = [f"round {summary['round_id']}: {len(entries)} targets "
+             f"({summary.get('fitted', 0)} fitted), n_x = {summary.get('n_total')} private "
+             f"rows from {len(summary.get('sites', []))} site(s), {mech} ({privacy}), fit "
+             f"{summary.get('fit_method', '?')}",
+             f"noise per site: {summary.get('noise') or '?'}",
+             "coefficients are in units of each target's public sd (y_scale)"]
+    width = max([6] + [len(str(e.get("target", ""))) for e in entries])
+    lines.append(f"{'target':<{width}}  {'n_j':>7}  {'public':>6}  {'model':<11}  "
+                 f"{'strongest coefficient (90% CI)':<34}  information")
+    little = 0
+    for e in entries:
+        head = f"{e.get('target', '?'):<{width}}  {e.get('n', 0):>7}  {e.get('n_public', 0):>6}"
+        if e.get("status") != "fitted":
+            why = e.get("error") or e.get("status", "?")
+            lines.append(f"{head}  {'-':<11}  {e.get('status', '?').upper()}: {why}")
+            continue
+        info = e.get("information") or {}
+        verdict = info.get("verdict", "")
+        little += verdict == "little"
+        lines.append(f"{head}  {e.get('model') or '?':<11}  {_strongest(e, names):<34}  "
+                     f"{('WARNING: ' if verdict == 'little' else '') + verdict}")
+    if little:
+        lines.append(f"WARNING: for {little} target(s) the private data told little beyond "
+                     f"{'the public rows' if summary.get('n_public') else 'the prior'}")
+    return "\n".join(lines)
+
+
+def target_summary(summary: dict, name: str) -> dict | None:
+    """One target of a joint result as a single round's summary (format_result_table)."""
+    for e in summary.get("targets") or []:
+        if e.get("target") == name:
+            return {**{k: v for k, v in summary.items() if k != "targets"}, **e,
+                    "n_total": e.get("n"), "round_id": summary["round_id"]}
+    return None
+
+
 def result_cmd(args) -> int:
     result, code = query(args, lambda c: c.result(args.round_id))
     if code is not None:
         return code
     summary = json.loads(result.summary_json)
+    joint = bool(summary.get("joint"))
+    if getattr(args, "target", None):
+        one = target_summary(summary, args.target) if joint else None
+        if one is None:
+            print(f"{command_prog(args)}: round {args.round_id} has no target "
+                  f"{args.target!r}" + ("" if joint else " (it is not a joint round)"),
+                  file=sys.stderr)
+            return exitcodes.USAGE
+        summary = one
+        joint = False
+        if summary.get("status") != "fitted" and not args.json:
+            print(f"target {args.target}: {summary.get('status')}: {summary.get('error', '')}")
+            return exitcodes.OK
     if args.json:
         print(jsonsafe.dumps(summary, indent=2))
     else:
-        print(format_result_table(summary))
+        print(format_joint_table(summary) if joint else format_result_table(summary))
     return exitcodes.OK
 
 
@@ -350,5 +427,9 @@ def register(subparsers) -> None:
                        epilog=EPILOG)
     r.add_argument("round_id")
     add_connection_args(r, signing=False)
-    r.add_argument("--json", action="store_true", help="print the whole summary JSON")
+    r.add_argument("--json", action="store_true", help="print the whole summary JSON (a "
+                                                       "joint round: one entry per target "
+                                                       "under \"targets\")")
+    r.add_argument("--target", metavar="NAME",
+                   help="a joint round: the full coefficient table of this target only")
     r.set_defaults(func=result_cmd)
