@@ -522,3 +522,14 @@ def test_secure_round_rejections_hold_for_joint_rounds(tmp_path, name):
         assert joint_fed.specs >= 1 and fed.manager.context.rounds["sec-1"].secure.joint
     finally:
         fed.stop()
+
+
+def test_fewer_than_T_honest_skellam_shares_degrade_gracefully():
+    """method.md 12 'what a lone masked input is worth', for Skellam: k < T honest shares are
+    Sk(k lam / T), whose (eps, delta) the same accountant computes; it falls with k to the
+    round's eps at k = T (d = 10, m = 262, eps 1, delta 1e-5, T = 5: a lone share 2.42)."""
+    cal, grid = _grid(d=10, m=262, eps=1.0, delta=1e-5, k=10, t=5, n_max=1000)
+    e = grid.event()
+    eps = [compose([Skellam(e.lam * k / 5, e.l1, e.l2)]).epsilon(1e-5) for k in range(1, 6)]
+    assert all(a > b for a, b in zip(eps, eps[1:]))
+    assert eps[-1] <= 1.0 and 2.0 < eps[0] < 3.0
