@@ -263,13 +263,19 @@ def release_joint(x, y, cal):
     return _local_release(x, y, cal)
 
 
+#: Budget split (Sxx, Sxy, Syy, counts) of the releases of m > 1 targets (``--split``);
+#: None: ``dpfed.joint_noise.JOINT_DEFAULT_SPLIT``. One-target rounds keep the default.
+JOINT_SPLIT: dict = {"split": None}
+
+
 def joint_calibration(m: int, mechanism: str, epsilon: float, y_bound: float, d: int, *,
                       x_bound: float = X_BOUND, x_norm_bound: float | None = X_NORM_BOUND):
     from dpfed.joint_noise import joint_calibration as jc
 
     return jc(d, m, mechanism=mechanism, epsilon=epsilon,
               delta=DELTA if mechanism == "gaussian" else 0.0, x_bound=x_bound,
-              y_bound=y_bound, x_norm_bound=x_norm_bound)
+              y_bound=y_bound, x_norm_bound=x_norm_bound,
+              budget_split=JOINT_SPLIT["split"] if m > 1 else None)
 
 
 def per_round_epsilon(rounds: int, epsilon: float = EPSILON, delta: float = DELTA) -> float:
@@ -544,31 +550,41 @@ def synthetic_cell(panel: Panel, cell: Cell, rng: np.random.Generator, n_max: in
 
 
 def choose_y_bound(panel: Panel, args) -> dict:
-    """Mean Spearman of the joint Gaussian row on synthetic panels for each y bound of the
-    grid, at each n; the choice maximises the mean over n."""
+    """Mean Spearman of the joint Gaussian row on synthetic panels for each (y bound, budget
+    split) of the grids (``--grid``, ``--splits``), at each n; the choice maximises the mean
+    ratio over n. The same panels and noise-free fits for every candidate (paired)."""
     rows = ("joint_gauss", "nonprivate")
     fit_idx = list(range(0, panel.m, max(1, panel.m // args.drugs)))[:args.drugs]
+    splits = args.splits or [None]
+    cands = [(by, sp) for by in args.grid for sp in splits]
     res = {}
     for rep in range(args.repeats):
         cell = repeat_cell(panel, 1000 + rep, args.seed, max(args.n))
         syn = synthetic_cell(panel, cell, np.random.default_rng([args.seed, 99, rep]), max(args.n))
         for n in args.n:
-            for by in args.grid:
+            for by, sp in cands:
+                JOINT_SPLIT["split"] = sp
                 s = evaluate(syn, n, rows, fit_idx, by, seed=args.seed + rep)
-                r = res.setdefault((n, by), {"private": [], "nonprivate": []})
+                r = res.setdefault((n, by, sp), {"private": [], "nonprivate": []})
                 r["private"] += s.spearman["joint_gauss"]
                 r["nonprivate"] += s.spearman["nonprivate"]
-                log(f"synthetic panel {rep}: n = {n}, y_bound {by}: "
+                log(f"synthetic panel {rep}: n = {n}, y_bound {by}, split {sp}: "
                     f"{np.mean(s.spearman['joint_gauss']):.3f} / "
                     f"{np.mean(s.spearman['nonprivate']):.3f}")
-    table = [{"n": n, "y_bound": by, "private": float(np.mean(v["private"])),
-              "nonprivate": float(np.mean(v["nonprivate"])),
-              "ratio": float(np.mean(v["private"]) / np.mean(v["nonprivate"]))}
-             for (n, by), v in sorted(res.items())]
-    best = max(args.grid, key=lambda by: np.mean([t["ratio"] for t in table
-                                                   if t["y_bound"] == by]))
-    return {"table": table, "choice": best, "targets_scored": len(fit_idx),
-            "panels": args.repeats}
+    JOINT_SPLIT["split"] = None
+    table = []
+    for (n, by, sp), v in sorted(res.items(), key=lambda kv: (kv[0][0], kv[0][1], str(kv[0][2]))):
+        diff = np.array(v["private"]) - np.array(res[(n, cands[0][0], cands[0][1])]["private"])
+        table.append({"n": n, "y_bound": by, "split": sp,
+                      "private": float(np.mean(v["private"])),
+                      "nonprivate": float(np.mean(v["nonprivate"])),
+                      "ratio": float(np.mean(v["private"]) / np.mean(v["nonprivate"])),
+                      "minus_first": float(diff.mean()),
+                      "se": float(diff.std(ddof=1) / math.sqrt(diff.size))})
+    best = max(cands, key=lambda c: np.mean([t["ratio"] for t in table
+                                             if (t["y_bound"], t["split"]) == c]))
+    return {"table": table, "choice": {"y_bound": best[0], "split": best[1]},
+            "targets_scored": len(fit_idx), "panels": args.repeats}
 
 
 # -- single-target rounds: Gaussian (eps, 1e-6) vs Laplace eps, on UCI ---------------------------
@@ -750,6 +766,7 @@ def _result(args, panel, drugs, rows, runs, cell, t0) -> dict:
             per_drug.setdefault(f"{n}:{r}", []).append(v)
     return {"config": {"drugs": drugs, "repeats": len({k[1] for k in runs}), "n": list(args.n),
                        "seed": args.seed, "y_bound": args.y_bound, "rows": list(rows),
+                       "joint_split": JOINT_SPLIT["split"],
                        "epsilon": EPSILON, "delta": DELTA, "x_bound": X_BOUND,
                        "x_norm_bound": X_NORM_BOUND, "panel_drugs": panel.m,
                        "lines": int(panel.x_raw.shape[0]),
@@ -765,6 +782,13 @@ def _result(args, panel, drugs, rows, runs, cell, t0) -> dict:
             "per_drug_spearman": {k: np.mean(v, axis=0).tolist() for k, v in per_drug.items()}}
 
 
+def _split_arg(text: str) -> tuple[float, ...]:
+    parts = tuple(float(v) for v in text.split(","))
+    if len(parts) != 4 or abs(sum(parts) - 1.0) > 1e-9 or min(parts) <= 0:
+        raise argparse.ArgumentTypeError("a split is 4 positive shares summing to 1")
+    return parts
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drugs", type=int, default=262, help="drugs scored (evenly spaced); the "
@@ -777,6 +801,10 @@ def main(argv=None) -> int:
                     help="score the y bounds of --grid on synthetic panels instead")
     ap.add_argument("--grid", type=float, nargs="+", default=list(Y_BOUND_GRID))
     ap.add_argument("--rows", type=lambda s: s.split(","), default=list(DEFAULT_ROWS))
+    ap.add_argument("--split", type=_split_arg, help="budget split Sxx,Sxy,Syy,n of the "
+                    "releases of all targets (default dpfed.joint_noise.JOINT_DEFAULT_SPLIT)")
+    ap.add_argument("--splits", type=_split_arg, nargs="+", help="--choose-y-bound: splits "
+                    "to compare too")
     ap.add_argument("--timing", action="store_true", help="fit-all-targets and n = 1e5 release "
                     "times only")
     ap.add_argument("--uci", type=Path, nargs="*", help="UCI CSVs (default: every file of "
@@ -790,6 +818,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown rows {sorted(unknown)}; known: {', '.join(ROWS)}")
     if args.no_nuts:
         FIT["fallback"] = None
+    JOINT_SPLIT["split"] = args.split
     if args.uci is not None:
         paths = args.uci or sorted((ROOT.parent / "shared" / "data" / "uci").glob("*.csv"))
         result = {"uci_single": [uci_single(p, args.repeats, seed=args.seed) for p in paths]}
