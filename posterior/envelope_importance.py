@@ -44,12 +44,13 @@ import numpy as np
 from scipy.linalg import solve_triangular
 
 from posterior import noise_aware as na
-from posterior.envelope import envelope, envelope_logp_grad
+from posterior.envelope import Envelope, envelope, envelope_logp, envelope_logp_grad
 from posterior.laplace import (ImportanceResult, LaplaceResult, _covariance, _weights,
                                newton_batched)
 from posterior.psis import pareto_khat
 
-__all__ = ["prepare_envelope", "EnvelopeFit", "envelope_importance", "WIDER", "EXACT_PROPOSALS", "TOP_UP_ESS", "MAX_PROPOSALS",
+__all__ = ["prepare_envelope", "EnvelopeFit", "envelope_importance", "WIDER", "EXACT_PROPOSALS",
+           "TOP_UP_ESS", "MAX_PROPOSALS", "SCREEN_MIN_DIM", "SCREEN_KHAT",
            "nested_laplace_proposal", "NestedProposal"]
 
 #: Exact-density evaluations of step 5 (the only O(d^3) ones), and the top-up: fewer
@@ -58,6 +59,18 @@ __all__ = ["prepare_envelope", "EnvelopeFit", "envelope_importance", "WIDER", "E
 EXACT_PROPOSALS = 800
 TOP_UP_ESS = 200.0
 MAX_PROPOSALS = 2400
+#: A top-up draws what the ESS so far says is needed for TOP_UP_ESS, times this margin (at
+#: least a quarter of EXACT_PROPOSALS), not straight up to MAX_PROPOSALS: at d = 64 a third
+#: of the fits keep 120-199 effective draws of 800, and needed ~1 000-1 300, not 2 400.
+_TOP_UP_MARGIN = 1.25
+#: From this dimension on, the first proposals are weighted by the envelope before the exact
+#: density (O(d) against O(d^3) per point: ~5 ms against ~90 ms for 800 at d = 128): if those
+#: weights' Pareto k-hat is above SCREEN_KHAT, the exact ones would be too (their log ratio to
+#: the envelope's varies by sd 0.00-0.01 over the proposal's draws at d = 128), and the exact
+#: evaluations are skipped (the fit goes to attempt 0b). At d = 128 36 of 40 first tries had
+#: an envelope k-hat above 1; at d = 64 0 of 80 (bench_fit releases): not worth 3 ms there.
+SCREEN_MIN_DIM = 96
+SCREEN_KHAT = 1.0
 # Grid of log lambda (step 2): points, and its span in joint-Laplace sds below/above the mode.
 _GRID = 11
 _SPAN = (-7.0, 3.0)
@@ -133,28 +146,31 @@ class NestedProposal:
 def _conditional_newton(fgb, grid, beta0, steps=2):
     """Conditional modes of beta at each a in ``grid`` (Newton from ``beta0``, rows) and the
     conditional precisions there (minus the Hessian in beta, finite differences of the
-    gradient; all grid points in one call per step). Returns (modes, values, precisions)."""
+    gradient; all grid points in one call per step). The precision returned is the one of
+    the last Newton step, taken one step before the mode (from the joint approximation's
+    conditional mean, the steps move little: a Hessian at the mode itself cost another
+    G (d + 1) gradients, a third of this function, for a proposal no better: bench_fit's
+    d = 64 releases, ESS and k-hat per fit within their Monte Carlo noise); the value at the
+    mode is evaluated there. Returns (modes, values, precisions)."""
     g_count, d = beta0.shape
     beta = beta0.copy()
-    for it in range(steps + 1):
+    for _ in range(steps):
         h = _FD_STEP * np.maximum(1.0, np.abs(beta))                  # (G, d)
         pts = np.repeat(beta[:, None, :], d + 1, axis=1)               # (G, d+1, d)
         pts[:, 1:, :] += h[:, :, None] * np.eye(d)[None]
         us = np.concatenate([pts, np.repeat(grid[:, None, None], d + 1, axis=1)], axis=2)
-        val, grad = fgb(us.reshape(-1, d + 1))
-        val = val.reshape(g_count, d + 1)
+        grad = fgb(us.reshape(-1, d + 1))[1]
         grad = grad.reshape(g_count, d + 1, d + 1)[:, :, :d]
         g0 = grad[:, 0, :]
         hess = (grad[:, 1:, :] - g0[:, None, :]) / h[:, :, None]
         prec = -0.5 * (hess + hess.transpose(0, 2, 1))
-        if it == steps:
-            return beta, val[:, 0], prec
         try:
             step = np.linalg.solve(prec, g0[:, :, None])[:, :, 0]
         except np.linalg.LinAlgError:
             return None
         beta = beta + step
-    return None
+    val = fgb(np.column_stack([beta, grid]))[0]
+    return beta, val, prec
 
 
 def _is_pd(m: np.ndarray) -> bool:
@@ -212,6 +228,7 @@ class EnvelopeFit:
     fgb: Callable
     laplace: LaplaceResult
     nested: NestedProposal
+    env: Envelope
 
 
 def prepare_envelope(inp: na.NoiseAwareInputs, u0: np.ndarray) -> EnvelopeFit | None:
@@ -239,7 +256,7 @@ def prepare_envelope(inp: na.NoiseAwareInputs, u0: np.ndarray) -> EnvelopeFit | 
     lap = LaplaceResult(mode, cov, float(val), True, it, gnorm,
                         f"envelope Newton (status {status})", "newton", it)
     nested = nested_laplace_proposal(fgb, lap)
-    return None if nested is None else EnvelopeFit(fgb, lap, nested)
+    return None if nested is None else EnvelopeFit(fgb, lap, nested, env)
 
 
 def envelope_importance(prepared: EnvelopeFit, exact_batch, *, draws: int,
@@ -248,12 +265,18 @@ def envelope_importance(prepared: EnvelopeFit, exact_batch, *, draws: int,
                         widen=None) -> ImportanceResult | None:
     """Step 5: draws from the exact noise-aware posterior (module docstring) by importance
     sampling from ``prepared``'s nested proposal; ``exact_batch(us)``: its log density at
-    the rows of ``us``. ``proposals`` exact evaluations first; if their effective sample size
-    is below ``top_up_ess`` (and their Pareto k-hat at most 0.7: more draws cannot mend a heavy
-    tail), more up to ``max_proposals``, all weighted together. ``widen``: the proposal's (sd
-    factor, wide share, wide sd factor), default (_SCALE, _WIDE, _WIDE_SCALE); ``WIDER`` for a
-    retry."""
+    the rows of ``us``. ``proposals`` exact evaluations first; while their effective sample
+    size is below ``top_up_ess`` (and their Pareto k-hat at most 0.7: more draws cannot mend a
+    heavy tail), more, as many as that ESS says are needed (``_TOP_UP_MARGIN``), up to
+    ``max_proposals`` in all, all weighted together. ``widen``: the proposal's (sd factor,
+    wide share, wide sd factor), default (_SCALE, _WIDE, _WIDE_SCALE); ``WIDER`` for a retry.
+
+    From ``SCREEN_MIN_DIM`` coefficients on, a first batch whose envelope weights have a
+    Pareto k-hat above ``SCREEN_KHAT`` is not weighted by the exact density: the result then
+    has no draws (shape (0, d + 1)), ``proposals`` 0 and the envelope weights' ESS and k-hat,
+    which fail the fit's checks (attempt 0b runs)."""
     nested, lap = prepared.nested, prepared.laplace
+    k = lap.mode.size
 
     def batch(count):
         u, log_q = nested.draw(int(count), rng, widen)
@@ -261,23 +284,41 @@ def envelope_importance(prepared: EnvelopeFit, exact_batch, *, draws: int,
         lw[~np.isfinite(lw)] = -np.inf
         return u, lw
 
-    u, lw = batch(proposals)
+    if k - 1 >= SCREEN_MIN_DIM:
+        u, log_q = nested.draw(int(proposals), rng, widen)
+        lw_env = envelope_logp(u, prepared.env) - log_q
+        lw_env[~np.isfinite(lw_env)] = -np.inf
+        khat_env = pareto_khat(lw_env) if np.any(np.isfinite(lw_env)) else float("inf")
+        if khat_env > SCREEN_KHAT:
+            ess_env = _weights(lw_env)[1] if np.isfinite(khat_env) else 0.0
+            return ImportanceResult(np.empty((0, k)), ess_env, 0, lap, True, khat=khat_env,
+                                    proposal=_proposal_moments(u))
+        lw = exact_batch(u) - log_q
+        lw[~np.isfinite(lw)] = -np.inf
+    else:
+        u, lw = batch(proposals)
     if not np.any(np.isfinite(lw)):
         return None
     ess = _weights(lw)[1]
-    if ess < top_up_ess and proposals < max_proposals and pareto_khat(lw) <= 0.7:
-        u2, lw2 = batch(max_proposals - proposals)
+    while ess < top_up_ess and u.shape[0] < max_proposals and pareto_khat(lw) <= 0.7:
+        need = min(float(max_proposals),
+                   np.ceil(u.shape[0] * _TOP_UP_MARGIN * top_up_ess / max(ess, 1.0)))
+        more = min(max(int(need) - u.shape[0], proposals // 4, 1), max_proposals - u.shape[0])
+        u2, lw2 = batch(more)
         u, lw = np.concatenate([u, u2]), np.concatenate([lw, lw2])
+        ess = _weights(lw)[1]
     w, ess = _weights(lw)
     positions = (rng.random() + np.arange(draws)) / draws
     idx = np.minimum(np.searchsorted(np.cumsum(w), positions), u.shape[0] - 1)
-    # The proposal's own mean and covariance (unweighted draws of q): where the marginal of
-    # log lambda really is, for HMC's preconditioning when the weights fail (attempt 0b).
-    centre = u.mean(axis=0)
-    spread = np.cov(u, rowvar=False)
-    try:
-        moments = (centre, np.linalg.cholesky(spread))
-    except np.linalg.LinAlgError:
-        moments = None
     return ImportanceResult(u[rng.permutation(idx)], ess, u.shape[0], lap, True,
-                            khat=pareto_khat(lw), proposal=moments)
+                            khat=pareto_khat(lw), proposal=_proposal_moments(u))
+
+
+def _proposal_moments(u):
+    """The proposal's own mean and covariance's Cholesky factor (unweighted draws of q):
+    where the marginal of log lambda really is, for HMC's preconditioning when the weights
+    fail (attempt 0b); None when the covariance is not positive definite."""
+    try:
+        return u.mean(axis=0), np.linalg.cholesky(np.cov(u, rowvar=False))
+    except np.linalg.LinAlgError:
+        return None

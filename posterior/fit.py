@@ -545,9 +545,11 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
             res = envelope_importance(prepared, fb, draws=draws, rng=rng, widen=widen)
             if res is None:
                 break
-            ok = res.khat <= _KHAT_MAX and res.ess >= _ENVELOPE_MIN_ESS
+            # No draws: screened by the envelope's own weights (d >= SCREEN_MIN_DIM).
+            screened = res.draws.shape[0] == 0
+            ok = res.khat <= _KHAT_MAX and res.ess >= _ENVELOPE_MIN_ESS and not screened
             tries.append({"ess": float(res.ess), "khat": float(res.khat),
-                          "proposals": int(res.proposals)})
+                          "proposals": int(res.proposals), "screened": screened})
             # A wider proposal mends a k-hat a little above the threshold (d = 64: 0.75 ->
             # 0.5), not one above 1 (d = 128: 1.3-2.1 either way): then straight to 0b.
             if ok or res.khat <= _KHAT_MAX or res.khat > 1.0:

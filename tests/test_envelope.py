@@ -127,3 +127,67 @@ def test_envelope_refuses_points_outside_the_range():
     v, g = envelope_logp_grad(us, envelope(inp))
     assert v[0] == -np.inf and v[1] == -np.inf and np.isfinite(v[2])
     assert np.all(g[:2] == 0.0)
+
+
+def _prepared(d=40, seed=1001):
+    """The nested proposal of a bench_fit release at ``d`` and its exact density."""
+    import sys
+    from pathlib import Path
+
+    from posterior import targets
+    from posterior.envelope_importance import prepare_envelope
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_fit import _noise_aware_release
+
+    stats, pub = _noise_aware_release(d, 800, seed)
+    inp = na.noise_aware_inputs(stats, pub, None)
+    _, fb, u0, _, _ = targets.laplace_functions(stats, pub, "noise-aware", None, inp)
+    prepared = prepare_envelope(inp, u0)
+    assert prepared is not None
+    return prepared, fb
+
+
+def test_top_up_draws_what_the_ess_says_is_needed():
+    """Fewer effective draws than asked from the first 800: the top-up adds what that ESS
+    says is needed (with a margin), not straight up to the maximum; and up to the maximum
+    when the bar is out of reach."""
+    from posterior.envelope_importance import (EXACT_PROPOSALS, MAX_PROPOSALS,
+                                               envelope_importance)
+
+    prepared, fb = _prepared()
+
+    def run(bar):
+        return envelope_importance(prepared, fb, draws=500, rng=np.random.default_rng(3),
+                                   top_up_ess=bar)
+
+    first = run(0.0)
+    assert first.proposals == EXACT_PROPOSALS and first.khat <= 0.7
+    bar = 1.3 * first.ess
+    topped = run(bar)
+    assert EXACT_PROPOSALS < topped.proposals < MAX_PROPOSALS
+    assert topped.ess >= bar
+    assert run(np.inf).proposals == MAX_PROPOSALS
+
+
+def test_envelope_screen_skips_the_exact_density_only_when_its_weights_fail(monkeypatch):
+    """From SCREEN_MIN_DIM on, first proposals whose envelope weights have a k-hat above
+    SCREEN_KHAT are not weighted by the exact density: no draws, no exact evaluation; below
+    the bar the exact weights are computed as before."""
+    import posterior.envelope_importance as ei
+
+    prepared, fb = _prepared()
+    calls = []
+
+    def exact(us):
+        calls.append(us.shape[0])
+        return fb(us)
+
+    monkeypatch.setattr(ei, "SCREEN_MIN_DIM", 40)
+    monkeypatch.setattr(ei, "SCREEN_KHAT", -np.inf)
+    res = ei.envelope_importance(prepared, exact, draws=500, rng=np.random.default_rng(0))
+    assert calls == [] and res.draws.shape == (0, 41) and res.proposals == 0
+    assert res.proposal is not None          # attempt 0b's preconditioner
+    monkeypatch.setattr(ei, "SCREEN_KHAT", np.inf)
+    res = ei.envelope_importance(prepared, exact, draws=500, rng=np.random.default_rng(0))
+    assert calls and calls[0] == ei.EXACT_PROPOSALS and res.draws.shape == (500, 41)
