@@ -67,8 +67,9 @@ _TOP_UP_MARGIN = 1.25
 #: density (O(d) against O(d^3) per point: ~5 ms against ~90 ms for 800 at d = 128): if those
 #: weights' Pareto k-hat is above SCREEN_KHAT, the exact ones would be too (their log ratio to
 #: the envelope's varies by sd 0.00-0.01 over the proposal's draws at d = 128), and the exact
-#: evaluations are skipped (the fit goes to attempt 0b). At d = 128 36 of 40 first tries had
-#: an envelope k-hat above 1; at d = 64 0 of 80 (bench_fit releases): not worth 3 ms there.
+#: evaluations are skipped (the fit goes to attempt 0b). bench_fit releases: at d = 128 8 of 10
+#: first tries had an envelope k-hat above 1 (1.06-2.10), at d = 64 none of 80 (max 1.00):
+#: not worth its ~3 ms there.
 SCREEN_MIN_DIM = 96
 SCREEN_KHAT = 1.0
 # Grid of log lambda (step 2): points, and its span in joint-Laplace sds below/above the mode.
