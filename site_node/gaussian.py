@@ -1,4 +1,5 @@
-"""Floating-point-safe Gaussian noise from OpenDP for the site (issue 23; not wired yet).
+"""Floating-point-safe Gaussian noise from OpenDP for the site (issue 23; used by the joint
+release, ``site_node.joint_release``).
 
 The central Gaussian mechanism of ``dpfed.gaussian``: sigma = Delta_2 / sqrt(2 rho) on a vector
 of L2 sensitivity Delta_2 is rho-zCDP (Bun & Steinke 2016). As with the Laplace noise
@@ -21,8 +22,10 @@ What to charge. OpenDP proves rho-zCDP for its discrete Gaussian, so
 profile is given by discrete-Gaussian tails instead (Canonne, Kamath & Steinke 2020, Theorem 7)
 and, on a grid 2^40 times finer than the sensitivity, agrees with it to far below any delta
 that matters, but that is an argument, not OpenDP's certificate. The difference in eps is a few
-per cent (one release of mu = 1 at delta 1e-6: 4.89 as GDP, 5.22 as rho = 0.5 through RDP); the ledger's
-choice is the next session's (docs/method.md section 13).
+per cent (one release of mu = 1 at delta 1e-6: 4.89 as GDP, 5.22 as rho = 0.5 through RDP). The
+ledger charges ``Gaussian(mu)`` (``dpfed.joint_noise.JointCalibration.event``): the round promises
+(eps, delta) by the exact profile, and the issue's own study found the textbook rho conversion
+costs 0.81 -> 0.84 of the non-private accuracy (docs/method.md section 13).
 """
 
 from __future__ import annotations
