@@ -396,9 +396,7 @@ def select_joint_round_data(table: Table, features: list[str], targets: list[str
                  dtype=np.float64).reshape(len(keep), len(features))
     y = np.empty((len(keep), len(targets)), dtype=np.float64)
     for j, target in enumerate(targets):
-        values = table.columns[config.column_for(target)]
-        column = [_number(values[i]) for i in keep]
-        y[:, j] = [math.nan if v is None else v for v in column]
+        y[:, j] = _response_column(table.columns[config.column_for(target)], keep)
     ids = ()
     if config.id_column:
         from site_node.patients import normalise_id
@@ -406,6 +404,30 @@ def select_joint_round_data(table: Table, features: list[str], targets: list[str
         ids = tuple(normalise_id(id_values[i]) for i in keep)
     return RoundData(x=x, y=y, dropped_missing_target=int(np.isnan(y).sum()), rows=keep,
                      first_line=table.first_line, left_out=audit.left_out, ids=ids)
+
+
+_PARSED_TYPES = (str, float, int, bool)
+
+
+def _response_column(values, keep) -> np.ndarray:
+    """The cells ``values[i]`` for i in ``keep`` as float64, NaN where ``_number`` gives None
+    (missing, not a number, not finite). Same values as ``_number`` cell by cell, in one tight
+    loop: a joint round parses m response columns (262 on GDSC), where ``_number``'s
+    per-cell checks cost ~4x more (tests/test_site_joint_release.py compares the two)."""
+    out = []
+    append, nan = out.append, math.nan
+    for i in keep:
+        v = values[i]
+        if type(v) in _PARSED_TYPES:
+            try:
+                append(float(v))
+                continue
+            except ValueError:
+                pass
+        append(nan)
+    column = np.array(out, dtype=np.float64)
+    column[~np.isfinite(column)] = nan
+    return column
 
 
 def round_audit(table: Table, features, target: str, config: DataConfig, *,

@@ -383,3 +383,18 @@ def test_a_crash_inside_the_transaction_leaves_nothing_and_a_restart_sends_the_s
     restarted = SiteNode(config)
     assert restarted.handle_round(envelope).SerializeToString() == first.SerializeToString()
     assert [r.round_id for r in restarted.ledger.unacknowledged()] == ["j1"]
+
+
+def test_response_columns_parse_exactly_like_a_feature_cell():
+    """site_node.data._response_column (the joint round's fast parse of m response columns)
+    gives NaN exactly where _number refuses a cell and the same float everywhere else."""
+    import math
+
+    from site_node.data import _number, _response_column
+    cells = ["1.5", " 2.25 ", "", "NA", "nan", "inf", "-inf", "abc", None, 3, 4.5, True,
+             "1e999", "n/a", b"1.5", " -0.0 ", "0x10", "1_000", object()]
+    keep = [0, 2, 1, *range(3, len(cells))]
+    got = _response_column(cells, keep)
+    want = np.array([math.nan if _number(cells[i]) is None else _number(cells[i]) for i in keep])
+    assert np.array_equal(got, want, equal_nan=True)
+    assert np.isnan(got).sum() == sum(_number(cells[i]) is None for i in keep) > 0
