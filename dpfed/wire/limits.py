@@ -148,9 +148,14 @@ def spec_problems(spec: pb.RoundSpec) -> list[str]:
     # Imported here: dpfed.statistics loads NumPy, which the processes that only read the
     # wire's limits (the aggregator's audit writer) do without.
     from dpfed.statistics import encoded_length
-    if spec.public_statistics and len(spec.public_statistics) != encoded_length(d):
+    # A joint round's public statistics are a PublicTargets value: its 10-byte header
+    # (dpfed.joint_statistics._PUBLIC_HEADER, "<4sHI") and one Statistics per target.
+    m = len(spec.targets)
+    expected = 10 + m * encoded_length(d) if m else encoded_length(d)
+    if spec.public_statistics and len(spec.public_statistics) != expected:
         problems.append(f"public_statistics have {len(spec.public_statistics)} bytes, "
-                        f"{encoded_length(d)} expected for {d} features")
+                        f"{expected} expected for {d} features"
+                        + (f" and {m} targets" if m else ""))
     if spec.created_unix_ms and spec.deadline_unix_ms - spec.created_unix_ms > MAX_DEADLINE_MS:
         problems.append("deadline is more than a week after creation")
     if spec.consent_deadline_unix_ms and spec.consent_deadline_unix_ms >= spec.deadline_unix_ms:
