@@ -1,6 +1,7 @@
 """Coverage of 90 % intervals in the product's own setting (issue 21 item 2).
 
     python benchmarks/coverage_product.py [--reps 60] [--unit bound,public_rms]
+        [--design-sd product|se|0.15] [--d 5 --n 500 --eps 2 --k 10]
 
 Each problem: (lambda, lambda0, beta) from the priors of method.md section 1 (y's own units),
 rows of unit norm, n private rows, 10 public rows. Then what a round does: the bounds, split
@@ -22,6 +23,13 @@ Units (``--unit``): ``bound`` = By (the round's unit, ``aggregator.aggregate.fit
 (``public_rms_unit``: public, exact, no release value enters it), kept within [By / 4, By].
 Measured and not adopted (docs/evaluation.md, issue 21). ``half_bound`` = By / 2, a diagnostic:
 the priors' scale at which their prior-predictive sd of y (about 2 units) equals the bound.
+
+Design prior (``--design-sd``, a diagnostic; docs/evaluation.md): ``product`` =
+``posterior.noise_aware.design_prior`` as it is; a number = its relative sd
+``DESIGN_PRIOR_RELATIVE_SD`` set to that value in this process; ``se`` = the candidate of
+``design_prior_se``: the per-entry sd of the public second moments' own standard error, half
+the normal-theory sqrt((M_jj M_kk + M_jk^2) / n_pub) (halved with the half-way shrinkage to
+isotropic), instead of a constant. Measured and not adopted (issue 21 item 2).
 """
 
 from __future__ import annotations
@@ -98,6 +106,43 @@ def problem(rng, d, n, eps, k, unit_names, n_public=10):
                 omega_y=choice.omega_y)
 
 
+def design_prior_se(stats, public, x_bound=None):
+    """``noise_aware.design_prior`` with the candidate sd (module docstring, ``se``): the prior
+    mean unchanged, the variance of entry (j, k) n_priv^2 (M_jj M_kk + M_jk^2) / (4 n_pub) with
+    M the clipped public second moments (normal theory's variance of their mean, halved in sd
+    for the half-way shrinkage). With fewer than 2 public rows: the product's rule."""
+    mean, var = _PRODUCT_DESIGN_PRIOR(stats, public, x_bound)
+    if public is None or public.n < 2:
+        return mean, var
+    m = public.xtx / public.n
+    if x_bound is not None:   # clipped like a private row (design_prior)
+        diag = np.diag(m)
+        shrink = np.sqrt(np.minimum(1.0, float(x_bound) ** 2
+                                    / np.where(diag > 0, diag, np.inf)))
+        m = m * np.outer(shrink, shrink)
+    n_priv = max(float(stats.n) - public.n, 1.0)
+    dg = np.maximum(np.diag(m), 1e-12 * max(np.trace(m) / stats.dim, 1e-300))
+    return mean, 0.25 * (np.outer(dg, dg) + m * m) / float(public.n) * n_priv ** 2
+
+
+_PRODUCT_DESIGN_PRIOR = None
+
+
+def set_design_sd(rule: str) -> None:
+    """Install the ``--design-sd`` rule in ``posterior.noise_aware`` (this process only)."""
+    global _PRODUCT_DESIGN_PRIOR
+    from posterior import noise_aware as na
+
+    if _PRODUCT_DESIGN_PRIOR is None:
+        _PRODUCT_DESIGN_PRIOR = na.design_prior
+    if rule == "product":
+        na.design_prior = _PRODUCT_DESIGN_PRIOR
+    elif rule == "se":
+        na.design_prior = design_prior_se
+    else:
+        na.DESIGN_PRIOR_RELATIVE_SD = float(rule)
+
+
 def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
     from posterior import PosteriorError, fit_posterior
 
@@ -140,6 +185,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=60)
     ap.add_argument("--unit", default="bound")
+    ap.add_argument("--design-sd", default="product",
+                    help="product, se, or a relative sd (diagnostic; module docstring)")
     ap.add_argument("--d", default="5,10")
     ap.add_argument("--n", default="100,500,2000")
     ap.add_argument("--eps", default="0.5,1,2")
@@ -147,6 +194,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     units = args.unit.split(",")
+    set_design_sd(args.design_sd)
     t0 = time.time()
     head = "| d | n | eps | K |"
     for u in units:
