@@ -291,9 +291,11 @@ def fit(stats: Statistics, method: str, draws: int, seed: int | None,
 
 
 def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
-                seed: int | None, y_unit: float | None = None) -> dict:
+                seed: int | None, y_unit: float | None = None,
+                min_reference_draws: int = 1000) -> dict:
     """``posterior.quality.information_statement`` of a round's draws against the
-    posterior of the public rows alone (exact model), or against the prior without them."""
+    posterior of the public rows alone (exact model; at least ``min_reference_draws``
+    draws), or against the prior without them."""
     from posterior import PosteriorError, fit_posterior
     from posterior.quality import information_statement
 
@@ -303,7 +305,8 @@ def information(beta_draws: np.ndarray, public: Statistics | None, dim: int,
     if public is not None and public.n >= 1:
         reference = f"the {public.n} public rows alone"
         try:
-            base = fit_posterior(public, draws=max(len(beta_draws), 1000), seed=seed,
+            base = fit_posterior(public, draws=max(len(beta_draws), min_reference_draws),
+                                 seed=seed,
                                  y_unit=y_unit).beta_draws
         except (PosteriorError, ValueError) as exc:
             # The comparison is a courtesy; a public-only fit that fails must not fail the
