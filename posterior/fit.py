@@ -451,19 +451,21 @@ def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
     return _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model)
 
 
-def _hmc_chains(fgb, mode, cov, rng, diag, exact=None):
+def _hmc_chains(fgb, mode, cov, rng, diag, exact=None, starts=None):
     """Attempt 4's HMC (``posterior.hmc``) with the inverse mass matrix ``cov``, chains started
     around ``mode``; chains that have not agreed are run on from where they stand, with a new
     warm-up and 4x then 16x the kept iterations (a few d ~ 10 releases with a borderline k-hat
     needed more than 60 iterations: 7 of 448 evaluation cells refused before this).
-    ``exact``: the target when ``fgb`` is a surrogate (``hmc``'s docstring). Returns (the
+    ``exact``: the target when ``fgb`` is a surrogate (``hmc``'s docstring); ``starts``: the
+    chains' first states (default: draws of N(mode, cov)). Returns (the
     last HMCResult, whether r-hat <= _HMC_RHAT_MAX with >= _MIN_ESS draws); the run is
     recorded in ``diag``."""
     from posterior.hmc import hmc
 
     d = mode.size - 1
     chol = np.linalg.cholesky(cov)
-    starts = mode + rng.standard_normal((_HMC_CHAINS, d + 1)) @ chol.T
+    if starts is None:
+        starts = mode + rng.standard_normal((_HMC_CHAINS, d + 1)) @ chol.T
     evaluations = 0
     for extension in range(_HMC_EXTENSIONS + 1):
         iterations = _HMC_ITERATIONS * 4 ** extension
@@ -495,9 +497,9 @@ def _surrogate_hmc_attempt(env_fit, fb, draws, rng, diag):
     follows the envelope's gradient and whose Metropolis step uses the exact density
     (``posterior.hmc``, ``exact=``), preconditioned by the nested proposal's covariance.
     Draws of u, or None (attempts 1-4 then run) when its chains do not agree."""
-    lap, fgb_env = env_fit
+    lap, fgb_env, starts = env_fit
     sub = {}
-    h, ok = _hmc_chains(fgb_env, lap.mode, lap.cov, rng, sub, exact=fb)
+    h, ok = _hmc_chains(fgb_env, lap.mode, lap.cov, rng, sub, exact=fb, starts=starts)
     diag["envelope"]["hmc"] = {key: sub[key] for key in ("ess", "hmc_rhat", "hmc_acceptance",
                                                          "hmc_extensions")}
     if not ok:
@@ -531,9 +533,10 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
     """Attempt 0 at large d (``posterior.envelope_importance``): importance sampling of the
     exact noise-aware posterior from the nested Laplace proposal built on its O(d) envelope.
     Returns (its ImportanceResult, None) when its Pareto k-hat is at most ``_KHAT_MAX`` and
-    it has at least ``_ENVELOPE_MIN_ESS`` effective draws; else (None, (the envelope's Laplace
-    approximation, its density and gradient)) for attempt 0b, or (None, None) when the
-    envelope gave no proposal; recorded in ``diag``."""
+    it has at least ``_ENVELOPE_MIN_ESS`` effective draws; else (None, (the proposal's
+    moments as a Laplace approximation, the envelope's density and gradient, the chains'
+    starts)) for attempt 0b, or (None, None) when the envelope gave no proposal; recorded in
+    ``diag``."""
     from posterior.envelope_importance import WIDER, envelope_importance, prepare_envelope
 
     prepared = prepare_envelope(inp, u0)
@@ -542,7 +545,8 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
     if prepared is not None:
         for widen in (None, WIDER):
             # A k-hat above _KHAT_MAX: once more with the wider, heavier-tailed mixture.
-            res = envelope_importance(prepared, fb, draws=draws, rng=rng, widen=widen)
+            res = envelope_importance(prepared, fb, draws=draws, rng=rng, widen=widen,
+                                      chains=_HMC_CHAINS)
             if res is None:
                 break
             # No draws: screened by the envelope's own weights (d >= SCREEN_MIN_DIM).
@@ -564,11 +568,13 @@ def _envelope_attempt(inp, fb, u0, draws, rng, diag):
         # which follow the marginal of log lambda; from the envelope's joint Laplace
         # approximation instead, 2 of 5 d = 128 releases had chains that never agreed
         # (r-hat 55-87 after both extensions; 5 of 5 agreed from the proposal's).
+        # Its chains start from the proposals resampled by their weights (res.starts; the
+        # envelope's when screened): EnvelopeImportance's docstring.
         lap = res.laplace
         if res.proposal is not None:
             centre, chol = res.proposal
             lap = dataclasses.replace(lap, mode=centre, cov=chol @ chol.T)
-        return None, (lap, prepared.fgb)
+        return None, (lap, prepared.fgb, res.starts)
     lap = res.laplace
     diag.update(importance_attempts=0, modes=1, importance_khat=float(res.khat),
                 iterations=lap.iterations, gradient_norm=lap.gradient_norm,

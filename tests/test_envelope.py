@@ -187,7 +187,8 @@ def test_envelope_screen_skips_the_exact_density_only_when_its_weights_fail(monk
     monkeypatch.setattr(ei, "SCREEN_KHAT", -np.inf)
     res = ei.envelope_importance(prepared, exact, draws=500, rng=np.random.default_rng(0))
     assert calls == [] and res.draws.shape == (0, 41) and res.proposals == 0
-    assert res.proposal is not None          # attempt 0b's preconditioner
+    assert res.proposal is not None          # attempt 0b's preconditioner ...
+    assert res.starts.shape == (8, 41)       # ... and its chains' starts
     monkeypatch.setattr(ei, "SCREEN_KHAT", np.inf)
     res = ei.envelope_importance(prepared, exact, draws=500, rng=np.random.default_rng(0))
     assert calls and calls[0] == ei.EXACT_PROPOSALS and res.draws.shape == (500, 41)

@@ -312,18 +312,26 @@ def test_large_d_fit_uses_the_envelope_proposal_and_agrees_with_hmc(monkeypatch)
     assert np.median(ratio) <= 0.1 and ratio.max() <= 0.35, ratio
 
 
-def test_envelope_hmc_when_its_importance_sample_fails_agrees_with_the_old_path(monkeypatch):
-    """Attempt 0's importance sample refused (its ESS bar set out of reach): attempt 0b, HMC
-    driven by the envelope's gradient with the exact density in the Metropolis step, gives
-    the old path's answer."""
+@pytest.mark.parametrize("screened", (False, True))
+def test_envelope_hmc_when_its_importance_sample_fails_agrees_with_the_old_path(monkeypatch,
+                                                                                screened):
+    """Attempt 0's importance sample refused (its ESS bar set out of reach), or screened out
+    by its envelope weights before any exact density (the screen forced at d = 40): attempt
+    0b, HMC driven by the envelope's gradient with the exact density in the Metropolis step,
+    started from the proposals resampled by their weights, gives the old path's answer."""
+    import posterior.envelope_importance as ei
     import posterior.fit as fit_mod
 
     d = 40
     s, pub = _noise_aware_release(d, 800, 1001)
     monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_ESS", 10 ** 9)
+    if screened:
+        monkeypatch.setattr(ei, "SCREEN_MIN_DIM", d)
+        monkeypatch.setattr(ei, "SCREEN_KHAT", -np.inf)
     post = fit_posterior(s, public=pub, seed=0, draws=2000)
     dg = post.diagnostics
     assert dg["envelope"]["used"] is False and len(dg["envelope"]["tries"]) >= 1
+    assert dg["envelope"]["tries"][0]["screened"] is screened
     assert dg["proposal"] == "envelope-hmc" and dg["sampler"] == "hmc"
     assert dg["hmc_rhat"] <= 1.05 and dg["ess"] >= 100
     monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_DIM", 10 ** 6)
