@@ -250,3 +250,45 @@ def test_independent_joint_round_of_real_site_nodes(tmp_path, mechanism):
         assert len(summary["sites"]) == 3
     finally:
         fed.stop()
+
+
+def _joint_summary():
+    fitted = {"status": "fitted", "n": 812, "n_public": 12, "model": "noise-aware",
+              "beta_mean": [0.1, -0.7, 0.2], "beta_sd": [0.1, 0.1, 0.1],
+              "beta_ci90": [[-0.06, 0.26], [-0.86, -0.54], [0.04, 0.36]],
+              "information": {"verdict": "substantial", "text": "Good."}}
+    return {"round_id": "r1", "joint": True, "m": 3, "fitted": 2, "n_total": 900,
+            "n_public": 12, "feature_names": ["g1", "g2", "g3"], "mechanism": "gaussian",
+            "epsilon": 1.0, "delta": 1e-6, "fit_method": "auto", "noise": "gaussian",
+            "sites": [{"site_id": "a", "n": 900, "epsilon": 1.0}], "target": "",
+            "targets": [{**fitted, "target": "d1"},
+                        {"target": "d2", "status": "failed", "n": 0, "n_public": 12,
+                         "error": "ConvergenceError: no mode"},
+                        {**fitted, "target": "d3", "beta_mean": [0.9, 0.0, 0.0]}]}
+
+
+def test_console_lists_every_target_and_shows_one_on_demand(tmp_path):
+    """The result page of a joint round: a table of every target (a refused one says why),
+    the coefficients and plot of the first fitted target, another one by ?target=."""
+    from dpfed_apps.console import views
+    from tests.test_console_units import FakeCoordinator, _client
+
+    summary = _joint_summary()
+    view = views.joint_result_view(summary, None)
+    assert [t.target for t in view.targets] == TARGETS and view.shown_target == "d1"
+    assert view.targets[0].strongest == "g2 -0.700 [-0.86, -0.54]"
+    assert view.targets[1].status == "failed" and "no mode" in view.targets[1].error
+    assert [r.name for r in view.rows] == ["g1", "g2", "g3"] and view.rows[1].excludes_zero
+    assert views.joint_result_view(summary, "d3").rows[0].mean == 0.9
+    assert views.joint_result_view(summary, "d2").shown_target == "d1"   # not fitted
+
+    class JointCoordinator(FakeCoordinator):
+        def result(self, round_id):
+            self._check()
+            return pb.RoundResult(round_id="r1", summary_json=json.dumps(summary), targets=3)
+
+    c = _client(tmp_path, coordinator=JointCoordinator())
+    page = c.get("/rounds/r1").text
+    assert 'id="targets"' in page and all(f'data-target="{t}"' in page for t in TARGETS)
+    assert "ConvergenceError: no mode" in page and "Target d1" in page
+    assert "Target d3" in c.get("/rounds/r1?target=d3").text

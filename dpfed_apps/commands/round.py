@@ -311,24 +311,13 @@ def format_result_table(summary: dict) -> str:
     return "\n".join(lines)
 
 
-def _strongest(entry: dict, names: list[str]) -> str:
-    """The coefficient of largest |posterior mean| with its 90 % interval, e.g.
-    "g1 +0.412 [0.20, 0.63]"."""
-    mean = entry.get("beta_mean") or []
-    if not mean:
-        return ""
-    k = max(range(len(mean)), key=lambda i: abs(mean[i]) if mean[i] is not None else -1)
-    ci = (entry.get("beta_ci90") or [[None, None]] * len(mean))[k]
-    name = names[k] if k < len(names) else f"beta{k}"
-    interval = (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if None not in ci else "")
-    return f"{name} {mean[k]:+.3f}{interval}"
-
-
 def format_joint_table(summary: dict) -> str:
     """A joint round's result, one line per target (docs/protocol.md "Joint rounds"):
     its private n_j (noisy) and public rows, the fit's model, the strongest coefficient
     (in units of the target's public sd), and what the data told beyond the public rows;
-    a target that did not fit says why."""
+    a target that did not fit says why. (The per-target helpers are the console's:
+    dpfed_apps.console.views, pure functions that need none of the console's packages.)"""
+    from dpfed_apps.console.views import strongest_coefficient
     names = summary.get("feature_names") or []
     entries = summary.get("targets") or []
     mech = summary.get("mechanism", "laplace")
@@ -353,21 +342,12 @@ def format_joint_table(summary: dict) -> str:
         info = e.get("information") or {}
         verdict = info.get("verdict", "")
         little += verdict == "little"
-        lines.append(f"{head}  {e.get('model') or '?':<11}  {_strongest(e, names):<34}  "
+        lines.append(f"{head}  {e.get('model') or '?':<11}  {strongest_coefficient(e, names):<34}  "
                      f"{('WARNING: ' if verdict == 'little' else '') + verdict}")
     if little:
         lines.append(f"WARNING: for {little} target(s) the private data told little beyond "
                      f"{'the public rows' if summary.get('n_public') else 'the prior'}")
     return "\n".join(lines)
-
-
-def target_summary(summary: dict, name: str) -> dict | None:
-    """One target of a joint result as a single round's summary (format_result_table)."""
-    for e in summary.get("targets") or []:
-        if e.get("target") == name:
-            return {**{k: v for k, v in summary.items() if k != "targets"}, **e,
-                    "n_total": e.get("n"), "round_id": summary["round_id"]}
-    return None
 
 
 def result_cmd(args) -> int:
@@ -377,6 +357,7 @@ def result_cmd(args) -> int:
     summary = json.loads(result.summary_json)
     joint = bool(summary.get("joint"))
     if getattr(args, "target", None):
+        from dpfed_apps.console.views import target_summary
         one = target_summary(summary, args.target) if joint else None
         if one is None:
             print(f"{command_prog(args)}: round {args.round_id} has no target "

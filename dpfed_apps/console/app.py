@@ -119,7 +119,8 @@ class Console:
                          nav="rounds", live_ms=LIVE_ROUNDS_MS)
 
     def round(self, request: Request):
-        detail, result, forecast, no_result = self.data.round(request.path_params["round_id"])
+        detail, result, forecast, no_result = self.data.round(
+            request.path_params["round_id"], request.query_params.get("target") or None)
         return self.page(request, "round.html", "_round_live.html", round=detail,
                          result=result, forecast=forecast, no_result=no_result, nav="rounds",
                          live_ms=LIVE_ROUND_MS)

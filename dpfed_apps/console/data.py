@@ -112,14 +112,17 @@ class ConsoleData:
         check_id(round_id, "round")
         return self._call("round", self.coordinator.status, round_id)
 
-    def round(self, round_id: str):
-        """(RoundDetail, ResultView or None, ForecastView or None, why there is no result)."""
+    def round(self, round_id: str, target: str | None = None):
+        """(RoundDetail, ResultView or None, ForecastView or None, why there is no result).
+        A joint round's result shows ``target``'s coefficients (default: its first fitted
+        target) beside the table of every target."""
         status = self.status(round_id)
         detail = views.round_detail(status)
         result, no_result = None, ""
         if detail.state == "DONE":
             summary = self.summary(round_id)
-            result = views.result_view(summary)
+            result = (views.joint_result_view(summary, target) if summary.get("joint")
+                      else views.result_view(summary))
         elif detail.state == "FAILED":
             no_result = "The round failed, so it has no result."
         else:

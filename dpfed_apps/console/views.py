@@ -268,7 +268,9 @@ def round_detail(status: pb.RoundStatus) -> RoundDetail:
         round_id=status.round_id, state=state, final=final, message=status.message,
         started=utc(status.started_unix_ms), deadline=utc(status.deadline_unix_ms),
         consent_deadline=utc(spec.consent_deadline_unix_ms), coordinator_id=spec.coordinator_id,
-        target=spec.target, features=list(spec.feature_names), epsilon=spec.epsilon,
+        target=spec.target or (f"{len(spec.targets)} targets ({spec.mechanism or 'laplace'})"
+                               if spec.targets else ""),
+        features=list(spec.feature_names), epsilon=spec.epsilon,
         neighbouring=spec.neighbouring or "add_remove",
         aggregation=spec.aggregation or "independent", quorum=status.quorum, phases=phases,
         sites=sites, counts=counts, round_seconds=status.round_seconds,
@@ -306,14 +308,72 @@ class ResultView:
     plot_svg: str
     has_reference_plot: bool
     sites: list[dict] = field(default_factory=list)
+    # A joint round: one row per target (empty otherwise), and the target shown, if any.
+    targets: list[TargetRow] = field(default_factory=list)
+    shown_target: str = ""
+
+
+@dataclass(frozen=True)
+class TargetRow:
+    """One target of a joint round's result (docs/protocol.md "Joint rounds")."""
+    target: str
+    n: int | None
+    n_public: int
+    status: str
+    model: str
+    strongest: str
+    verdict: str
+    error: str
 
 
 def _num(v):
     return float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None
 
 
+def target_summary(summary: dict, name: str) -> dict | None:
+    """One target of a joint round's summary as a single round's summary (the fields
+    ``result_view`` and ``dpfed round result`` read), or None if the round has no such
+    target."""
+    for e in summary.get("targets") or []:
+        if isinstance(e, dict) and e.get("target") == name:
+            return {**{k: v for k, v in summary.items() if k != "targets"}, **e,
+                    "joint": False, "n_total": e.get("n"),
+                    "round_id": summary.get("round_id", "")}
+    return None
+
+
+def strongest_coefficient(entry: dict, names: list) -> str:
+    """The coefficient of largest |posterior mean| with its 90 % interval."""
+    mean = [_num(v) for v in entry.get("beta_mean") or []]
+    if not mean or all(v is None for v in mean):
+        return ""
+    k = max(range(len(mean)), key=lambda i: abs(mean[i]) if mean[i] is not None else -1.0)
+    ci = (entry.get("beta_ci90") or [[None, None]] * len(mean))[k] or [None, None]
+    lo, hi = _num(ci[0]), _num(ci[1])
+    name = str(names[k]) if k < len(names) else f"beta{k}"
+    return f"{name} {mean[k]:+.3f}" + (f" [{lo:.2f}, {hi:.2f}]" if None not in (lo, hi) else "")
+
+
+def target_rows(summary: dict) -> list[TargetRow]:
+    """A joint round's targets, in spec order."""
+    names = summary.get("feature_names") or []
+    rows = []
+    for e in summary.get("targets") or []:
+        if not isinstance(e, dict):
+            continue
+        info = e.get("information") or {}
+        rows.append(TargetRow(
+            target=str(e.get("target", "")), n=e.get("n"), n_public=int(e.get("n_public") or 0),
+            status=str(e.get("status", "")), model=str(e.get("model") or ""),
+            strongest=strongest_coefficient(e, names), verdict=str(info.get("verdict") or ""),
+            error=str(e.get("error") or "")))
+    return rows
+
+
 def result_view(summary: dict) -> ResultView:
-    """The result of a round from its summary JSON (aggregator.aggregate.summarize)."""
+    """The result of a round from its summary JSON (aggregator.aggregate.summarize). A joint
+    round's (aggregator.rounds.fitting.fit_joint_round): its targets in ``targets`` (the
+    coefficients of one are ``result_view(target_summary(summary, name))``)."""
     from dpfed_apps.console.plot import interval_plot
 
     mean = summary.get("beta_mean") or []
@@ -344,7 +404,21 @@ def result_view(summary: dict) -> ResultView:
         warning=verdict in ("little", "unknown"), snr=_num(info.get("snr")),
         snr_reference=_num(info.get("snr_reference")), agreement=_num(info.get("agreement")),
         reference=str(info.get("reference") or ""), plot_svg=svg,
-        has_reference_plot=reference is not None, sites=list(summary.get("sites") or []))
+        has_reference_plot=reference is not None, sites=list(summary.get("sites") or []),
+        targets=target_rows(summary) if summary.get("joint") else [])
+
+
+def joint_result_view(summary: dict, target: str | None) -> ResultView:
+    """A joint round's result page: the table of its targets, and the coefficients and plot
+    of ``target`` (the first fitted one when None or unknown)."""
+    rows = target_rows(summary)
+    fitted = [r.target for r in rows if r.status == "fitted"]
+    name = target if target in fitted else (fitted[0] if fitted else None)
+    one = target_summary(summary, name) if name else None
+    base = result_view(one if one is not None else {**summary, "joint": False})
+    import dataclasses
+    return dataclasses.replace(base, targets=rows, shown_target=name or "",
+                               target=name or f"{len(rows)} targets")
 
 
 # ---- forecast ------------------------------------------------------------------------------
