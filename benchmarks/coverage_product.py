@@ -1,7 +1,7 @@
 """Coverage of 90 % intervals in the product's own setting (issue 21 item 2).
 
     python benchmarks/coverage_product.py [--reps 60] [--unit bound,public_rms]
-        [--design-sd product|se|0.15] [--d 5 --n 500 --eps 2 --k 10]
+        [--design-sd product|se|0.15|se+n] [--d 5 --n 500 --eps 2 --k 10]
 
 Each problem: (lambda, lambda0, beta) from the priors of method.md section 1 (y's own units),
 rows of unit norm, n private rows, 10 public rows. Then what a round does: the bounds, split
@@ -128,19 +128,37 @@ def design_prior_se(stats, public, x_bound=None):
 _PRODUCT_DESIGN_PRIOR = None
 
 
+def with_count_noise(rule):
+    """``rule`` (a design_prior) with the released count's noise in its variance: the prior
+    mean of the private part is n_priv M with n_priv from the released n, so each entry also
+    varies by M_jk^2 v_n (v_n: the count's public noise variance)."""
+    def prior(stats, public, x_bound=None):
+        mean, var = rule(stats, public, x_bound)
+        n_pub = public.n if public is not None else 0
+        m = (mean - (public.xtx if public is not None else 0.0)) / max(float(stats.n) - n_pub,
+                                                                      1.0)
+        return mean, var + m * m * stats.noise.variances()["n"]
+    return prior
+
+
 def set_design_sd(rule: str) -> None:
-    """Install the ``--design-sd`` rule in ``posterior.noise_aware`` (this process only)."""
+    """Install the ``--design-sd`` rule in ``posterior.noise_aware`` (this process only);
+    a "+n" suffix adds the released count's noise (``with_count_noise``)."""
     global _PRODUCT_DESIGN_PRIOR
     from posterior import noise_aware as na
 
     if _PRODUCT_DESIGN_PRIOR is None:
         _PRODUCT_DESIGN_PRIOR = na.design_prior
-    if rule == "product":
+    base, plus_n = rule.removesuffix("+n"), rule.endswith("+n")
+    if base == "product":
         na.design_prior = _PRODUCT_DESIGN_PRIOR
-    elif rule == "se":
+    elif base == "se":
         na.design_prior = design_prior_se
     else:
-        na.DESIGN_PRIOR_RELATIVE_SD = float(rule)
+        na.design_prior = _PRODUCT_DESIGN_PRIOR
+        na.DESIGN_PRIOR_RELATIVE_SD = float(base)
+    if plus_n:
+        na.design_prior = with_count_noise(na.design_prior)
 
 
 def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
