@@ -292,3 +292,20 @@ def test_console_lists_every_target_and_shows_one_on_demand(tmp_path):
     assert 'id="targets"' in page and all(f'data-target="{t}"' in page for t in TARGETS)
     assert "ConvergenceError: no mode" in page and "Target d1" in page
     assert "Target d3" in c.get("/rounds/r1?target=d3").text
+
+
+def test_simulate_runs_a_joint_round_through_real_processes(capsys):
+    """`dpfed simulate --targets 3 --mechanism gaussian --delta 1e-6`: aggregator and sites as
+    processes, one entry per target with a held-out Spearman; bad joint options exit 2."""
+    from dpfed_apps.cli import main
+    assert main(["simulate", "--targets", "3", "--mechanism", "gaussian", "--delta", "1e-6",
+                 "--sites", "2", "--draws", "300", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["targets"] == 3 and report["mechanism"] == "gaussian"
+    assert [t["target"] for t in report["per_target"]] == [
+        "Drug_1_IC50", "Drug_3_IC50", "Drug_5_IC50"]
+    assert all(t["status"] == "fitted" and t["spearman"] is not None
+               for t in report["per_target"])
+    for bad in (["--targets", "0"], ["--targets", "3", "--mechanism", "gaussian"],
+                ["--targets", "3", "--delta", "1e-6"], ["--mechanism", "gaussian"]):
+        assert main(["simulate", *bad]) == 2, bad

@@ -68,6 +68,14 @@ def register(subparsers) -> None:
     p.add_argument("--dropouts", type=int, default=0,
                    help="secure: this many sites stop right after key agreement, before "
                         "releasing (the round waits for them until its release step ends)")
+    p.add_argument("--targets", default=None, metavar="N|all",
+                   help="a joint round (docs/protocol.md 'Joint rounds'): the first N GDSC "
+                        "drugs (or all 262) as targets of one release; independent "
+                        "aggregation unless --aggregation secure")
+    p.add_argument("--mechanism", choices=("laplace", "gaussian"), default="laplace",
+                   help="with --targets: the noise (gaussian needs --delta)")
+    p.add_argument("--delta", type=float, default=None,
+                   help="with --mechanism gaussian: the delta each patient pays (e.g. 1e-6)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a report")
     p.add_argument("--console", type=int, nargs="?", const=8765, default=None, metavar="PORT",
                    help="after the round, keep the federation running and serve the "
@@ -156,13 +164,25 @@ def run(args) -> int:
         n_test=args.test, seed=args.seed, fit_method=args.fit_method, fit_draws=args.draws,
         workdir=args.workdir, round_timeout_s=args.timeout, log_level=args.log_level,
         aggregation=args.aggregation, dropouts=args.dropouts)
+    joint = None
+    if args.targets is not None or args.mechanism != "laplace" or args.delta is not None:
+        problem = _joint_problem(args)
+        if problem:
+            print(f"dpfed simulate: {problem}", file=sys.stderr)
+            return exitcodes.USAGE
+        joint = {"targets": args.targets if args.targets == "all" else int(args.targets),
+                 "mechanism": args.mechanism, "delta": args.delta or 0.0}
     # SIGTERM cleans up like Ctrl-C: the finally blocks stop the child processes.
     interrupts = _Interrupts()
     previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         hold = None if args.console is None else console_hold(
             args.console, sys.stderr if args.json else sys.stdout)
-        result = simulation.run_simulation(options, hold=hold)
+        if joint is not None:
+            from dpfed_apps.simulation.joint import run_joint_simulation
+            result = run_joint_simulation(options, **joint)
+        else:
+            result = simulation.run_simulation(options, hold=hold)
     except KeyboardInterrupt:
         print("dpfed simulate: interrupted; all processes stopped", file=sys.stderr)
         return exitcodes.INTERRUPTED
@@ -183,6 +203,26 @@ def run(args) -> int:
         return exitcodes.INTERRUPTED
     if args.json:
         print(jsonsafe.dumps(result, sort_keys=True))
+    elif joint is not None:
+        from dpfed_apps.simulation.joint import format_joint_report
+        print(format_joint_report(result))
     else:
         print(simulation.format_report(result))
     return exitcodes.OK
+
+
+def _joint_problem(args) -> str:
+    """What is wrong with the joint-round options ("" if nothing)."""
+    if args.targets is None:
+        return "--mechanism and --delta need --targets N|all"
+    if args.targets != "all" and not (args.targets.isdigit() and int(args.targets) >= 1):
+        return f"--targets must be a number >= 1 or all, got {args.targets!r}"
+    if args.data is not None or args.target is not None or args.console is not None \
+            or args.dropouts:
+        return "--targets runs on the bundled GDSC data, without --data/--target/--console/" \
+               "--dropouts"
+    if args.mechanism == "gaussian" and not (args.delta is not None and 0 < args.delta < 1):
+        return "--mechanism gaussian needs --delta with 0 < delta < 1"
+    if args.mechanism == "laplace" and args.delta is not None:
+        return "--delta is only for --mechanism gaussian"
+    return ""
