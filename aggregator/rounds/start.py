@@ -89,6 +89,9 @@ def start_round(ctx: RoundContext, transitions: Transitions, envelope: pb.Signed
              spec.quorum, len(invited),
              (consent_deadline_ms(spec, now) - now) / 1000, (spec.deadline_unix_ms - now) / 1000)
     transitions.arm(spec.round_id)
+    if spec.targets and not ctx.skip_fit:   # a joint round: its fit's workers start now
+        from aggregator.joint_fit import prestart
+        prestart(len(spec.targets))
     return spec.round_id
 
 
