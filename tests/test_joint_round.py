@@ -309,3 +309,30 @@ def test_simulate_runs_a_joint_round_through_real_processes(capsys):
     for bad in (["--targets", "0"], ["--targets", "3", "--mechanism", "gaussian"],
                 ["--targets", "3", "--delta", "1e-6"], ["--mechanism", "gaussian"]):
         assert main(["simulate", *bad]) == 2, bad
+
+
+def test_a_joint_round_survives_an_aggregator_restart(federation):
+    """Contributions stored before a restart are summed again from the store (the joint
+    running total), the round finishes, and after another restart the DONE round's result
+    and its exact sum read back."""
+    spec = _joint_spec(federation, "j-r", epsilon=50.0, quorum=2, sites=["site-a", "site-b"])
+    federation.start_round(spec)
+    cal = calibration_from_spec(spec)
+    from site_node.joint_release import release_joint_statistics
+    parts = [release_joint_statistics(*_data(30 + i, 300), cal) for i in range(2)]
+    first = _contribution(federation, "site-a", "j-r", parts[0], parts[0].noise, eps=50.0)
+    assert federation.stub.Contribute(first).accepted
+    federation.stop()
+    federation.start()
+    assert federation.manager.aggregated_statistics("j-r") == parts[0]
+    assert federation.stub.Contribute(first).duplicate
+    assert federation.stub.Contribute(_contribution(federation, "site-b", "j-r", parts[1],
+                                                    parts[1].noise, eps=50.0)).accepted
+    assert federation.coordinator.wait("j-r", 120, poll_s=0.05).state == pb.RoundStatus.DONE
+    federation.stop()
+    federation.start()
+    total = federation.manager.aggregated_statistics("j-r")
+    assert total == parts[0] + parts[1] and total.noise == cal.noise().repeated(2)
+    result = federation.coordinator.result("j-r")
+    assert result.targets == 3
+    assert [e["status"] for e in json.loads(result.summary_json)["targets"]] == ["fitted"] * 3
