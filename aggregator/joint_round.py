@@ -89,7 +89,7 @@ def joint_spec_problems(spec: pb.RoundSpec) -> list[str]:
                         f"(at most {MAX_TARGET_NAME_CHARS} characters)")
     if len(set(names)) != m:
         problems.append("target names are not unique")
-    for i, t in enumerate(spec.targets):
+    for t in spec.targets:
         if not math.isfinite(t.y_mean):
             problems.append(f"target {t.name!r}: y_mean must be finite")
         if not (math.isfinite(t.y_scale) and t.y_scale > 0):
@@ -136,7 +136,8 @@ def public_targets(spec: pb.RoundSpec):
         return (None,) * len(spec.targets)
     from dpfed.joint_statistics import PublicTargets
     from dpfed.noise import EXACT
-    return tuple(s.with_noise(EXACT) for s in PublicTargets.from_bytes(spec.public_statistics).targets)
+    public = PublicTargets.from_bytes(spec.public_statistics)
+    return tuple(s.with_noise(EXACT) for s in public.targets)
 
 
 def calibration(spec: pb.RoundSpec):

@@ -226,6 +226,7 @@ def format_joint_report(r: dict) -> str:
              f"{'target':<18} {'status':<7} {'n_j':>6} {'test':>5} {'spearman':>9}  information"]
     for t in r["per_target"]:
         rho = f"{t['spearman']:+.3f}" if t["spearman"] is not None else "-"
-        lines.append(f"{t['target']:<18} {t['status'] or '?':<7} {t['n'] if t['n'] is not None else '?':>6} "
+        n = t["n"] if t["n"] is not None else "?"
+        lines.append(f"{t['target']:<18} {t['status'] or '?':<7} {n:>6} "
                      f"{t['n_test']:>5} {rho:>9}  {t['verdict'] or ''}")
     return "\n".join(lines)
