@@ -47,7 +47,7 @@ log = logging.getLogger(__name__)
 JOINT_FIT_DRAWS = 500
 # The stored draws of all targets together stay within this many bytes (m x draws x d x 8).
 JOINT_RESULT_BYTES = 8 * 1024 * 1024
-MIN_RESULT_DRAWS = 100
+MIN_RESULT_DRAWS = 1   # m x d near the limits (1024 x 512) leaves room for a few draws only
 # A process pool is used from this many targets on (below it, its start costs more).
 POOL_MIN_TARGETS = 24
 # Targets per task sent to a worker (fewer round trips; still balances the workers).
