@@ -740,7 +740,7 @@ def run(args) -> dict:
     rows = tuple(args.rows)
     runs = {}
     t0 = time.time()
-    for rep in range(args.repeats):
+    for rep in range(args.first_repeat, args.first_repeat + args.repeats):
         cell = repeat_cell(panel, rep, args.seed, max(args.n))
         public_scores = None
         for n in sorted(args.n, reverse=True):
@@ -795,6 +795,8 @@ def main(argv=None) -> int:
                     "joint releases always carry all 262")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--n", type=int, nargs="+", default=[700, 300])
+    ap.add_argument("--first-repeat", type=int, default=0, help="repeats first-repeat .. "
+                    "first-repeat + repeats - 1 (to extend a run)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--y-bound", type=float, default=DEFAULT_Y_BOUND)
     ap.add_argument("--choose-y-bound", action="store_true",
