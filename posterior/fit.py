@@ -495,7 +495,8 @@ def _hmc_draws(h, d, draws, rng):
 def _surrogate_hmc_attempt(env_fit, fb, draws, rng, diag):
     """Attempt 0b, when attempt 0's importance sample fails its checks: HMC whose leapfrog
     follows the envelope's gradient and whose Metropolis step uses the exact density
-    (``posterior.hmc``, ``exact=``), preconditioned by the nested proposal's covariance.
+    (``posterior.hmc``, ``exact=``), preconditioned by the nested proposal's covariance and
+    started from its draws resampled by their weights (``EnvelopeImportance.starts``).
     Draws of u, or None (attempts 1-4 then run) when its chains do not agree."""
     lap, fgb_env, starts = env_fit
     sub = {}
