@@ -20,7 +20,8 @@ x_bound = 1, x_norm_bound = 1). Responses standardised per drug by the public li
 in those units; y_bound chosen on synthetic panels (``--choose-y-bound``; never on test lines).
 
 Rows (all per-patient privacy, add/remove; the ``ROWS`` table): the joint Gaussian release of
-all 262 drugs at (eps 10, delta 1e-6), K = 1 and K = 10 independent sites; the joint Laplace
+all 262 drugs at (eps 10, delta 1e-6), K = 1, K = 10 independent sites and K = 10 secure
+(Skellam shares, ``secure_sum``); the joint Laplace
 release at pure eps 10; one drug per round at eps 10/262 (Laplace, 262 rounds compose to 10);
 per-drug Gaussian rounds (mu = mu(10, 1e-6) / sqrt(262) each: 262 GDP rounds compose to mu);
 one drug in one Laplace round at eps 2 (today's single-drug headline mechanism) and the same drug
@@ -42,7 +43,10 @@ test lines and its sampling variance (the held-out estimate's own error is added
 calibrated posterior covers ~90 %).
 
 Randomness: release noise from OpenDP / the site's samplers (CSPRNG, not seedable); fit seeds
-and the splits from ``--seed``. Progress on stderr.
+and the splits from ``--seed``. Progress on stderr. ``--no-nuts``: a refused noise-aware fit is
+counted and scored as beta = 0 instead of falling back to NUTS (minutes of PyMC compilation on
+a loaded machine); the docs' runs use it (refusals only in the near-public-only Laplace rows).
+Quick mode: ``--drugs 5 --repeats 1 --n 700`` (~6 s; tests/test_joint_study.py runs 10 drugs).
 """
 
 from __future__ import annotations
