@@ -314,6 +314,19 @@ class SecureSite:
         except (NonFiniteRow, ValueError) as exc:   # not reached: such rows were left out
             log.error("refused round %s: pre-processing or statistics failed: %s", rid, exc)
             return self._refuse(spec, spec_digest, RELEASE_FAILED)
+        charge = float(spec.epsilon)
+        return self._mask_and_record(
+            state, notice, stats, neighbouring, selection.charge(charge),
+            f"released round {rid} (secure, masked; {neighbouring}): epsilon={charge:g}")
+
+    def _mask_and_record(self, state: _SecureState, notice: pb.PhaseNotice, stats,
+                         neighbouring: str, charged: dict, released: str) -> pb.SignedEnvelope:
+        """The tail every secure release shares: encode the exact statistics, add this site's
+        1/T noise share, mask; sign the Contribution; debit and store it in one ledger
+        transaction (``charged``: the ledger's per-patient keywords, or {}); log ``released``
+        and return the envelope (a retry: the stored one; a refusal if the ledger refuses)."""
+        node, spec, spec_digest = self.node, state.spec, state.spec_digest
+        rid = spec.round_id
         calibration = state.secure.calibration
         try:
             encoded = calibration.encode_exact(stats)
@@ -334,15 +347,13 @@ class SecureSite:
         try:
             result = node.ledger.record_release(round_id=rid, spec_digest=spec_digest,
                                                 epsilon=charge, n=0, envelope=signed,
-                                                neighbouring=neighbouring,
-                                                **selection.charge(charge))
+                                                neighbouring=neighbouring, **charged)
         except (BudgetExhausted, RoundConflict) as exc:
             return self._refuse(spec, spec_digest, str(exc))
         state.answered["release"] = b""
         if not result.fresh:
             return node.fresh_envelope(result.release)
-        log.info("released round %s (secure, masked; %s): epsilon=%g, %s",
-                 rid, neighbouring, charge, node.ledger.budget_text())
+        log.info("%s, %s", released, node.ledger.budget_text())
         return result.release.envelope
 
     def _release_joint(self, state: _SecureState, notice: pb.PhaseNotice) -> pb.SignedEnvelope:
@@ -392,39 +403,15 @@ class SecureSite:
         except (NonFiniteRow, ValueError, SecAggError) as exc:   # not reached: rows left out
             log.error("refused round %s: pre-processing or statistics failed: %s", rid, exc)
             return self._refuse(spec, spec_digest, RELEASE_FAILED)
-        try:
-            encoded = calibration.encode_exact(stats)
-            vector = calibration.release_exact(stats)   # + this site's 1/T noise share
-            if self.on_release is not None:
-                self.on_release(rid, encoded, vector)
-            masked = state.session.masked_input(notice.body, vector)
-        except SecAggError as exc:
-            return self._refuse(spec, spec_digest, f"secure aggregation: {type(exc).__name__}: "
-                                                   f"{exc}")
         charge = float(spec.epsilon)
-        contribution = pb.Contribution(
-            round_id=rid, site_id=node.site_id, masked=masked.to_bytes(),
-            epsilon_spent=charge, spec_digest=spec_digest, timestamp_unix_ms=now_ms(),
-            nonce=new_nonce(), noise=noise_to_proto(state.secure.share_noise()))
-        signed = node.signing_key.sign(contribution)
         per_patient = selection.charge(charge)
         if per_patient:
             per_patient["event"] = event
-        try:
-            result = node.ledger.record_release(round_id=rid, spec_digest=spec_digest,
-                                                epsilon=charge, n=0, envelope=signed,
-                                                neighbouring="add_remove",
-                                                **(per_patient or {"event": event}))
-        except (BudgetExhausted, RoundConflict) as exc:
-            return self._refuse(spec, spec_digest, str(exc))
-        state.answered["release"] = b""
-        if not result.fresh:
-            return node.fresh_envelope(result.release)
-        log.info("released joint round %s (secure, masked, %s, %d targets): epsilon=%g%s, %s",
-                 rid, calibration.mechanism, len(spec.targets), charge,
-                 f" at delta {spec.delta:g}" if calibration.mechanism == "gaussian" else "",
-                 node.ledger.budget_text())
-        return result.release.envelope
+        at_delta = f" at delta {spec.delta:g}" if calibration.mechanism == "gaussian" else ""
+        return self._mask_and_record(
+            state, notice, stats, "add_remove", per_patient or {"event": event},
+            f"released joint round {rid} (secure, masked, {calibration.mechanism}, "
+            f"{len(spec.targets)} targets): epsilon={charge:g}{at_delta}")
 
 
 def joint_exact_clipped_statistics(x, y, x_bound: float, y_bound: float,
