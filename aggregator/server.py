@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import sys
 import threading
 from concurrent import futures
 from pathlib import Path
@@ -168,6 +169,12 @@ class AggregatorServer:
         self.store.close()
         if self.audit is not None:
             self.audit.close()      # what was queued is committed first
+        # The joint fit's process pool (its fork server and workers) ends with the server:
+        # `dpfed aggregator serve` leaves by os._exit (dpfed_apps.cli.exit_at_once), which
+        # skips the pool's atexit handler, and they would outlive it as orphans.
+        joint_fit = sys.modules.get("aggregator.joint_fit")
+        if joint_fit is not None:
+            joint_fit.shutdown_pool()
         self.server = None
         log.info("aggregator stopped")
 

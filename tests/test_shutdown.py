@@ -182,3 +182,55 @@ def test_site_sigterm_mid_contribute_records_the_ack_and_exits_0(tmp_path):
         assert release.acknowledged                      # the reply was recorded before exit
         assert ledger.spent == pytest.approx(EPSILON)
         assert ledger.unacknowledged() == []
+
+
+_POOL_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+if __name__ == "__main__":
+    from aggregator import joint_fit
+    from aggregator.config import config_from_dict
+    from aggregator.server import AggregatorServer
+    here = Path(sys.argv[1])
+    agg = AggregatorServer(config_from_dict({"listen": "127.0.0.1:0", "state_db": "agg.sqlite",
+                                             "insecure": True, "sites": [],
+                                             "coordinators": []}, here))
+    agg.start()
+    pool = joint_fit._executor(2)
+    list(pool.map(abs, range(4)))          # the fork server and both workers are up
+    print(os.getpid(), flush=True)
+    agg.stop()
+    os._exit(0)                            # as `dpfed aggregator serve` leaves
+"""
+
+
+def _processes_naming(text: str) -> list[int]:
+    import os
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                if text.encode() in fh.read():
+                    found.append(int(pid))
+        except (OSError, ValueError):
+            continue
+    return found
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc"), reason="needs /proc")
+def test_a_stopped_aggregator_leaves_no_joint_fit_process(tmp_path):
+    """The joint fit's process pool (fork server + workers) ends with AggregatorServer.stop,
+    even when the process then leaves by os._exit (which skips atexit): no process started by
+    it is left behind as an orphan."""
+    import sys
+    script = tmp_path / "pool_then_exit.py"
+    script.write_text(_POOL_SCRIPT)
+    # Output to a file, not a pipe: an orphan would hold a pipe open and make run() wait.
+    with open(tmp_path / "out.txt", "w") as out:
+        done = subprocess.run([sys.executable, str(script), str(tmp_path)], cwd=tmp_path,
+                              stdout=out, stderr=subprocess.STDOUT, timeout=300)
+    assert done.returncode == 0, (tmp_path / "out.txt").read_text()[-2000:]
+    end = time.monotonic() + 10
+    while _processes_naming(str(tmp_path)) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert _processes_naming(str(tmp_path)) == []
