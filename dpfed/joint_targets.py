@@ -30,12 +30,8 @@ values, and its noise description is the joint one with three changes:
    r R_xx over the upper entries (post-processing of released values).
 
 The noise-aware posterior (method.md section 8) models its design noise by one variance per
-upper entry. Term 3 (and 1) is *classical* error (the value r R_xx varies around the truth),
-which the posterior combines with the design prior; term 2 is *Berkson* error (the truth
-Sxx_j varies around r Sxx, given the population of rows): it widens the intervals by what the
-missing responses cost but must not pull the design towards the prior, so it is a ``subset``
-term (``dpfed.noise.BERKSON_LAWS``), added to the design's posterior variance after the
-precision weighting (``posterior.noise_aware.noise_aware_inputs``). With every response present (r = 1) terms 2 and 3 vanish and
+upper entry, so terms 2 and 3 enter it exactly like release noise: they widen the intervals by
+what the missing responses cost. With every response present (r = 1) terms 2 and 3 vanish and
 the view is the single-target release. Everything used is public or released.
 ``tests/test_joint_targets.py`` simulates MCAR subsets and checks the stated variance.
 """
@@ -96,8 +92,7 @@ def target_statistics(joint: JointStatistics, j: int, *, x_bound: float,
     subset_var = n_j * (1.0 - r) * subset_variance_bound(d, x_bound, x_norm_bound,
                                                          second_moments)
     if subset_var > 0:
-        # Berkson: the subset's design varies around r Sxx (dpfed.noise BERKSON_LAWS).
-        extra.append(NoiseTerm("subset", math.sqrt(subset_var)))
+        extra.append(NoiseTerm("gaussian", math.sqrt(subset_var)))
     v_n = base.variance("n")
     if v_n > 0 and r > 0:
         cv2 = v_n / max(n_j, 1) ** 2 + v_n / max(n_x, 1) ** 2

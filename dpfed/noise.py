@@ -43,13 +43,7 @@ __all__ = ["NoiseTerm", "NoiseDescription", "EXACT", "LAWS", "GRID_LAWS", "PARTS
 #: secure Gaussian-mechanism round, dpfed.secagg.skellam; Agarwal, Kairouz & Liu, NeurIPS 2021):
 #: ``scale`` is the sd of ONE full draw in the statistic's units, sqrt(2 lam) g, so one full
 #: draw's variance is scale^2 = 2 lam g^2 exactly; shares (``share`` = T) carry 1/T of it each.
-#: ``subset``: not noise added to the value but a *Berkson* term: the truth varies around the
-#: value with sd ``scale`` (normal), e.g. the design of the rows with one response around its
-#: share r Sxx of the joint release's design (dpfed.joint_targets; never declared by a site).
-#: It adds to the posterior's uncertainty about the truth but must not pull the value towards
-#: a prior (posterior.noise_aware treats it so): ``NoiseDescription.berkson_variance``.
-LAWS = ("laplace", "discrete_laplace", "gaussian", "skellam", "subset")
-BERKSON_LAWS = ("subset",)
+LAWS = ("laplace", "discrete_laplace", "gaussian", "skellam")
 #: Laws on a grid (``NoiseTerm.grid`` > 0) and laws whose draw may be split into T shares.
 GRID_LAWS = ("discrete_laplace", "skellam")
 PARTS = ("xtx", "xty", "yty", "n")
@@ -104,7 +98,7 @@ class NoiseTerm:
         """Variance of the term's total noise in one coordinate (all its draws)."""
         if self.law == "laplace":
             one = 2.0 * self.scale ** 2
-        elif self.law in ("gaussian", "skellam", "subset"):
+        elif self.law in ("gaussian", "skellam"):
             # skellam: scale is the sd of one full draw, sqrt(2 lam) * grid (LAWS)
             one = self.scale ** 2
         else:
@@ -190,13 +184,6 @@ class NoiseDescription:
         if part not in PARTS:
             raise NoiseError(f"unknown part {part!r}")
         return float(sum(t.variance() for t in getattr(self, part)))
-
-    def berkson_variance(self, part: str) -> float:
-        """The part of ``variance(part)`` that is Berkson (``BERKSON_LAWS``): variation of the
-        truth around the value, not of the value around the truth."""
-        if part not in PARTS:
-            raise NoiseError(f"unknown part {part!r}")
-        return float(sum(t.variance() for t in getattr(self, part) if t.law in BERKSON_LAWS))
 
     def variances(self) -> dict[str, float]:
         return {p: self.variance(p) for p in PARTS}

@@ -201,19 +201,12 @@ def noise_aware_inputs(stats: Statistics, public: Statistics | None = None,
     else:
         rxx, rxy, ryy, n = np.array(stats.xtx), np.array(stats.xty), float(stats.yty), \
             float(stats.n)
-    # Classical noise (the release's) is weighed against the design prior; Berkson variance
-    # (dpfed.noise BERKSON_LAWS: a subset's design around its share of the released one,
-    # dpfed.joint_targets) is the truth's spread around the value: added afterwards.
-    v_berkson = stats.noise.berkson_variance("xtx")
-    v_classical = v["xtx"] - v_berkson
-    if v_classical > 0:
-        w = va / (va + v_classical)
+    if v["xtx"] > 0:
+        w = va / (va + v["xtx"])
         a_post = w * rxx + (1 - w) * a0
-        v_post = float(np.mean((va * v_classical / (va + v_classical))
-                               [np.triu_indices(stats.dim)]))
+        v_post = float(np.mean((va * v["xtx"] / (va + v["xtx"]))[np.triu_indices(stats.dim)]))
     else:
         a_post, v_post = rxx, 0.0
-    v_post += v_berkson
     a_post = 0.5 * (a_post + a_post.T)
     pub = (np.array(public.xtx), np.array(public.xty), float(public.yty), float(public.n)) \
         if has_public else (None, None, 0.0, 0.0)

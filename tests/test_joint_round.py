@@ -20,6 +20,10 @@ from dpfed.noise import to_proto
 from dpfed.v1 import dpfed_pb2 as pb
 
 TARGETS = ["d1", "d2", "d3"]
+# The split these rounds were written for: Sxx a 0.30 share (the default gives it 0.05, tuned
+# for 262 targets; at m = 3 with By = 3 that leaves the design noisy enough for the noise-aware
+# fit to refuse a target now and then, which the test of a refused target counts on not to happen).
+SPLIT = (0.30, 0.60, 0.05, 0.05)
 BETA = np.array([[1.0, -0.5, 0.25], [0.0, 0.8, -0.4], [-0.6, 0.0, 0.9]])   # d x m
 
 
@@ -34,7 +38,7 @@ def _joint_spec(federation, round_id, *, mechanism="gaussian", epsilon=1.0, publ
     targets = [pb.TargetSpec(name=t, y_mean=0.0, y_scale=1.0) for t in TARGETS]
     spec = federation.spec(round_id, target="", targets=targets, mechanism=mechanism,
                            delta=1e-6 if mechanism == "gaussian" else 0.0, epsilon=epsilon,
-                           x_bound=1.0, y_bound=3.0, budget_split=list(JOINT_DEFAULT_SPLIT),
+                           x_bound=1.0, y_bound=3.0, budget_split=list(SPLIT),
                            fit_method="auto", fit_draws=1000, fit_seed=3, **kw)
     if public is not None:
         spec.public_statistics = public.to_bytes()
@@ -62,9 +66,9 @@ def test_joint_contributions_that_differ_from_the_spec_are_rejected(federation):
     x, y = _data(1, 50)
     stats = joint_exact_statistics(x, y, 1.0, 3.0)      # values only: the law is declared
     laplace = joint_calibration(3, 3, mechanism="laplace", epsilon=1.0, x_bound=1.0,
-                                y_bound=3.0, budget_split=JOINT_DEFAULT_SPLIT)
+                                y_bound=3.0, budget_split=SPLIT)
     two = joint_calibration(3, 2, mechanism="gaussian", epsilon=1.0, delta=1e-6, x_bound=1.0,
-                            y_bound=3.0, budget_split=JOINT_DEFAULT_SPLIT)
+                            y_bound=3.0, budget_split=SPLIT)
     fewer = joint_exact_statistics(x, y[:, :2], 1.0, 3.0)
     wider = joint_exact_statistics(np.hstack([x, x[:, :1]]), y, 1.0, 3.0)
     from dpfed.statistics import clipped_exact_statistics
@@ -195,7 +199,7 @@ def test_a_target_that_cannot_be_fitted_is_reported_and_the_round_is_done(federa
     result = federation.coordinator.result("j-2")
     summary = json.loads(result.summary_json)
     states = [e["status"] for e in summary["targets"]]
-    assert summary["fitted"] == 2 and states.count("failed") == 1
+    assert summary["fitted"] == 2 and states.count("failed") == 1, [e.get("error") for e in summary["targets"]]
     failed = summary["targets"][states.index("failed")]
     assert "ConvergenceError" in failed["error"] and "beta_mean" not in failed
     draws = np.frombuffer(result.beta_draws, dtype="<f8").reshape(3, result.draws, 3)
@@ -237,7 +241,7 @@ def test_independent_joint_round_of_real_site_nodes(tmp_path, mechanism):
                         targets=[pb.TargetSpec(name=t, y_mean=0.0, y_scale=1.0)
                                  for t in TARGETS],
                         mechanism=mechanism, delta=1e-5 if mechanism == "gaussian" else 0.0,
-                        budget_split=list(JOINT_DEFAULT_SPLIT), fit_method="auto",
+                        budget_split=list(SPLIT), fit_method="auto",
                         preprocessing=pb.Preprocessing(x_mean=[0.0] * 3, y_mean=0.0,
                                                        normalize_rows=False))
         coordinator.start_round(spec)

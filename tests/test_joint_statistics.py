@@ -203,24 +203,3 @@ def test_target_view_scales_the_design_and_adds_the_missing_response_terms():
     assert not exact.is_exact and exact.noise.variance("xty") == 0
     with pytest.raises(IndexError):
         target_statistics(j, 3, x_bound=1.0)
-
-
-def test_the_subset_term_is_berkson_in_the_noise_aware_inputs():
-    """The MCAR view's subset variance is the truth's spread around r Sxx (Berkson), not noise
-    on the value: the noise-aware inputs keep r Sxx as the design's centre (no pull towards
-    the design prior, which classical noise of the same variance gets) and add the variance."""
-    from posterior.noise_aware import noise_aware_inputs
-    x, y = _data(n=400, m=2, missing=0.0)
-    y[:100, 1] = np.nan
-    view = target_statistics(joint_exact_statistics(x, y, 1.0, 1.5), 1, x_bound=1.0)
-    v_subset = view.noise.berkson_variance("xtx")
-    assert v_subset > 0 and view.noise.variance("xtx") == pytest.approx(v_subset)
-    inp = noise_aware_inputs(view, None, x_bound=1.0)
-    np.testing.assert_array_equal(inp.rxx, view.xtx)
-    assert inp.v_xx == pytest.approx(v_subset)
-    from dpfed.noise import NoiseDescription, NoiseTerm
-    classical = view.with_noise(NoiseDescription(
-        (NoiseTerm("gaussian", view.noise.xtx[0].scale),), view.noise.xty, view.noise.yty,
-        view.noise.n))
-    pulled = noise_aware_inputs(classical, None, x_bound=1.0)
-    assert not np.allclose(pulled.rxx, view.xtx) and pulled.v_xx < v_subset
