@@ -334,7 +334,6 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
     credible intervals from the draws (dpfed.intervals: the level used everywhere in dpfed).
     JSON-ready by dpfed.jsonsafe's rule: NaN and infinities are None (null)."""
     ci = credible_interval(beta_draws, 0.9)              # the "beta_ci90" key
-    pre = spec.preprocessing
     return jsonable({
         "round_id": spec.round_id,
         "dim": len(spec.feature_names),
@@ -350,6 +349,16 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "feature_names": list(spec.feature_names),
         "target": spec.target,
         "diagnostics": diagnostics,
+        **round_fields(spec, round_s, fit_s),
+    })
+
+
+def round_fields(spec: pb.RoundSpec, round_s: float, fit_s: float) -> dict:
+    """The summary fields every round's result carries whatever it fitted (single-target
+    ``summarize`` and the joint round's summary): timings, pre-processing, public source,
+    bounds and fit method, all from the spec."""
+    pre = spec.preprocessing
+    return {
         "timings": {"round_s": round_s, "fit_s": fit_s},
         "preprocessing": {"x_mean": list(pre.x_mean), "y_mean": pre.y_mean,
                           "normalize_rows": pre.normalize_rows,
@@ -358,6 +367,6 @@ def summarize(*, spec: pb.RoundSpec, contributions: Sequence[tuple[str, int, flo
         "x_bound": spec.x_bound,
         "y_bound": spec.y_bound,
         "fit_method": spec.fit_method or "auto",
-    })
+    }
 
 

@@ -72,7 +72,6 @@ def fit_joint_round(spec: pb.RoundSpec, running, parts: list[tuple[str, Accepted
     entries, draws, keep = fit_joint(spec, private, skip_fit=skip_fit)
     fit_s = time.perf_counter() - t0
     cal = calibration(spec)
-    pre = spec.preprocessing
     fitted = sum(e.get("status") == "fitted" for e in entries)
     summary = jsonable({
         "round_id": spec.round_id,
@@ -95,14 +94,7 @@ def fit_joint_round(spec: pb.RoundSpec, running, parts: list[tuple[str, Accepted
         "targets": entries,
         "fit_draws_per_target": fit_draws(spec),
         "stored_draws_per_target": keep,
-        "timings": {"round_s": round_s, "fit_s": fit_s},
-        "preprocessing": {"x_mean": list(pre.x_mean), "y_mean": pre.y_mean,
-                          "normalize_rows": pre.normalize_rows,
-                          **({"x_scale": list(pre.x_scale)} if pre.x_scale else {})},
-        "public_source": spec.public_source,
-        "x_bound": spec.x_bound,
-        "y_bound": spec.y_bound,
-        "fit_method": spec.fit_method or "auto",
+        **aggregate.round_fields(spec, round_s, fit_s),
         "dropped": list(dropped),
         "aggregation": spec.aggregation or "independent",
         "phases": [{"phase": p, "started_unix_ms": t, "seconds": s or fit_s}
