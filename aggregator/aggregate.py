@@ -9,7 +9,6 @@ so a restart or a re-fit gives bit-identical input to the model.
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Sequence
 
 import numpy as np
@@ -22,98 +21,7 @@ from dpfed.statistics import (Statistics, StatisticsError, decode_header, encode
                               realisable)
 from dpfed.v1 import dpfed_pb2 as pb
 
-from aggregator.exact_sum import ExactSum, ExactSumError
-
-
-class RunningTotal:
-    """The exact sum of statistics of one dimension, updated one contribution at a time (the
-    round manager adds each accepted release as it arrives, so closing a round costs only the
-    last few). n is summed as an integer.
-
-    Releases are folded into the exact sum in blocks of ``BLOCK`` (ExactSum.add_rows): about
-    half the cost of adding them one by one, and the sum is the same either way.
-
-    Thread-safe, and built so the round manager's lock is never held while a block is folded
-    in: ``add_encoded`` only queues the release (under the manager's lock, so the total and
-    the accepted set change together), and ``fold`` does the arithmetic afterwards, outside
-    it. A fold takes milliseconds when the GIL is contended (its numpy steps release and
-    re-take it), and under the manager's lock every other contribution waited for it.
-    ``copy`` and ``total`` wait for a fold in progress, so they always see every release
-    queued before them."""
-
-    BLOCK = 16
-
-    def __init__(self, dim: int):
-        self.dim = int(dim)
-        self._values = ExactSum(self.dim * (self.dim + 1) // 2 + self.dim + 1)
-        self._pending: list[np.ndarray] = []
-        self.n = 0
-        # Lock order: _folding, then _queue. add_encoded takes only _queue, so it never waits
-        # for a fold's arithmetic, which runs holding _folding alone.
-        self._folding = threading.Lock()     # guards _values
-        self._queue = threading.Lock()       # guards _pending and n
-
-    def add_encoded(self, data: bytes) -> None:
-        """Queue one encoding (checked like ``encoded_n``: header, dimension, finite values)
-        for the next ``fold``."""
-        d, n = decode_header(data)
-        if d != self.dim:
-            raise StatisticsError(f"statistics have dimension {d}, the sum has {self.dim}")
-        values = encoded_values(data)
-        if not np.isfinite(values).all():
-            raise StatisticsError("statistics contain NaN or infinite values")
-        with self._queue:
-            self._pending.append(values)
-            self.n += n
-
-    def fold(self, minimum: int = BLOCK) -> None:
-        """Add the queued releases to the exact sum if at least ``minimum`` are waiting and
-        no other thread is folding (that one, a later fold or ``total`` takes them: nobody
-        on the request path waits for another's arithmetic)."""
-        if not self._folding.acquire(blocking=False):
-            return
-        try:
-            with self._queue:
-                if not self._pending or len(self._pending) < minimum:
-                    return
-                rows, self._pending = self._pending, []
-            self._values.add_rows(np.stack(rows))   # checked finite when queued
-        finally:
-            self._folding.release()
-
-    def add_rows(self, rows: np.ndarray, n: int) -> None:
-        """Add many ``Statistics.upper_values`` vectors at once, with their total n."""
-        with self._folding:
-            try:
-                self._values.add_rows(rows)
-            except ExactSumError as exc:
-                raise StatisticsError(str(exc)) from None
-            with self._queue:
-                self.n += int(n)
-
-    def copy(self) -> "RunningTotal":
-        twin = RunningTotal(self.dim)
-        with self._folding, self._queue:
-            twin._values, twin._pending, twin.n = self._values.copy(), list(self._pending), self.n
-        return twin
-
-    @property
-    def count(self) -> int:
-        with self._folding, self._queue:
-            return self._values.count + len(self._pending)
-
-    def total(self, noise=None) -> Statistics:
-        """The correctly rounded sum of everything added so far, carrying ``noise`` (the
-        dpfed.noise description of the sum; None = unknown, the caller knows what was added)."""
-        with self._folding:
-            with self._queue:
-                rows, self._pending, n = self._pending, [], self.n
-            try:
-                if rows:
-                    self._values.add_rows(np.stack(rows))
-                return Statistics.from_upper(self.dim, n, self._values.result(), noise)
-            except ExactSumError as exc:
-                raise StatisticsError(str(exc)) from None
+from aggregator.running_total import RunningTotal  # noqa: F401 - the sum's home; re-exported
 
 
 def running_total(spec: pb.RoundSpec):

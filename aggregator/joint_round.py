@@ -19,14 +19,13 @@ method.md section 3): every release is folded in as its JointStatistics.to_vecto
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 
 from dpfed import noise as dpnoise
 from dpfed.v1 import dpfed_pb2 as pb
 
-from aggregator.exact_sum import ExactSum, ExactSumError
+from aggregator.running_total import RunningTotal
 
 # At most this many targets in one round: 262 GDSC drugs fit with room to spare; the joint
 # vector of d = 512 features and 1024 targets is ~1.2 MB, inside the 4 MB payload limit.
@@ -166,88 +165,32 @@ def decode_release(data: bytes, dim: int, targets: int):
     return stats
 
 
-class JointRunningTotal:
-    """The exact sum of a joint round's releases (the twin of aggregator.aggregate.
-    RunningTotal, same thread-safety contract: ``add_encoded`` only queues, ``fold`` does the
-    arithmetic outside the round manager's lock, ``copy`` and ``total`` see every release
-    queued before them). Counts are summed exactly as the vector's entries (integers far
-    below 2^53)."""
+class JointRunningTotal(RunningTotal):
+    """The exact sum of a joint round's releases: aggregator.aggregate.RunningTotal (same
+    thread-safety contract) over the joint vector (``JointStatistics.to_vector``); ``n`` is
+    the sum of the contributions' n_x. Counts are summed exactly as the vector's entries
+    (integers far below 2^53) and the total is a JointStatistics."""
 
-    BLOCK = 16
+    error = JointRoundError
 
     def __init__(self, dim: int, targets: int):
         from dpfed.joint_sensitivity import JointLayout
-        self.dim, self.targets = int(dim), int(targets)
-        self.size = JointLayout(self.dim, self.targets, include_n=True).size
-        self._values = ExactSum(self.size)
-        self._pending: list[np.ndarray] = []
-        self.n = 0          # sum of the contributions' n_x
-        self._folding = threading.Lock()
-        self._queue = threading.Lock()
+        self.targets = int(targets)
+        super().__init__(dim, JointLayout(int(dim), self.targets, include_n=True).size)
 
-    def add_encoded(self, data: bytes) -> None:
-        """Queue one joint release (checked by ``decode_release``) for the next ``fold``."""
+    def _decode(self, data: bytes) -> tuple[np.ndarray, int]:
+        """One joint release (checked by ``decode_release``) as its vector and n_x."""
         stats = decode_release(data, self.dim, self.targets)
-        vector = np.asarray(stats.to_vector(), dtype=np.float64)
-        if not np.isfinite(vector).all():
-            raise JointRoundError("statistics contain NaN or infinite values")
-        with self._queue:
-            self._pending.append(vector)
-            self.n += int(stats.n_x)
+        return np.asarray(stats.to_vector(), dtype=np.float64), int(stats.n_x)
 
-    def fold(self, minimum: int = BLOCK) -> None:
-        if not self._folding.acquire(blocking=False):
-            return
-        try:
-            with self._queue:
-                if not self._pending or len(self._pending) < minimum:
-                    return
-                rows, self._pending = self._pending, []
-            self._values.add_rows(np.stack(rows))
-        finally:
-            self._folding.release()
-
-    def add_rows(self, rows: np.ndarray, n: int) -> None:
-        """Add many to_vector layouts at once (rows x size), with their total n_x (a secure
-        round's unmasked sum comes in this way)."""
-        rows = np.asarray(rows, dtype=np.float64)
-        if rows.ndim != 2 or rows.shape[1] != self.size:
-            raise JointRoundError(f"joint rows must have {self.size} entries")
-        with self._folding:
-            try:
-                self._values.add_rows(rows)
-            except ExactSumError as exc:
-                raise JointRoundError(str(exc)) from None
-            with self._queue:
-                self.n += int(n)
-
-    def copy(self) -> "JointRunningTotal":
-        twin = JointRunningTotal(self.dim, self.targets)
-        with self._folding, self._queue:
-            twin._values, twin._pending, twin.n = self._values.copy(), list(self._pending), self.n
-        return twin
-
-    @property
-    def count(self) -> int:
-        with self._folding, self._queue:
-            return self._values.count + len(self._pending)
-
-    def total(self, noise=None):
-        """The correctly rounded sum as a JointStatistics carrying ``noise`` (the sum's
-        description; None = unknown). Counts are rounded to integers (they are sums of
-        integers: exact)."""
+    def _result(self, values: np.ndarray, n: int, noise):
+        """Counts rounded to integers (they are sums of integers: exact)."""
         from dpfed.joint_statistics import JointStatistics
-        with self._folding:
-            with self._queue:
-                rows, self._pending = self._pending, []
-            try:
-                if rows:
-                    self._values.add_rows(np.stack(rows))
-                vector = self._values.result()
-            except ExactSumError as exc:
-                raise JointRoundError(str(exc)) from None
         return JointStatistics.from_vector(self.dim, self.targets, _integral_counts(
-            vector, self.dim, self.targets), noise=noise)
+            values, self.dim, self.targets), noise=noise)
+
+    def _empty(self) -> "JointRunningTotal":
+        return JointRunningTotal(self.dim, self.targets)
 
 
 def _integral_counts(vector: np.ndarray, d: int, m: int) -> np.ndarray:
