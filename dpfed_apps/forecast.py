@@ -20,6 +20,20 @@ protect nothing; never use this module to release anything). What the forecast a
 modest R^2): on data that break those assumptions the forecast is off by that much
 (docs/evaluation.md, "Forecast vs realised", measures it on GDSC).
 
+**Gaussian and joint rounds** (issue 23 part 3; method.md section 13). ``Mechanism(...,
+mechanism="gaussian", delta=..., targets=M, response_rate=r)`` forecasts ONE representative
+target of a joint release of M targets (M = 1: a single-target Gaussian round, which the
+product runs as a joint round of one target). Its noise is the product's own calibration,
+``dpfed.joint_noise.joint_calibration(d, M, ...)`` (the one the site and the aggregator use;
+no second formula): per coordinate the Sxy / Syy / count noise of M targets (Gaussian: L2
+sensitivity, sd ~ sqrt(M)), the Sxx noise of the shared matrix (independent of M). Rows lack
+the target's response MCAR with probability 1 - r; the fit sees what a round's fit sees,
+``dpfed.joint_targets.target_statistics`` of the simulated release (r Sxx with the MCAR subset
+and count-ratio terms in its noise description) plus the target's exact public statistics.
+The gain is per target; the round's (eps, delta) is paid once for all M targets. A secure
+joint round is forecast as one central draw on the sum (its Skellam noise has 1.13-1.20 x
+that variance, ``dpfed.secagg.joint_calibration``: the forecast is slightly optimistic there).
+
 No aggregator import at module import time (``posterior_fit`` imports it when called).
 """
 
@@ -68,18 +82,33 @@ DEFAULT_RIDGE_C = 8.0
 
 @dataclass(frozen=True)
 class NoiseScales:
-    """Laplace scales of one site's release (per coordinate) and the number of independent
-    draws the summed statistics carry (K independent site releases)."""
+    """Scales of one site's release (per coordinate: Laplace b, or the Gaussian sd when
+    ``law`` is "gaussian") and the number of independent draws the summed statistics carry
+    (K independent site releases). Joint rounds also carry, per simulated draw, the noise
+    description of the target's view (``views``; what the round's fit is given) and the mean
+    sd of the view's Sxx noise (``view_xtx_sd``: release noise times r plus the MCAR terms)."""
 
     xtx: float
     xty: float
     yty: float
     n: float | None
     draws: int = 1
+    law: str = "laplace"
+    views: tuple = ()
+    view_xtx_sd: float | None = None
+
+    def sd(self, part: str) -> float:
+        """sd of one coordinate's total release noise in ``part``: sqrt(2 K) b (Laplace) or
+        sqrt(K) sigma (Gaussian); 0 for a count released without noise."""
+        scale = getattr(self, part)
+        if scale is None:
+            return 0.0
+        return math.sqrt((2.0 if self.law == "laplace" else 1.0) * self.draws) * scale
 
     def xtx_sd(self) -> float:
-        """sd of one Sxx entry's total noise: sqrt(2 K) b_xx."""
-        return math.sqrt(2.0 * self.draws) * self.xtx
+        """sd of one Sxx entry's noise as the fit sees it: sqrt(2 K) b_xx (Laplace), sqrt(K)
+        sigma_xx (Gaussian), or the joint view's (``view_xtx_sd``)."""
+        return self.view_xtx_sd if self.view_xtx_sd is not None else self.sd("xtx")
 
 
 @dataclass(frozen=True)
@@ -93,8 +122,61 @@ class Mechanism:
     neighbouring: str = "add_remove"
     xtx_sensitivity: str = "exact"
     x_norm_bound: float | None = None   # row-norm bound R (rows projected into the L2 ball)
+    #: "laplace" or "gaussian" (issue 23); delta > 0 for gaussian, 0 for laplace.
+    mechanism: str = "laplace"
+    delta: float = 0.0
+    #: 0: today's single-target release (site_node.release). M >= 1: a joint release of M
+    #: targets (dpfed.joint_noise), forecast for one of them; gaussian needs M >= 1.
+    targets: int = 0
+    #: Share of rows that have the forecast target's response (MCAR; joint releases only).
+    response_rate: float = 1.0
+
+    def __post_init__(self):
+        from dpfed.joint_noise import GAUSSIAN, mechanism_of
+
+        mech = mechanism_of(self.mechanism)
+        if isinstance(self.targets, bool) or not isinstance(self.targets, (int, np.integer)) \
+                or self.targets < 0:
+            raise ValueError("targets must be an integer >= 0")
+        if mech == GAUSSIAN and self.targets < 1:
+            raise ValueError("a gaussian release is a joint release: targets must be >= 1")
+        if mech == GAUSSIAN and not 0.0 < float(self.delta) < 1.0:
+            raise ValueError("the gaussian mechanism needs 0 < delta < 1")
+        if mech != GAUSSIAN and float(self.delta) != 0.0:
+            raise ValueError("delta is for the gaussian mechanism only (laplace is pure "
+                             "epsilon-DP)")
+        if self.targets >= 1:
+            if self.neighbouring != "add_remove":
+                raise ValueError("a joint release (targets) releases every count with noise: "
+                                 "neighbouring must be add_remove")
+            if self.xtx_sensitivity != "exact":
+                raise ValueError("a joint release uses the exact Sxx sensitivity")
+        r = float(self.response_rate)
+        if not (math.isfinite(r) and 0.0 < r <= 1.0):
+            raise ValueError("response_rate must be in (0, 1]")
+        if r < 1.0 and self.targets < 1:
+            raise ValueError("a response rate below 1 needs a joint release (targets >= 1)")
+
+    @property
+    def joint(self) -> bool:
+        return self.targets >= 1
+
+    def calibration(self, d: int):
+        """The product's calibration of this joint release (``dpfed.joint_noise.
+        joint_calibration``: what the site draws and the aggregator expects)."""
+        from dpfed.joint_noise import joint_calibration
+
+        return joint_calibration(d, int(self.targets), mechanism=self.mechanism,
+                                 epsilon=self.epsilon, delta=self.delta,
+                                 x_bound=self.x_bound, y_bound=self.y_bound,
+                                 budget_split=tuple(self.budget_split),
+                                 x_norm_bound=self.x_norm_bound)
 
     def scales(self, d: int, draws: int = 1) -> NoiseScales:
+        if self.joint:
+            cal = self.calibration(d)
+            return NoiseScales(cal.scales["xtx"], cal.scales["xty"], cal.scales["yty"],
+                               cal.scales["n"], draws, law=cal.mechanism)
         if self.x_norm_bound is not None:
             from dpfed.sensitivity import noise_calibration
 
@@ -159,9 +241,11 @@ def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0,
     if on_refusal == "skip":
         kwargs["fallback"] = None
 
-    def _noise(noise: NoiseScales | None):
+    def _noise(noise: NoiseScales | None, b: int):
         from dpfed.noise import EXACT, NoiseDescription
 
+        if noise is not None and noise.views:
+            return noise.views[b]          # a joint round: the target's view's description
         return EXACT if noise is None else NoiseDescription.single(
             "laplace", xtx=noise.xtx, xty=noise.xty, yty=noise.yty, n=noise.n,
             draws=noise.draws)
@@ -172,7 +256,7 @@ def posterior_fit(method: str = "auto", *, draws: int = 1000, seed: int = 0,
 
         out = []
         for b in range(sxx.shape[0]):
-            stats = _statistics(sxx[b], sxy[b], syy[b], n[b], _noise(noise))
+            stats = _statistics(sxx[b], sxy[b], syy[b], n[b], _noise(noise, b))
             try:
                 post = fit_posterior(stats, method=method, public=public, x_bound=x_bound,
                                      y_unit=y_unit, draws=draws, seed=seed, **kwargs)
@@ -219,10 +303,14 @@ def _symmetric_noise(rng, shape, d):
 
 
 def simulate_release(rng: np.random.Generator, sites: Sequence[tuple[np.ndarray, np.ndarray]],
-                     mech: Mechanism, n_noise: int):
+                     mech: Mechanism, n_noise: int, *, second_moments=None):
     """``n_noise`` draws of the sum of the K sites' releases (clip, statistics, independent
     Laplace noise per site with the mechanism's scales; numpy noise: synthetic evaluation only).
-    Returns (sxx (N,d,d), sxy (N,d), syy (N,), n (N,), NoiseScales with draws = K)."""
+    Returns (sxx (N,d,d), sxy (N,d), syy (N,), n (N,), NoiseScales with draws = K).
+    A joint ``mech`` (targets >= 1): ``simulate_joint_view`` (``second_moments``: the public
+    rows' second moments, as the aggregator passes them)."""
+    if mech.joint:
+        return simulate_joint_view(rng, sites, mech, n_noise, second_moments=second_moments)
     d = sites[0][0].shape[1]
     k = len(sites)
     sc = mech.scales(d, draws=k)
@@ -245,6 +333,78 @@ def simulate_release(rng: np.random.Generator, sites: Sequence[tuple[np.ndarray,
             n_total + (sc.n or 0.0) * e_n, sc)
 
 
+def simulate_joint_view(rng: np.random.Generator, sites: Sequence[tuple[np.ndarray, np.ndarray]],
+                        mech: Mechanism, n_noise: int, *, second_moments=None):
+    """``n_noise`` draws of what the fit of ONE target of a joint round of ``mech.targets``
+    targets sees (module docstring). Each row has the target's response with probability
+    ``mech.response_rate`` (MCAR, drawn once per call: a property of the rows, not of the
+    noise); per site the exact clipped Sxx over every row, Sxy, Syy and n_j over the rows with
+    the response, n_x; noise per part with the scales of ``mech.calibration`` (Gaussian or
+    Laplace; counts rounded, as the site's counts are integers; numpy noise: a forecast
+    releases nothing), K independent draws summed; then
+    ``dpfed.joint_targets.target_statistics`` of the sum, with the noise description the
+    aggregator would hold (the calibration's, K draws) and the public ``second_moments``.
+    Returns (sxx (N,d,d), sxy (N,d), syy (N,), n (N,), NoiseScales with the views)."""
+    from dpfed.joint_statistics import JointStatistics
+    from dpfed.joint_targets import target_statistics
+
+    d = sites[0][0].shape[1]
+    k = len(sites)
+    cal = mech.calibration(d)
+    gaussian = cal.mechanism == "gaussian"
+    iu = np.triu_indices(d)
+    up = np.zeros(iu[0].size)
+    sxy = np.zeros(d)
+    syy = 0.0
+    n_x = n_j = 0
+    for x, y in sites:
+        xc = mech.clip_rows(x)
+        yc = np.clip(y, -mech.y_bound, mech.y_bound)
+        has = rng.random(len(y)) < mech.response_rate
+        up += (xc.T @ xc)[iu]
+        sxy += xc[has].T @ yc[has]
+        syy += float(yc[has] @ yc[has])
+        n_x += len(y)
+        n_j += int(has.sum())
+
+    def draws(part, shape):
+        """K independent draws of the part's noise, summed (per coordinate)."""
+        scale = cal.scales[part]
+        if gaussian:
+            e = rng.standard_normal((k,) + shape) * scale
+        else:
+            e = rng.laplace(size=(k,) + shape) * scale
+        return np.rint(e).sum(axis=0) if part == "n" else e.sum(axis=0)
+
+    e_xx = draws("xtx", (n_noise, iu[0].size))
+    e_xy = draws("xty", (n_noise, d))
+    e_yy = draws("yty", (n_noise,))
+    e_n = draws("n", (n_noise, 2))
+    noise = cal.noise()
+    for _ in range(k - 1):
+        noise = noise + cal.noise()
+    out_xx, out_xy, out_yy, out_n, views = [], [], [], [], []
+    for b in range(n_noise):
+        a = np.zeros((d, d))
+        a[iu] = up + e_xx[b]
+        a = a + np.triu(a, 1).T
+        joint = JointStatistics(a, int(max(n_x + e_n[b, 0], 0)), (sxy + e_xy[b])[None],
+                                np.array([syy + e_yy[b]]),
+                                np.array([int(max(n_j + e_n[b, 1], 0))]), noise)
+        view = target_statistics(joint, 0, x_bound=mech.x_bound,
+                                 x_norm_bound=mech.x_norm_bound, second_moments=second_moments)
+        out_xx.append(view.xtx)
+        out_xy.append(view.xty)
+        out_yy.append(view.yty)
+        out_n.append(view.n)
+        views.append(view.noise)
+    view_sd = math.sqrt(float(np.mean([v.variance("xtx") for v in views])))
+    sc = NoiseScales(cal.scales["xtx"], cal.scales["xty"], cal.scales["yty"], cal.scales["n"],
+                     k, law=cal.mechanism, views=tuple(views), view_xtx_sd=view_sd)
+    return (np.array(out_xx), np.array(out_xy), np.array(out_yy, dtype=np.float64),
+            np.array(out_n, dtype=np.float64), sc)
+
+
 def _spearman_many(x_test, y_test, betas) -> np.ndarray:
     from dpfed.metrics import LinearTestRanks
 
@@ -263,14 +423,17 @@ def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, 
     ones (``dpfed.statistics.clipped_exact_statistics``, as the coordinator's round spec
     carries them) given to the fit as ``public=`` with ``x_bound`` = Bx and ``y_unit`` = By,
     and public-only = ``fit_posterior(public, y_unit=By)``."""
+    from dpfed.statistics import clipped_exact_statistics
+
     d = x_test.shape[1]
     exact = closed_form_fit(0.0)
-    sxx, sxy, syy, n, sc = simulate_release(rng, sites, mech, n_noise)
+    public = clipped_exact_statistics(x_public, y_public, mech.x_bound, mech.y_bound,
+                                      mech.x_norm_bound)
+    # A joint round's view bounds its MCAR term by the target's public second moments
+    # (aggregator.joint_fit.target_inputs).
+    moments = public.xtx / public.n if mech.joint and public.n >= 1 else None
+    sxx, sxy, syy, n, sc = simulate_release(rng, sites, mech, n_noise, second_moments=moments)
     if getattr(fit, "production", False):
-        from dpfed.statistics import clipped_exact_statistics
-
-        public = clipped_exact_statistics(x_public, y_public, mech.x_bound, mech.y_bound,
-                                          mech.x_norm_bound)
         pub = fit.public_only(public, y_unit=mech.y_bound)[None]
         beta = fit(sxx + public.xtx, sxy + public.xty, syy + public.yty, n + public.n, sc,
                    public=public, x_bound=mech.x_bound, y_unit=mech.y_bound)
@@ -348,7 +511,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
                    fit: Fit | None = None, choose_datasets: int = 10, choose_noise: int = 10,
                    omegas=None, row_bootstrap: float | None = None,
                    x_norm_bound="auto", aggregation: str = "independent",
-                   population: dict | None = None) -> dict:
+                   population: dict | None = None, mechanism: str = "laplace",
+                   delta: float = 0.0, targets: int | None = None,
+                   response_rate: float = 1.0) -> dict:
     """Forecast what a round buys, per epsilon (module docstring). Public inputs only.
 
     ``n_per_site``: an int (one site) or the list of the K sites' n. ``bounds``: "choose"
@@ -368,6 +533,12 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     public rows with jitter), or a mixture of such options ((weight, options) pairs, e.g.
     ``MIXED_POPULATION``: each population drawn from one component with its weight). None:
     the default source for both.
+    ``mechanism`` ("laplace" | "gaussian"), ``delta``, ``targets`` and ``response_rate``: the
+    release (``Mechanism``; module docstring). ``targets`` None: 1 for gaussian (the product's
+    single-target Gaussian round is a joint round of one target), else today's single-target
+    Laplace release. A joint release (targets >= 1) needs ``bounds`` given (the bound search
+    is the Laplace single-target round's) and a 4-share ``budget_split`` (default
+    ``dpfed.joint_noise.JOINT_DEFAULT_SPLIT``); the gain reported is per target.
     Returns a JSON-ready dict; see ``docs/evaluation.md`` ("dpfed plan") for the keys.
     """
     from dpfed.secure_round import AGGREGATIONS, SECURE
@@ -388,7 +559,18 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     draw_sizes = [sum(sizes)] if aggregation == SECURE else sizes
     d = source.d
     sigma_x, sigma_y = source.scales()
-    split0 = tuple(budget_split) if budget_split is not None else default_split(neighbouring)
+    if targets is None:
+        targets = 1 if mechanism == "gaussian" else 0
+    joint = int(targets) >= 1
+    if joint and isinstance(bounds, str):
+        raise ValueError("a gaussian or joint release needs its bounds given (x_bound, y_bound): "
+                         "the bound search is for single-target Laplace rounds")
+    if joint:
+        from dpfed.joint_noise import JOINT_DEFAULT_SPLIT
+
+        split0 = tuple(budget_split) if budget_split is not None else JOINT_DEFAULT_SPLIT
+    else:
+        split0 = tuple(budget_split) if budget_split is not None else default_split(neighbouring)
     eps_list = [float(e) for e in epsilons]
     if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
         raise ValueError("epsilons must be finite and > 0")
@@ -427,7 +609,9 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
             bx, by = (float(v) for v in bounds)
             split, c = split0, DEFAULT_RIDGE_C if ridge_c is None else float(ridge_c)
             om = (bx / sigma_x, by / sigma_y)
-        mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity, x_norm_bound)
+        mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity, x_norm_bound,
+                         mechanism, float(delta), int(targets), float(response_rate))
+        mech.scales(d)     # a calibration the product would refuse fails here, before any fit
         fit_fn = fit or closed_form_fit(c)
         pub, nonp, priv = [], [], []
         for child in np.random.SeedSequence(seed).spawn(n_datasets):  # same populations per eps
@@ -445,6 +629,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         pub_a, priv_a = np.array(pub), np.array(priv)                  # (D,), (D, N)
         gain = priv_a - pub_a[:, None]
         sc = mech.scales(d, draws=len(draw_sizes))
+        cal = mech.calibration(d) if joint else None
         g = summarise(gain)
         ok = np.isfinite(gain)           # a refused production fit is left out
         g["sd"] = float(np.std(gain[ok])) if ok.any() else None
@@ -455,14 +640,20 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         results.append({
             "epsilon": eps,
             "epsilon_per_site": eps,
-            "epsilon_replace_one_equivalent": 2 * eps if neighbouring == "add_remove" else eps,
+            "epsilon_replace_one_equivalent": (None if mechanism == "gaussian" else
+                                               2 * eps if neighbouring == "add_remove" else eps),
+            # What each patient in the release pays, once for every target of the round.
+            "per_patient": {"epsilon": eps, "delta": float(delta) if joint else 0.0,
+                            "gdp_mu": cal.mu if cal is not None and cal.mu else None},
             "bounds": {"x_bound": bx, "y_bound": by, "omega_x": om[0], "omega_y": om[1],
                        "sigma_x": sigma_x, "sigma_y": sigma_y,
                        "chosen": isinstance(bounds, str)},
             "budget_split": list(split),
             "ridge_c": c if fit is None else None,
             "noise_scales": {"xtx": sc.xtx, "xty": sc.xty, "yty": sc.yty, "n": sc.n,
-                             "draws": sc.draws},
+                             "draws": sc.draws, "law": sc.law},
+            # sd per coordinate of the summed release's noise (all draws), per part.
+            "noise_sd": {p: sc.sd(p) for p in ("xtx", "xty", "yty", "n")},
             "spearman_public_only": summarise(pub_a),
             "spearman_private_public": summarise(priv_a),
             "spearman_nonprivate": summarise(nonp),
@@ -472,6 +663,10 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     return {
         "d": d, "n_public": source.m, "n_per_site": sizes, "sites": len(sizes),
         "aggregation": aggregation,
+        "mechanism": mechanism, "delta": float(delta) if joint else 0.0,
+        "targets": max(int(targets), 1), "joint_release": joint,
+        "response_rate": float(response_rate),
+        "gain_per_target": joint and int(targets) > 1,
         "neighbouring": neighbouring, "xtx_sensitivity": xtx_sensitivity,
         "x_norm_bound": x_norm_bound,
         "fit": "closed_form_noise_matched_ridge" if fit is None else getattr(fit, "__name__", "custom"),
