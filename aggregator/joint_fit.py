@@ -17,6 +17,12 @@ single round falls back to NUTS (seconds to minutes), which for hundreds of targ
 hold the round for hours (a target whose noisy count n_j was clamped to 0 took > 4 minutes);
 such a target is reported as refused instead.
 
+From ``joint_prior.MIN_TARGETS`` targets on, every target's prior is centred at the
+across-target mean m0 estimated from the release itself (``aggregator.joint_prior``: the
+pooled fit, post-processing; an empirical-Bayes prior, docs/method.md section 13); each
+entry carries m0 as ``prior_mean``. The information statement compares the shifted-back
+draws with the public rows alone, as before.
+
 Cost (docs/benchmarks.md "Fitting a joint round"): each target is fitted with at most
 ``JOINT_FIT_DRAWS`` posterior draws (the production default fit, fewer draws: its fixed cost
 dominates), and at most ``result_draws`` of them are stored per target so that the result
@@ -104,19 +110,45 @@ def target_inputs(spec: pb.RoundSpec, private_sum) -> list[tuple]:
     return out
 
 
+def prior_mean(spec: pb.RoundSpec, private_sum, inputs: list[tuple]) -> np.ndarray | None:
+    """The across-target prior mean m0 of a joint round (aggregator.joint_prior: the
+    noise-aware fit of every target's view + public statistics pooled; post-processing), or
+    None: fewer than ``joint_prior.MIN_TARGETS`` targets, or a pooled fit that refuses
+    (logged; the targets are then fitted around 0 as before)."""
+    from posterior import PosteriorError
+
+    from aggregator.joint_prior import MIN_TARGETS, pooled_mean
+
+    if len(inputs) < MIN_TARGETS:
+        return None
+    try:
+        return pooled_mean(private_sum, inputs, x_bound=spec.x_bound, y_bound=spec.y_bound,
+                           seed=spec.fit_seed or None, draws=fit_draws(spec))
+    except (PosteriorError, ValueError, ArithmeticError) as exc:
+        log.warning("joint fit: no across-target prior mean (%s)", exc)
+        return None
+
+
 def _fit_one(j: int, total, public, method: str, draws: int, seed, x_bound: float,
-             y_bound: float, keep: int):
-    """(j, entry, kept draws or None): target j's posterior summary, or why it failed."""
+             y_bound: float, keep: int, m0: np.ndarray | None = None):
+    """(j, entry, kept draws or None): target j's posterior summary, or why it failed.
+    ``m0``: the across-target prior mean (aggregator.joint_prior: the statistics are shifted
+    by it and the draws shifted back), None for a prior centred at 0."""
     from posterior import PosteriorError, fit_method_options, fit_posterior
 
     from aggregator import aggregate
+    from aggregator.joint_prior import shift
     t0, c0 = time.perf_counter(), time.process_time()
     try:
         # aggregate.fit's call, without the NUTS fallback (module docstring).
-        post = fit_posterior(total, **fit_method_options(method), draws=draws, seed=seed,
-                             public=public, x_bound=x_bound, y_unit=y_bound, fallback=None)
+        fit_total = total if m0 is None else shift(total, m0)
+        fit_public = public if m0 is None or public is None else shift(public, m0)
+        post = fit_posterior(fit_total, **fit_method_options(method), draws=draws, seed=seed,
+                             public=fit_public, x_bound=x_bound, y_unit=y_bound, fallback=None)
         beta_mean = np.asarray(post.beta_mean, dtype=np.float64)
         beta_draws = np.asarray(post.beta_draws, dtype=np.float64)
+        if m0 is not None:
+            beta_mean, beta_draws = beta_mean + m0, beta_draws + m0
         diag = dict(post.diagnostics)
         diag["model"] = post.model
         diag["information"] = aggregate.information(beta_draws, public, total.dim, seed,
@@ -239,8 +271,11 @@ def fit_joint(spec: pb.RoundSpec, private_sum, *, skip_fit: bool = False,
     if skip_fit:
         return [{**b, "status": "skipped"} for b in base], draws.reshape(m * keep, d), keep
     seed = spec.fit_seed or None
+    m0 = prior_mean(spec, private_sum, inputs)
+    if m0 is not None:
+        base = [{**b, "prior_mean": [float(v) for v in m0]} for b in base]
     tasks = [(j, total, public, spec.fit_method, fit_draws(spec),
-              None if seed is None else seed + j, spec.x_bound, spec.y_bound, keep)
+              None if seed is None else seed + j, spec.x_bound, spec.y_bound, keep, m0)
              for j, (total, public) in enumerate(inputs)]
     results = _run(tasks, workers(m) if n_workers is None else n_workers)
     entries = list(base)

@@ -92,8 +92,22 @@ ROWS = {
     "single_gauss_eps2": "one drug, Gaussian (2, 1e-6) (m = 1 joint round)",
     "public": "public only (10 lines)",
     "nonprivate": "non-private",
+    "joint_gauss_prior_mean": "joint Gaussian K = 1, the same release, across-drug prior mean "
+                              "(aggregator.joint_prior)",
+    "joint_gauss_exact_n": "joint Gaussian K = 1, the same release, exact counts (oracle, "
+                           "diagnostic only)",
+    "joint_gauss_ridge_c2": "joint Gaussian K = 1, the same release, closed-form ridge c = 2",
+    "joint_gauss_ridge_c8": "joint Gaussian K = 1, the same release, closed-form ridge c = 8",
+    "joint_gauss_ridge_c32": "joint Gaussian K = 1, the same release, closed-form ridge c = 32",
+    "joint_gauss_ridge_c8_prior_mean": "joint Gaussian K = 1, the same release, ridge c = 8 "
+                                       "around the across-drug mean",
 }
-DEFAULT_ROWS = tuple(ROWS)
+#: Rows scored on the joint Gaussian K = 1 row's release (paired with it; diagnostics and the
+#: across-drug prior mean). Not in the default rows.
+SAME_RELEASE_ROWS = ("joint_gauss_prior_mean", "joint_gauss_exact_n", "joint_gauss_ridge_c2",
+                     "joint_gauss_ridge_c8", "joint_gauss_ridge_c32",
+                     "joint_gauss_ridge_c8_prior_mean")
+DEFAULT_ROWS = tuple(r for r in ROWS if r not in SAME_RELEASE_ROWS)
 ROW_INDEX = {r: i for i, r in enumerate(ROWS)}
 
 
@@ -387,6 +401,7 @@ class Scores:
     errors: dict = field(default_factory=dict)      # row -> count of refused fits
     seconds: dict = field(default_factory=dict)
     fits: dict = field(default_factory=dict)        # row -> {fit method: count, "max_s"}
+    meta: dict = field(default_factory=dict)        # e.g. |m0| of the across-drug prior mean
 
 
 def _cover(scores: Scores, row: str, mean, var, ls):
@@ -403,7 +418,7 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
              public_scores: dict | None = None) -> Scores:
     """Every row of ``rows`` at n private lines; fits of the targets ``fit_idx`` only (the
     joint releases always carry every target of the panel)."""
-    from dpfed.joint_statistics import public_targets
+    from dpfed.joint_statistics import JointStatistics, public_targets
     from dpfed.statistics import clipped_exact_statistics
     from site_node.release import release_statistics
 
@@ -426,14 +441,28 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
         out.spearman.setdefault(row, []).append(spearman0(xt[have] @ mean, zt[have, j]))
         _cover(out, row, mean, var, ls)
 
-    def fit_all(row, view_of):
+    def fit_all(row, view_of, *, prior_mean=None, fitter=None, seed_row=None):
+        """Fit and score every target of ``fit_idx`` for ``row``: the posterior (``fit``) or
+        ``fitter(stats, public) -> (mean, var)``; with ``prior_mean`` m0 the statistics are
+        shifted by m0 and the mean shifted back (aggregator.joint_prior); ``seed_row``: the
+        row whose fit seeds to use (paired rows on the same release)."""
+        from aggregator.joint_prior import shift
+
         t0 = time.perf_counter()
         first = len(FIT_LOG)
         for k, j in enumerate(fit_idx):
             try:
                 stats, public = view_of(j)
-                mean, var = fit(stats, public, y_bound, int(seeds[16 * k + ROW_INDEX[row]]),
-                                draws)
+                if prior_mean is not None:
+                    stats = shift(stats, prior_mean)
+                    public = shift(public, prior_mean) if public is not None else None
+                if fitter is None:
+                    mean, var = fit(stats, public, y_bound,
+                                    int(seeds[16 * k + ROW_INDEX[seed_row or row]]), draws)
+                else:
+                    mean, var = fitter(stats, public)
+                if prior_mean is not None:
+                    mean = mean + prior_mean
             except Exception as exc:  # a refused fit is counted, and scored as a zero beta
                 out.errors[row] = out.errors.get(row, 0) + 1
                 out.errors.setdefault("messages", []).append(f"{row}: {type(exc).__name__}")
@@ -444,6 +473,12 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
         out.fits[row] = {m: methods.count(m) for m in set(methods)}
         out.fits[row]["max_s"] = max((t for _, t in FIT_LOG[first:]), default=0.0)
 
+    def prior_mean_of(total):
+        """The aggregator's across-target prior mean of a joint release (all m targets)."""
+        from aggregator.joint_prior import pooled_mean
+        return pooled_mean(total, [target_view(total, j, pubt[j]) for j in range(m)],
+                           x_bound=X_BOUND, y_bound=y_bound, seed=seed, draws=draws)
+
     def joint_row(row, cal, blocks):
         t0 = time.perf_counter()
         total = None
@@ -452,13 +487,44 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
             total = rel if total is None else total + rel
         out.seconds[row + ":release"] = time.perf_counter() - t0
         fit_all(row, lambda j: target_view(total, j, pubt[j]))
+        return total
+
+    def ridge(c):
+        from dpfed.bounds import psd_ridge_solve
+
+        def fitter(stats, public):
+            r = 1.0 + c * math.sqrt(stats.noise.variance("xtx"))
+            return psd_ridge_solve(np.asarray(stats.xtx), np.asarray(stats.xty)[None, :],
+                                   [r])[0][0], None
+        return fitter
 
     def have(j):
         return np.isfinite(zp[:, j])
 
     one = [np.arange(n)]
-    if "joint_gauss" in rows:
-        joint_row("joint_gauss", joint_calibration(m, "gaussian", EPSILON, y_bound, d), one)
+    same = [r for r in SAME_RELEASE_ROWS if r in rows]
+    if "joint_gauss" in rows or same:
+        total = joint_row("joint_gauss", joint_calibration(m, "gaussian", EPSILON, y_bound, d),
+                          one)
+        m0 = prior_mean_of(total) if any(r.endswith("prior_mean") for r in same) else None
+        if m0 is not None:
+            out.meta["prior_mean_norm"] = float(np.linalg.norm(m0))
+        for r in same:
+            t0 = time.perf_counter()
+            if r == "joint_gauss_prior_mean":
+                fit_all(r, lambda j: target_view(total, j, pubt[j]), prior_mean=m0,
+                        seed_row="joint_gauss")
+            elif r == "joint_gauss_exact_n":
+                # Oracle (diagnostic): the release's sums with the exact counts n_x, n_j.
+                h = np.isfinite(zp)
+                oracle = JointStatistics(total.xtx, int(n), total.xty, total.yty,
+                                         h.sum(axis=0).astype(np.int64), total.noise)
+                fit_all(r, lambda j: target_view(oracle, j, pubt[j]), seed_row="joint_gauss")
+            elif r.startswith("joint_gauss_ridge_c"):
+                c = float(r.split("_c")[1].split("_")[0])
+                fit_all(r, lambda j: target_view(total, j, pubt[j]), fitter=ridge(c),
+                        prior_mean=m0 if r.endswith("prior_mean") else None)
+            out.seconds[r] = time.perf_counter() - t0
     if "joint_gauss_k10" in rows:
         joint_row("joint_gauss_k10", joint_calibration(m, "gaussian", EPSILON, y_bound, d),
                   np.array_split(np.arange(n), 10))
