@@ -70,7 +70,8 @@ from dpfed.wire.signing import SigningKey
 from site_node import policy as site_policy
 from site_node.client import SiteClient
 from site_node.config import SiteConfig
-from site_node.data import DataError, load_joint_round_data, load_round_data
+from site_node.data import DataError
+from site_node.data_cache import DataCache
 # LedgerMismatch lives with the other ledger errors (the client stops on it too).
 from site_node.ledger import BudgetExhausted, LedgerMismatch, PrivacyLedger, RoundConflict
 # The shared vocabulary (site_node.messages), named here too: callers and tests use
@@ -124,6 +125,9 @@ class SiteNode:
         self._lock = threading.Lock()
         # Why this node may serve no round (check_history), or None.
         self.blocked: str | None = None
+        # The data file parsed at consent, reused at release while its bytes are the same
+        # (site_node.data_cache: keyed by path, size, mtime and SHA-256 of the content).
+        self.data = DataCache()
         # Secure rounds: the in-memory key state of each (site_node.secure), composed here:
         # SecureSite is given this node (its keys, ledger, config) and never imports it.
         self.secure = SecureSite(self)
@@ -350,12 +354,12 @@ class SiteNode:
             neighbouring, xtx_rule = site_policy.round_mechanism(spec)
             if spec.targets:   # a joint round (issue 23): its calibration, then every target
                 calibration = joint_calibration(spec)
-                data = load_joint_round_data(self.config.data, list(spec.feature_names),
-                                             [t.name for t in spec.targets],
-                                             require_ids=self.per_patient)
+                data = self.data.load_joint_round_data(
+                    self.config.data, spec.feature_names, [t.name for t in spec.targets],
+                    require_ids=self.per_patient)
             else:
-                data = load_round_data(self.config.data, list(spec.feature_names), spec.target,
-                                       require_ids=self.per_patient)
+                data = self.data.load_round_data(self.config.data, spec.feature_names,
+                                                 spec.target, require_ids=self.per_patient)
             if neighbouring == "replace_one":
                 # n is public under replace-one: the exact check reveals nothing more.
                 site_policy.check_n(data.n, self.config.policy)

@@ -55,7 +55,7 @@ from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.canonical import digest
 from dpfed.wire.signing import key_id
 from site_node import policy as site_policy
-from site_node.data import DataError, load_round_data
+from site_node.data import DataError
 from site_node.ledger import BudgetExhausted, RoundConflict
 from site_node.messages import RELEASE_FAILED, new_nonce, now_ms
 from site_node.release import clip, exact_clipped_statistics, project_rows
@@ -287,8 +287,8 @@ class SecureSite:
                                    spent=node.ledger.spent,
                                    total=node.ledger.total_epsilon, now_ms=now_ms())
             neighbouring, _ = site_policy.round_mechanism(spec)
-            data = load_round_data(node.config.data, list(spec.feature_names), spec.target,
-                                   require_ids=node.per_patient)
+            data = node.data.load_round_data(node.config.data, spec.feature_names,
+                                             spec.target, require_ids=node.per_patient)
         except site_policy.PolicyViolation as exc:
             return self._refuse(spec, spec_digest, str(exc))
         except DataError as exc:
@@ -368,14 +368,13 @@ class SecureSite:
         node, spec, spec_digest = self.node, state.spec, state.spec_digest
         rid = spec.round_id
         calibration = state.secure.calibration
-        from site_node.data import load_joint_round_data
         try:
             site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
                                    spent=node.ledger.spent,
                                    total=node.ledger.total_epsilon, now_ms=now_ms())
-            data = load_joint_round_data(node.config.data, list(spec.feature_names),
-                                         [t.name for t in spec.targets],
-                                         require_ids=node.per_patient)
+            data = node.data.load_joint_round_data(node.config.data, spec.feature_names,
+                                                   [t.name for t in spec.targets],
+                                                   require_ids=node.per_patient)
         except site_policy.PolicyViolation as exc:
             return self._refuse(spec, spec_digest, str(exc))
         except DataError as exc:

@@ -137,3 +137,23 @@ def test_id_problems_are_errors_for_the_local_check_only(tmp_path):
 def test_describe_shows_shape_not_values(tmp_path):
     info = describe(data_config(write(tmp_path, CSV), id_column="id"))
     assert info["rows"] == 5 and info["columns"] == ["id", "g1", "g2", "drug"]
+
+
+def test_a_line_without_quotes_is_split_as_the_csv_module_splits_it():
+    """site_node.data._parse_line splits a line with no quote, CR or NUL on the delimiter
+    (its fast path): the csv module gives the same fields for every such line."""
+    import csv
+    import random
+
+    from site_node.data import _parse_line
+    rng = random.Random(3)
+    alphabet = ["a", "1", ".", ",", "\t", " ", "", "-", "\u00e9", "\u2028", "'", "\\", "\x0b"]
+    for delimiter in (",", "\t"):
+        for _ in range(500):
+            line = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 20)))
+            assert _parse_line(line, delimiter) == next(csv.reader([line],
+                                                                   delimiter=delimiter), [])
+    # Lines with a quote, CR or NUL take the csv module's path (None: it cannot parse).
+    assert _parse_line('a,"b,c",d', ",") == ["a", "b,c", "d"]
+    assert _parse_line('a,"b', ",") == next(csv.reader(['a,"b']))
+    assert _parse_line("a\rb,c", ",") is None

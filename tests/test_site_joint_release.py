@@ -409,3 +409,27 @@ def test_response_columns_parse_exactly_like_a_feature_cell():
     want = np.array([math.nan if _number(cells[i]) is None else _number(cells[i]) for i in keep])
     assert np.array_equal(got, want, equal_nan=True)
     assert np.isnan(got).sum() == sum(_number(cells[i]) is None for i in keep) > 0
+
+
+def test_text_response_columns_parse_exactly_like_the_generic_loop():
+    """site_node.data._text_response_column (the fast parse of a text file's response
+    columns) gives exactly _response_column's values, on columns that take its fast path
+    (numbers and empty / "NA" cells only) and on columns that fall back to the loop."""
+    import random
+
+    from site_node.data import _response_column, _text_response_column
+    rng = random.Random(7)
+    fast = ["1.5", " 2.25 ", "", "NA", "nan", "-inf", "1e999", " -0.0 ", "1_000", "+.5",
+            "\u00a03", "\u0661\u0662", "Infinity", "-1e-400", "7"]
+    slow = [*fast, "n/a", "abc", "0x10", "1\x00", "\ufffd", "1,5", "None", " "]
+    for pool in (fast, slow):
+        for _ in range(50):
+            cells = [rng.choice(pool) for _ in range(rng.randint(0, 30))]
+            keep = sorted(rng.sample(range(len(cells)), rng.randint(0, len(cells))))
+            if rng.random() < 0.3:
+                rng.shuffle(keep)
+            got = _text_response_column(cells, keep)
+            want = _response_column(cells, keep)
+            assert got.dtype == np.float64 and got.shape == (len(keep),)
+            assert np.array_equal(got, want, equal_nan=True)
+            assert np.array_equal(np.signbit(got), np.signbit(want))
