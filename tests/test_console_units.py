@@ -596,3 +596,21 @@ def test_https_with_a_token_end_to_end(tmp_path):
             urllib.request.urlopen(server.url.replace("https", "http") + "rounds", timeout=5)
     finally:
         server.stop()
+
+
+def test_start_round_preview_of_a_joint_gaussian_round_forecasts_per_target(tmp_path):
+    """A round.toml with targets, mechanism gaussian and delta (issue 23): the preview's
+    forecast is for the first target in a release of every target, with (eps, delta) per
+    patient, and says the gain is per target."""
+    c = _client(tmp_path)
+    rows = ["id,x0,x1,t1,t2,t3"] + [
+        f"{i},{i % 3 * 0.1:.2f},{i % 2},{i * 0.05:.2f},{'' if i % 4 == 0 else i * 0.1},"
+        f"{(i * 7) % 5}" for i in range(12)]
+    (tmp_path / "public.csv").write_text("\n".join(rows) + "\n")
+    text = ('targets = ["t1", "t2", "t3"]\nfeatures = ["x0", "x1"]\nepsilon = 4.0\n'
+            'mechanism = "gaussian"\ndelta = 1e-6\nsites = ["a", "b"]\n'
+            '[public]\npath = "public.csv"\n')
+    r = c.post("/rounds/new", data={"csrf": _csrf(c), "spec_text": text, "site_rows": "200"})
+    assert r.status_code == 200, r.text
+    assert "delta 1e-06) per patient" in r.text and "per target" in r.text
+    assert "forecast for t1, one of the 3 targets" in r.text

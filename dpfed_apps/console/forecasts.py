@@ -53,23 +53,53 @@ class ForecastStore:
             return None
 
 
+def joint_public_rows(spec: pb.RoundSpec, config: dict, base_dir: Path):
+    """(x, y, response rate) for the forecast of a joint round (``spec.targets``): the public
+    rows that have the FIRST target's response (the forecast's representative target), raw
+    features, the responses standardised by its TargetSpec (as the sites standardise them),
+    and the public fill rate over every target (the rows' MCAR response rate; 1 for one
+    target). None when round.toml names no public rows."""
+    from coordinator.joint_spec import read_public_table
+
+    public = config.get("public") or {}
+    if not public.get("path"):
+        return None
+    names = [t.name for t in spec.targets]
+    x, y = read_public_table(Path(base_dir) / public["path"], names, list(spec.feature_names))
+    first = spec.targets[0]
+    have = np.isfinite(y[:, 0])
+    fill = float(np.isfinite(y).mean()) if len(names) > 1 else 1.0
+    return x[have], (y[have, 0] - first.y_mean) / first.y_scale, fill
+
+
 def forecast_for_spec(spec: pb.RoundSpec, x_public: np.ndarray, y_public: np.ndarray,
-                      n_per_site: list[int], *, seed: int = 0) -> dict:
+                      n_per_site: list[int], *, seed: int = 0,
+                      response_rate: float = 1.0) -> dict:
     """``dpfed_apps.forecast.forecast_round`` for the round ``spec`` describes: its bounds,
     budget split, neighbouring relation and pre-processing, the public rows (raw, as in
     round.toml's public.path) and the planned rows of each invited site. A secure round is
-    forecast as one noise draw on the sum of the sites' rows (its aggregation)."""
+    forecast as one noise draw on the sum of the sites' rows (its aggregation). A joint round
+    (``spec.targets``; ``joint_public_rows`` gives its inputs) is forecast for its first
+    target in a release of every target, with the spec's mechanism and delta (the gain is per
+    target; each patient pays the round's (eps, delta) once)."""
     from dpfed.preprocess import Preprocessing
     from dpfed_apps.forecast import forecast_round
 
     pre = Preprocessing(tuple(spec.preprocessing.x_mean), spec.preprocessing.y_mean,
                         spec.preprocessing.normalize_rows,
                         x_scale=tuple(spec.preprocessing.x_scale))
-    return forecast_round(x_public=x_public, y_public=y_public,
-                          feature_names=list(spec.feature_names), preprocessing=pre,
-                          n_per_site=n_per_site if len(n_per_site) > 1 else n_per_site[0],
-                          epsilons=[spec.epsilon], bounds=(spec.x_bound, spec.y_bound),
-                          neighbouring=spec.neighbouring or "add_remove",
-                          xtx_sensitivity=spec.xtx_sensitivity or "exact",
-                          budget_split=tuple(spec.budget_split), seed=seed,
-                          aggregation=spec.aggregation or "independent")
+    joint = {}
+    if len(spec.targets):
+        joint = {"mechanism": spec.mechanism or "laplace", "delta": spec.delta,
+                 "targets": len(spec.targets), "response_rate": response_rate}
+    out = forecast_round(x_public=x_public, y_public=y_public,
+                         feature_names=list(spec.feature_names), preprocessing=pre,
+                         n_per_site=n_per_site if len(n_per_site) > 1 else n_per_site[0],
+                         epsilons=[spec.epsilon], bounds=(spec.x_bound, spec.y_bound),
+                         neighbouring=spec.neighbouring or "add_remove",
+                         xtx_sensitivity=spec.xtx_sensitivity or "exact",
+                         budget_split=tuple(spec.budget_split), seed=seed,
+                         aggregation=spec.aggregation or "independent", **joint)
+    if joint:
+        out["target"] = spec.targets[0].name
+    return out

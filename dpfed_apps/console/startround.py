@@ -213,13 +213,18 @@ class RoundStarter:
                                f"site(s).")
         forecast, note = None, ""
         try:
-            rows = public_rows(config, self.spec_dir)
+            from dpfed_apps.console.forecasts import forecast_for_spec, joint_public_rows
+            if len(spec.targets):      # a joint round: its first target, every target released
+                rows = joint_public_rows(spec, config, self.spec_dir)
+            else:
+                rows = public_rows(config, self.spec_dir)
             if rows is None:
                 note = ("No forecast: the spec names no public rows (public.path), and the "
                         "forecast simulates the round on data shaped like them.")
             else:
-                from dpfed_apps.console.forecasts import forecast_for_spec
-                forecast = forecast_for_spec(spec, rows[0], rows[1], [n] * len(sites))
+                forecast = forecast_for_spec(spec, rows[0], rows[1], [n] * len(sites),
+                                             **({"response_rate": rows[2]} if len(rows) > 2
+                                                else {}))
         except (ValueError, OSError) as exc:
             log.warning("forecast for a preview failed: %s", exc)
             note = f"No forecast: it could not be computed ({type(exc).__name__})."

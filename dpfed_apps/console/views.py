@@ -436,6 +436,12 @@ class ForecastView:
     nonprivate: float | None
     made: str
     note: str
+    # A Gaussian or joint round (issue 23): the forecast is for one target of `targets`.
+    mechanism: str = "laplace"
+    delta: float = 0.0
+    targets: int = 1
+    joint: bool = False
+    target: str = ""
 
 
 def forecast_view(record: dict | None) -> ForecastView | None:
@@ -453,4 +459,7 @@ def forecast_view(record: dict | None) -> ForecastView | None:
         public_only=_num((e.get("spearman_public_only") or {}).get("mean")),
         private_public=_num((e.get("spearman_private_public") or {}).get("mean")),
         nonprivate=_num((e.get("spearman_nonprivate") or {}).get("mean")),
-        made=utc(int(record.get("made_unix_ms", 0))), note=str(record.get("note", "")))
+        made=utc(int(record.get("made_unix_ms", 0))), note=str(record.get("note", "")),
+        mechanism=str(f.get("mechanism", "laplace")), delta=float(f.get("delta") or 0.0),
+        targets=int(f.get("targets") or 1), joint=bool(f.get("joint_release", False)),
+        target=str(f.get("target") or ""))
