@@ -684,5 +684,10 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         "notes": ("public inputs only; auxiliary populations shaped like the public rows "
                   "(dpfed.auxiliary); gain = Spearman(private+public) - Spearman(public-only) "
                   "on held-out auxiliary rows; quantiles over populations x noise draws "
-                  "(gain) and over populations (gain_expected)"),
+                  "(gain) and over populations (gain_expected)"
+                  + ("; a joint release (dpfed.joint_noise): the gain of ONE target (these "
+                     "public rows) in a release of every target, its rows lacking the response "
+                     "at random at response_rate, fitted on the aggregator's per-target view "
+                     "(dpfed.joint_targets); each patient pays the round's budget once for all "
+                     "targets" if joint else "")),
     }
