@@ -395,7 +395,8 @@ def format_plan(result: dict) -> str:
             + (f"all {m} targets together (every target is paid once, in this one release, "
                f"not {m} times)." if m > 1 else "it.")
             + (" Noise sd per coordinate: " + "; ".join(
-                f"eps {r['epsilon']:g}: Sxx {r['noise_sd']['xtx']:.3g} (shared), Sxy "
+                f"eps {r['epsilon']:g}: Sxx {r['noise_sd']['xtx']:.3g}"
+                + (" (shared)" if m > 1 else "") + f", Sxy "
                 f"{r['noise_sd']['xty']:.3g}, Syy {r['noise_sd']['yty']:.3g}, counts "
                 f"{r['noise_sd']['n']:.3g}" for r in result["per_epsilon"]) + "."))
     else:
