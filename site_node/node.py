@@ -410,25 +410,42 @@ class SiteNode:
         # Charge what OpenDP certifies if it were ever more than the nominal epsilon.
         charge = max(float(spec.epsilon), float(info["epsilon_certified"]))
 
+        # Decided on the noisy n only (module docstring, step 5).
         refused = neighbouring == "add_remove" and stats.n < self.config.policy.min_n
+        # n = stats.n: the released n (noisy under add/remove, exact under replace-one).
+        return self._sign_and_record(
+            spec, spec_digest, stats, stats.n, charge, refused, neighbouring,
+            selection.charge(charge),
+            f"released round {round_id} ({neighbouring}, Sxx {xtx_rule}): n={stats.n}"
+            f"{' (noisy)' if neighbouring == 'add_remove' else ''}, epsilon={charge:g}")
+
+    def _sign_and_record(self, spec: pb.RoundSpec, spec_digest: str, stats, n: int,
+                         charge: float, refused: bool, neighbouring: str, charged: dict,
+                         released: str) -> pb.SignedEnvelope:
+        """Steps 5-6 of the module docstring, shared by the single-target and the joint
+        central release: the signed Contribution of ``stats`` (released count ``n``), or, when
+        ``refused`` (the noisy n below min_n), the signed Refusal that is this round's
+        answer; debited (``charge``; ``charged``: the ledger's per-patient or event keywords)
+        and stored in one ledger transaction, then returned. A concurrent answer of the round
+        is returned instead (our fresh noise is discarded unsent); a ledger refusal becomes a
+        Refusal. ``released``: the site log's line of a release."""
+        round_id = spec.round_id
         if refused:
-            # Decided on the noisy n only; the noise was drawn, so the epsilon is debited and
-            # this refusal is stored as the round's answer (module docstring, step 5).
+            # The noise was drawn, so the epsilon is debited and this refusal is stored as
+            # the round's answer (module docstring, step 5).
             signed = self.refusal(round_id, spec_digest, site_policy.NOISY_MIN_N_REASON,
                                   epsilon_spent=charge)
         else:
-            # n = stats.n: the released n (noisy under add/remove, exact under replace-one).
             contribution = pb.Contribution(round_id=round_id, site_id=self.site_id,
-                                           statistics=stats.to_bytes(), n=stats.n,
+                                           statistics=stats.to_bytes(), n=n,
                                            epsilon_spent=charge, spec_digest=spec_digest,
                                            timestamp_unix_ms=now_ms(), nonce=new_nonce(),
                                            noise=noise_to_proto(stats.noise))
             signed = self.signing_key.sign(contribution)
         try:
             result = self.ledger.record_release(round_id=round_id, spec_digest=spec_digest,
-                                                epsilon=charge, n=stats.n, envelope=signed,
-                                                neighbouring=neighbouring,
-                                                **selection.charge(charge))
+                                                epsilon=charge, n=n, envelope=signed,
+                                                neighbouring=neighbouring, **charged)
         except (BudgetExhausted, RoundConflict) as exc:
             # Another process got there first; our fresh noise is discarded unsent.
             log.warning("refused round %s: %s", round_id, exc)
@@ -439,12 +456,9 @@ class SiteNode:
         if refused:
             log.warning("refused round %s after drawing its release: noisy n %d < min_n %d "
                         "(epsilon %g debited; the refusal is stored as the round's answer)",
-                        round_id, stats.n, self.config.policy.min_n, charge)
+                        round_id, n, self.config.policy.min_n, charge)
             return result.release.envelope
-        log.info("released round %s (%s, Sxx %s): n=%d%s, epsilon=%g, %s",
-                 round_id, neighbouring, xtx_rule, stats.n,
-                 " (noisy)" if neighbouring == "add_remove" else "", charge,
-                 self.ledger.budget_text())
+        log.info("%s, %s", released, self.ledger.budget_text())
         return result.release.envelope
 
     def _release_joint(self, spec: pb.RoundSpec, spec_digest: str, data,
@@ -492,41 +506,15 @@ class SiteNode:
         if calibration.mechanism == "laplace":
             charge = max(charge, float(info["epsilon_certified"]))
             event = PureDP(charge)
-        refused = stats.n_x < self.config.policy.min_n
-        if refused:
-            signed = self.refusal(round_id, spec_digest, site_policy.NOISY_MIN_N_REASON,
-                                  epsilon_spent=charge)
-        else:
-            contribution = pb.Contribution(round_id=round_id, site_id=self.site_id,
-                                           statistics=stats.to_bytes(), n=stats.n_x,
-                                           epsilon_spent=charge, spec_digest=spec_digest,
-                                           timestamp_unix_ms=now_ms(), nonce=new_nonce(),
-                                           noise=noise_to_proto(stats.noise))
-            signed = self.signing_key.sign(contribution)
         per_patient = selection.charge(charge)
         if per_patient:
             per_patient["event"] = event
-        try:
-            result = self.ledger.record_release(round_id=round_id, spec_digest=spec_digest,
-                                                epsilon=charge, n=stats.n_x, envelope=signed,
-                                                neighbouring="add_remove",
-                                                **(per_patient or {"event": event}))
-        except (BudgetExhausted, RoundConflict) as exc:
-            log.warning("refused round %s: %s", round_id, exc)
-            return self.refusal(round_id, spec_digest, str(exc))
-        if not result.fresh:
-            log.info("round %s was answered concurrently: returning that stored release", round_id)
-            return self.fresh_envelope(result.release)
-        if refused:
-            log.warning("refused round %s after drawing its release: noisy n %d < min_n %d "
-                        "(epsilon %g debited; the refusal is stored as the round's answer)",
-                        round_id, stats.n_x, self.config.policy.min_n, charge)
-            return result.release.envelope
-        log.info("released joint round %s (%s, %d targets): n_x=%d (noisy), epsilon=%g%s, %s",
-                 round_id, calibration.mechanism, len(spec.targets), stats.n_x, charge,
-                 f" at delta {spec.delta:g}" if calibration.mechanism == "gaussian" else "",
-                 self.ledger.budget_text())
-        return result.release.envelope
+        at_delta = f" at delta {spec.delta:g}" if calibration.mechanism == "gaussian" else ""
+        return self._sign_and_record(
+            spec, spec_digest, stats, stats.n_x, charge, stats.n_x < self.config.policy.min_n,
+            "add_remove", per_patient or {"event": event},
+            f"released joint round {round_id} ({calibration.mechanism}, {len(spec.targets)} "
+            f"targets): n_x={stats.n_x} (noisy), epsilon={charge:g}{at_delta}")
 
     def run(self, stop=None) -> None:
         """Serve forever: dial the aggregator, answer rounds, reconnect (site_node.client,
