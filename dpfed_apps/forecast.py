@@ -31,8 +31,10 @@ the target's response MCAR with probability 1 - r; the fit sees what a round's f
 ``dpfed.joint_targets.target_statistics`` of the simulated release (r Sxx with the MCAR subset
 and count-ratio terms in its noise description) plus the target's exact public statistics.
 The gain is per target; the round's (eps, delta) is paid once for all M targets. A secure
-joint round is forecast as one central draw on the sum (its Skellam noise has 1.13-1.20 x
-that variance, ``dpfed.secagg.joint_calibration``: the forecast is slightly optimistic there).
+joint round of K sites is forecast as one draw on the sum with the variance of the product's
+grid calibration (``dpfed.secagg.joint_calibration.calibrate_joint``, noise threshold T = K:
+Skellam at ~1.1-1.2 x the central Gaussian's variance), drawn as a Gaussian (Laplace for a
+pure-eps round) of that variance, and the aggregator's description of that sum.
 
 No aggregator import at module import time (``posterior_fit`` imports it when called).
 """
@@ -130,6 +132,10 @@ class Mechanism:
     targets: int = 0
     #: Share of rows that have the forecast target's response (MCAR; joint releases only).
     response_rate: float = 1.0
+    #: A secure joint round: (K sites, the most rows of one site). Its noise is the grid
+    #: calibration's (``dpfed.secagg.joint_calibration.calibrate_joint`` with T = K: one
+    #: Skellam or discrete-Laplace draw on the sum, Skellam ~1.1-1.2 x the central variance).
+    secure: tuple | None = None
 
     def __post_init__(self):
         from dpfed.joint_noise import GAUSSIAN, mechanism_of
@@ -172,9 +178,28 @@ class Mechanism:
                                  budget_split=tuple(self.budget_split),
                                  x_norm_bound=self.x_norm_bound)
 
+    def secure_noise(self, d: int):
+        """The NoiseDescription of a secure joint round's sum (all K sites' shares), as the
+        aggregator holds it; None for a central release."""
+        if self.secure is None:
+            return None
+        from dpfed.secagg.joint_calibration import calibrate_joint
+
+        k, n_max = (int(v) for v in self.secure)
+        grid = calibrate_joint(self.calibration(d), n_max=max(n_max, 1), n_sites=k,
+                               noise_threshold=k)
+        return grid.noise_description(k)
+
     def scales(self, d: int, draws: int = 1) -> NoiseScales:
         if self.joint:
             cal = self.calibration(d)
+            secure = self.secure_noise(d)
+            if secure is not None:
+                # One draw on the sum; the law's sd (Gaussian) or b (Laplace) per coordinate.
+                f = 1.0 if cal.mechanism == "gaussian" else math.sqrt(0.5)
+                sd = {p: f * math.sqrt(secure.variance(p)) for p in ("xtx", "xty", "yty", "n")}
+                return NoiseScales(sd["xtx"], sd["xty"], sd["yty"], sd["n"], 1,
+                                   law=cal.mechanism)
             return NoiseScales(cal.scales["xtx"], cal.scales["xty"], cal.scales["yty"],
                                cal.scales["n"], draws, law=cal.mechanism)
         if self.x_norm_bound is not None:
@@ -352,6 +377,10 @@ def simulate_joint_view(rng: np.random.Generator, sites: Sequence[tuple[np.ndarr
     k = len(sites)
     cal = mech.calibration(d)
     gaussian = cal.mechanism == "gaussian"
+    secure = mech.secure_noise(d)
+    if secure is not None and k != 1:
+        raise ValueError("a secure round is simulated as one block of every site's rows")
+    per_draw = mech.scales(d)          # the calibration's scales, or the secure sum's
     iu = np.triu_indices(d)
     up = np.zeros(iu[0].size)
     sxy = np.zeros(d)
@@ -369,7 +398,7 @@ def simulate_joint_view(rng: np.random.Generator, sites: Sequence[tuple[np.ndarr
 
     def draws(part, shape):
         """K independent draws of the part's noise, summed (per coordinate)."""
-        scale = cal.scales[part]
+        scale = getattr(per_draw, part)
         if gaussian:
             e = rng.standard_normal((k,) + shape) * scale
         else:
@@ -380,7 +409,7 @@ def simulate_joint_view(rng: np.random.Generator, sites: Sequence[tuple[np.ndarr
     e_xy = draws("xty", (n_noise, d))
     e_yy = draws("yty", (n_noise,))
     e_n = draws("n", (n_noise, 2))
-    noise = cal.noise()
+    noise = cal.noise() if secure is None else secure
     for _ in range(k - 1):
         noise = noise + cal.noise()
     out_xx, out_xy, out_yy, out_n, views = [], [], [], [], []
@@ -399,8 +428,8 @@ def simulate_joint_view(rng: np.random.Generator, sites: Sequence[tuple[np.ndarr
         out_n.append(view.n)
         views.append(view.noise)
     view_sd = math.sqrt(float(np.mean([v.variance("xtx") for v in views])))
-    sc = NoiseScales(cal.scales["xtx"], cal.scales["xty"], cal.scales["yty"], cal.scales["n"],
-                     k, law=cal.mechanism, views=tuple(views), view_xtx_sd=view_sd)
+    sc = NoiseScales(per_draw.xtx, per_draw.xty, per_draw.yty, per_draw.n, k,
+                     law=cal.mechanism, views=tuple(views), view_xtx_sd=view_sd)
     return (np.array(out_xx), np.array(out_xy), np.array(out_yy, dtype=np.float64),
             np.array(out_n, dtype=np.float64), sc)
 
@@ -610,7 +639,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
             split, c = split0, DEFAULT_RIDGE_C if ridge_c is None else float(ridge_c)
             om = (bx / sigma_x, by / sigma_y)
         mech = Mechanism(eps, bx, by, tuple(split), neighbouring, xtx_sensitivity, x_norm_bound,
-                         mechanism, float(delta), int(targets), float(response_rate))
+                         mechanism, float(delta), int(targets), float(response_rate),
+                         (len(sizes), max(sizes)) if joint and aggregation == SECURE else None)
         mech.scales(d)     # a calibration the product would refuse fails here, before any fit
         fit_fn = fit or closed_form_fit(c)
         pub, nonp, priv = [], [], []

@@ -217,3 +217,23 @@ def test_plan_help_documents_the_joint_flags(capsys):
     for flag in ("--mechanism", "--delta", "--targets", "--response-rate"):
         assert flag in text
     assert "--mechanism gaussian --delta 1e-6" in text and "--targets 262" in text
+
+
+def test_secure_joint_forecast_uses_the_grid_calibrations_noise(tmp_path, capsys):
+    """A secure joint round's sum carries the grid calibration's noise (Skellam at kappa x the
+    central variance, one draw for K = T sites), not K central draws nor one central draw."""
+    from dpfed.joint_noise import joint_calibration
+    from dpfed.secagg.joint_calibration import calibrate_joint
+
+    _public_csv(tmp_path / "public.csv")
+    out = _plan_json(capsys, "--public", str(tmp_path / "public.csv"), "--target", "d1",
+                     "--features", ",".join(FEATURES), "--mechanism", "gaussian", "--delta",
+                     "1e-6", "--targets", "20", "--n", "150", "--sites", "4", "--epsilon", "4",
+                     "--aggregation", "secure", *SMALL)
+    cal = joint_calibration(3, 20, mechanism="gaussian", epsilon=4.0, delta=1e-6, x_bound=1.0,
+                            y_bound=0.5, x_norm_bound=1.0)
+    grid = calibrate_joint(cal, n_max=150, n_sites=4, noise_threshold=4).noise_description(4)
+    sd = out["per_epsilon"][0]["noise_sd"]
+    for part in ("xtx", "xty", "yty", "n"):
+        assert sd[part] == pytest.approx(math.sqrt(grid.variance(part)), rel=1e-9), part
+        assert 1.0 < sd[part] / cal.scales[part] < 1.2       # kappa > 1, one draw not four
