@@ -84,7 +84,9 @@ def register(subparsers) -> None:
                    help="the forecast's fit: closed_form (default; the closed form with the "
                         "noise-matched ridge, ~1 s) or posterior (the production posterior "
                         "with a round's inputs: public statistics, x_bound, y_unit = By; "
-                        "about 0.05-0.3 s per fit, datasets x noise-draws fits per epsilon)")
+                        "about 0.05-0.3 s per fit, datasets x noise-draws fits per epsilon; "
+                        "in a joint round a refused fit is left out and counted, as the joint "
+                        "round's fit has no NUTS fallback)")
     p.add_argument("--population", choices=["default", "public"], default="default",
                    help="auxiliary populations: default (R^2 ~ Beta(2, 20), public-shaped "
                         "columns) or public (R^2, beta and rows from the public rows' own "
