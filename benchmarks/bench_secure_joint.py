@@ -75,11 +75,11 @@ def one_round(args, repeat: int) -> dict:
                             budget_split=[0.30, 0.60, 0.05, 0.05],
                             preprocessing=pb.Preprocessing(x_mean=[0.0] * d, y_mean=0.0,
                                                            normalize_rows=False),
-                            deadline_s=120)
+                            deadline_s=args.deadline)
             t0 = time.perf_counter()
             c0 = time.process_time()
             coordinator.start_round(spec)
-            status = coordinator.wait(spec.round_id, 120, poll_s=0.02)
+            status = coordinator.wait(spec.round_id, args.deadline, poll_s=0.02)
             round_s = time.perf_counter() - t0
             cpu_s = time.process_time() - c0
             if status.state != pb.RoundStatus.DONE:
@@ -134,6 +134,9 @@ def main(argv=None) -> None:
     ap.add_argument("--rows", type=int, default=100, help="rows per site")
     ap.add_argument("--threshold", type=int, default=5, help="noise threshold T (= quorum)")
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--deadline", type=float, default=120,
+                    help="round deadline s (consent gets a third of it, at most 120 s): 600 "
+                         "for 10,000 rows per site")
     ap.add_argument("--per-patient", action="store_true", default=True)
     args = ap.parse_args(argv)
     out = {"args": vars(args), "load_before": os.getloadavg(), "components": components(args)}

@@ -433,3 +433,26 @@ def test_text_response_columns_parse_exactly_like_the_generic_loop():
             assert got.dtype == np.float64 and got.shape == (len(keep),)
             assert np.array_equal(got, want, equal_nan=True)
             assert np.array_equal(np.signbit(got), np.signbit(want))
+
+
+def test_a_text_files_response_block_is_parsed_like_each_column(tmp_path):
+    """site_node.data._response_block reads a text file's response cells row by row and
+    converts them at once; the values are those of _response_column column by column, on a
+    file whose cells all take the fast path and on one with a cell that does not."""
+    import random
+
+    from site_node.data import _response_block, _response_column, read_table
+    rng = random.Random(11)
+    pool = ["1.5", "", "NA", "-2e3", "nan", "inf", "1e999", " 7 ", "0"]
+    for odd in ("", "abc"):
+        lines = ["id,a,b,c"]
+        for k in range(40):
+            lines.append(",".join([f"p{k}", *(rng.choice(pool) for _ in range(3))]))
+        lines[5] = "p4,1,2," + (odd or "3")
+        path = tmp_path / f"t{bool(odd)}.csv"
+        path.write_text("\n".join(lines) + "\n")
+        table = read_table(path, "csv")
+        keep = [i for i in range(table.n_rows) if rng.random() < 0.8]
+        got = _response_block(table, ["c", "a"], keep)
+        want = np.column_stack([_response_column(table.columns[c], keep) for c in ("c", "a")])
+        assert got.shape == (len(keep), 2) and np.array_equal(got, want, equal_nan=True)
