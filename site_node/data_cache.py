@@ -1,9 +1,10 @@
-"""One site node's last parsed data file, reused while the file's bytes are unchanged.
+"""The round data a site node last selected from its data file, reused while the file's
+bytes are unchanged.
 
 A round reads the data file twice: at consent (``SiteNode.consent``: are the columns there,
 are the patient ids usable) and at release (the rows themselves). Parsing a 1000-row file
-with 262 response columns costs ~0.2 CPU-s (docs/benchmarks.md, "Secure joint round"), so
-the node keeps the last file it parsed and the round data it selected from it.
+with 262 response columns costs ~0.15 CPU-s (docs/benchmarks.md, "Secure joint round"), so
+the node keeps the round data (x, y, ids) it selected from the file it last parsed.
 
 Why this is safe (the rows used are exactly those of the file *now*):
 
@@ -17,8 +18,9 @@ Why this is safe (the rows used are exactly those of the file *now*):
 * a file whose size or mtime changed while it was read is parsed but not kept;
 * errors (DataError) are never cached: they are raised again, from a fresh parse, each call;
 * the round data handed out has read-only arrays: no caller can alter another round's rows;
-* only one file is kept (the node's one data file), in the site's own process, which holds
-  the same rows in memory during every round anyway. Nothing of it is sent or logged.
+* only the selections from one file are kept (the node's one data file; its arrays, not
+  the parsed text), in the site's own process, which holds the same rows in memory during
+  every round anyway. Nothing of it is sent or logged.
 """
 
 from __future__ import annotations
@@ -29,24 +31,24 @@ import threading
 from pathlib import Path
 
 from site_node.config import DataConfig
-from site_node.data import (DataError, RoundData, Table, parse_table, check_file,
+from site_node.data import (DataError, RoundData, check_file, parse_table,
                             select_joint_round_data, select_round_data)
 
 __all__ = ["DataCache"]
 
 
 class DataCache:
-    """The last parsed Table of a node's data file and the round data selected from it."""
+    """The round data last selected from a node's data file (not its parsed Table: the
+    arrays are ~10x smaller than the file's cells as Python strings)."""
 
     def __init__(self):
         self._lock = threading.Lock()
         self._key: tuple | None = None
-        self._table: Table | None = None
         self._selected: dict[tuple, RoundData] = {}
         self.parses = 0   # files parsed (a test counts them)
 
-    def table(self, config: DataConfig) -> tuple[tuple, Table]:
-        """(the file's key, its Table): parsed again only when the bytes differ."""
+    def _read(self, config: DataConfig) -> tuple[Path, bytes, tuple, bool]:
+        """(path, its bytes, their key, whether the file stayed the same while read)."""
         path = check_file(config.path, config.format, config.max_bytes)
         before = os.stat(path)
         with open(path, "rb") as fh:
@@ -58,29 +60,25 @@ class DataCache:
         after = os.stat(path)
         key = (str(path.resolve()), config.format, len(raw), after.st_mtime_ns,
                hashlib.sha256(raw).digest())
-        with self._lock:
-            if key == self._key:
-                return key, self._table
-        table = parse_table(path, config.format, raw)
-        self.parses += 1
-        if before.st_size == after.st_size == len(raw) \
-                and before.st_mtime_ns == after.st_mtime_ns:
-            with self._lock:
-                self._key, self._table, self._selected = key, table, {}
-        return key, table
+        stable = (before.st_size == after.st_size == len(raw)
+                  and before.st_mtime_ns == after.st_mtime_ns)
+        return path, raw, key, stable
 
     def _select(self, config: DataConfig, what: tuple, select) -> RoundData:
-        key, table = self.table(config)
+        path, raw, key, stable = self._read(config)
         wanted = (what, config.id_column, tuple(sorted(config.columns.items())),
                   config.log_patient_ids)
         with self._lock:
             if key == self._key and wanted in self._selected:
                 return self._selected[wanted]
-        data = select(table)
+        self.parses += 1
+        data = select(parse_table(path, config.format, raw))
         data.x.flags.writeable = False
         data.y.flags.writeable = False
-        with self._lock:
-            if key == self._key:
+        if stable:
+            with self._lock:
+                if key != self._key:
+                    self._key, self._selected = key, {}
                 self._selected[wanted] = data
         return data
 

@@ -36,10 +36,13 @@ def test_the_same_bytes_are_parsed_once_and_give_what_a_fresh_read_gives(tmp_pat
     assert again is first and cache.parses == 1
     _same(first, load_joint_round_data(config, ["g1", "g2"], ["drug", "other"],
                                        require_ids=True))
-    # Another selection of the same file: the Table is reused, the selection is its own.
+    # Another selection of the same file is its own (the file parsed again), and both kept.
     one = cache.load_round_data(config, ["g2"], "drug")
-    assert cache.parses == 1
+    assert cache.parses == 2
     _same(one, load_round_data(config, ["g2"], "drug"))
+    assert cache.load_round_data(config, ["g2"], "drug") is one
+    assert cache.load_joint_round_data(config, ["g1", "g2"], ["drug", "other"],
+                                       require_ids=True) is first and cache.parses == 2
     # The arrays handed out cannot be changed by a caller.
     with pytest.raises(ValueError):
         first.x[0, 0] = 99.0
