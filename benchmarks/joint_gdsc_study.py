@@ -42,6 +42,13 @@ posterior mean and variance and b_test, v_test the least squares of clip(y, y_bo
 test lines and its sampling variance (the held-out estimate's own error is added, so a
 calibrated posterior covers ~90 %).
 
+Joint rounds are fitted as the aggregator fits them: from ``aggregator.joint_prior.MIN_TARGETS``
+targets on, every target's prior is centred at the across-target mean m0 of the release
+(``aggregator.joint_prior``; ``--zero-mean``: centred at 0, the fit of the earlier tables).
+Rows scored on the K = 1 joint Gaussian release itself (``SAME_RELEASE_ROWS``, paired with it,
+not in the default rows): the prior centred at 0, the closed-form noise-matched ridge at c = 2 /
+8 / 32 (and c = 8 around m0), and an oracle with the exact counts (diagnostic only).
+
 Randomness: release noise from OpenDP / the site's samplers (CSPRNG, not seedable); fit seeds
 and the splits from ``--seed``. Progress on stderr. ``--no-nuts``: a refused noise-aware fit is
 counted and scored as beta = 0 instead of falling back to NUTS (minutes of PyMC compilation on
