@@ -451,18 +451,21 @@ def score_cell(rng, sites, x_public, y_public, x_test, y_test, mech: Mechanism, 
     ``production``) both are what a round computes: the public rows clipped like the private
     ones (``dpfed.statistics.clipped_exact_statistics``, as the coordinator's round spec
     carries them) given to the fit as ``public=`` with ``x_bound`` = Bx and ``y_unit`` = By,
-    and public-only = ``fit_posterior(public, y_unit=By)``."""
+    and public-only = ``fit_posterior(public, y_unit=By)``. A joint ``mech``: the simulated
+    release is the target's view (``simulate_joint_view``), its MCAR term bounded by the
+    clipped public rows' second moments, as the aggregator bounds it."""
     from dpfed.statistics import clipped_exact_statistics
 
     d = x_test.shape[1]
     exact = closed_form_fit(0.0)
+    production = getattr(fit, "production", False)
     public = clipped_exact_statistics(x_public, y_public, mech.x_bound, mech.y_bound,
-                                      mech.x_norm_bound)
+                                      mech.x_norm_bound) if production or mech.joint else None
     # A joint round's view bounds its MCAR term by the target's public second moments
     # (aggregator.joint_fit.target_inputs).
     moments = public.xtx / public.n if mech.joint and public.n >= 1 else None
     sxx, sxy, syy, n, sc = simulate_release(rng, sites, mech, n_noise, second_moments=moments)
-    if getattr(fit, "production", False):
+    if production:
         pub = fit.public_only(public, y_unit=mech.y_bound)[None]
         beta = fit(sxx + public.xtx, sxy + public.xty, syy + public.yty, n + public.n, sc,
                    public=public, x_bound=mech.x_bound, y_unit=mech.y_bound)
