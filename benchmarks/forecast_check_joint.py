@@ -47,8 +47,12 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
-def realised(study, cell, n, drugs, cal, y_bound, seed):
-    """{drug index: (realised gain, realised public-only Spearman)} of one joint release."""
+def realised(study, cell, n, drugs, cal, y_bound, seed, prior_mean=False):
+    """{drug index: (realised gain, realised public-only Spearman)} of one joint release.
+    ``prior_mean``: every target fitted around the across-target mean m0 as
+    ``aggregator.joint_fit`` fits it from ``joint_prior.MIN_TARGETS`` targets on
+    (``joint_prior.pooled_mean`` of every target's view + public, ``shift``, draws shifted
+    back); the reference stays ``fit_posterior(public_j, y_unit=By)``, as the round's."""
     from dpfed.joint_statistics import public_targets
     from posterior import ConvergenceError, PosteriorError, fit_posterior
 
@@ -58,14 +62,24 @@ def realised(study, cell, n, drugs, cal, y_bound, seed):
     xt, zt = x[cell.test], z[cell.test]
     pubt = public_targets(xq, zq, cal.x_bound, y_bound, cal.x_norm_bound)
     total = study.release_joint(x[priv], z[priv], cal)
+    m0 = None
+    if prior_mean:
+        from aggregator.joint_prior import MIN_TARGETS, pooled_mean, shift
+
+        inputs = [study.target_view(total, j, pubt[j]) for j in range(z.shape[1])]
+        if len(inputs) >= MIN_TARGETS:
+            m0 = pooled_mean(total, inputs, x_bound=cal.x_bound)
     out = {}
     for j in drugs:
         have = np.isfinite(zt[:, j])
         stats, public = study.target_view(total, j, pubt[j])
+        if m0 is not None:
+            stats = shift(stats, m0)
+            public = None if public is None else shift(public, m0)
         try:
             post = fit_posterior(stats, public=public, x_bound=cal.x_bound, y_unit=y_bound,
                                  draws=1000, seed=seed + j, fallback=None)
-            beta = np.asarray(post.beta_mean)
+            beta = np.asarray(post.beta_mean) + (0.0 if m0 is None else m0)
         except (ConvergenceError, PosteriorError, ValueError, ArithmeticError):
             beta = None          # refused: left out (counted)
         pub = fit_posterior(pubt[j], y_unit=y_bound, draws=1000, seed=seed + j)
@@ -91,6 +105,10 @@ def main(argv=None) -> int:
     ap.add_argument("--n-noise", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--prior-mean", action="store_true",
+                    help="realise the round as aggregator.joint_fit does since 5707c62: every "
+                         "target around the across-target prior mean m0 (the forecast does not "
+                         "model m0)")
     args = ap.parse_args(argv)
 
     import joint_gdsc_study as study
@@ -117,7 +135,8 @@ def main(argv=None) -> int:
         step = max(1, len(eligible) // args.drugs)
         drugs = eligible[::step][:args.drugs]
         fill = float(np.isfinite(zq).mean())
-        real = realised(study, cell, args.n, drugs, cal, y_bound, 1000 * rep)
+        real = realised(study, cell, args.n, drugs, cal, y_bound, 1000 * rep,
+                        prior_mean=args.prior_mean)
         prep = cell.meta["preprocessing"]
         x_pub_raw = panel.x_raw[cell.public]
         for j in drugs:
@@ -166,7 +185,8 @@ def main(argv=None) -> int:
             f"{np.median([r[v][2] - r[v][1] for r in ok]):.3f} | "
             f"{np.median([r[v + ':s'] for r in ok]):.2f} |")
     print("\n".join(lines))
-    print(f"GDSC joint Gaussian ({args.eps:g}, {args.delta:g}), {m} drugs in the release, n = "
+    print(("realised with the across-target prior mean m0; " if args.prior_mean else "") +
+          f"GDSC joint Gaussian ({args.eps:g}, {args.delta:g}), {m} drugs in the release, n = "
           f"{args.n}, repeats {args.first_repeat}..{args.first_repeat + args.repeats - 1}, "
           f"{len(rows)} rounds ({len(rows) - len(ok)} refused realised fits left out); "
           f"{args.n_datasets} populations x {args.n_noise} noise draws; "
