@@ -192,7 +192,9 @@ def _read_text(path: Path, delimiter: str, raw: bytes | None = None) -> Table:
         if fields is None or len(fields) != len(header):
             malformed.add(i)          # a row-wise rule: this row is left out
             fields = [None] * len(header)
-        body.append(fields)
+        # A tuple of strs: the garbage collector stops tracking it after its first pass; a
+        # list it would walk again at every collection while the file is read.
+        body.append(tuple(fields))
     return Table(path, TextColumns(header, body), len(body), first_line=2,
                  malformed=frozenset(malformed), duplicated=duplicated, header=tuple(header))
 
