@@ -4,7 +4,7 @@
 
     nice -n 10 python benchmarks/forecast_check_joint.py [--repeats 3] [--drugs 50] [--n 700]
         [--eps 10] [--delta 1e-6] [--variants closed_form/default,closed_form/default@100]
-        [--json FILE]
+        [--prior-mean] [--json FILE]
 
 Per repeat (``benchmarks/joint_gdsc_study.py``'s split: one permutation of the 988 GDSC lines,
 10 public lines shared by every drug, 278 held-out test lines, the private set the pool's
@@ -28,7 +28,9 @@ as many as the drug's test lines). Prints per variant the share of rounds whose 
 lies in the one-round [q10, q90] with its Clopper-Pearson 95 % interval, misses below / above,
 mean forecast and realised gains and the median band width; ``--json`` keeps every round.
 The drugs of one repeat share one release (their Sxx noise): rounds are not independent
-within a repeat, so the interval is somewhat optimistic.
+within a repeat, so the interval is somewhat optimistic. ``--prior-mean``: the realised fit
+centres every target at the across-target mean m0 as ``aggregator.joint_fit`` does (the
+forecast does not model it). docs/evaluation.md "Forecasts for joint rounds" has the figures.
 """
 
 from __future__ import annotations
