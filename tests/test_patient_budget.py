@@ -366,13 +366,19 @@ def test_a_simulated_year_keeps_answering_and_no_patient_exceeds_the_budget(tmp_
     patients a month, none leaving. The site answers every month, each patient is in at most
     3 releases, and a replay of the ledger (each patient's events from its records) through
     dpfed.accounting never exceeds the budget. A site-wide budget of 3 would have stopped
-    after month 3."""
-    config_path, coordinator = site_with(tmp_path, range(30), max_eps=1.0, patient=3.0)
+    after month 3. min_n 1 and half the epsilon on n (discrete Laplace scale 2): the noisy n
+    of month 1's 30 patients falls below min_n with probability ~1e-7 (min_n 20 and scale
+    6.7 refused month 1 in ~10 % of the runs)."""
+    config_path, coordinator = site_with(
+        tmp_path, range(30), policy=POLICY.format(max_eps=1.0, patient=3.0).replace(
+            "min_n = 20", "min_n = 1"))
     node = SiteNode(load_config(config_path))
     budget = PatientBudget(3.0)
+    split = [0.25, 0.20, 0.05, 0.50]
     for month in range(12):
         set_data(tmp_path, range(30 * (month + 1)))
-        c = released(node.handle_round(coordinator.sign(make_spec(f"month-{month}"))))
+        c = released(node.handle_round(coordinator.sign(make_spec(f"month-{month}",
+                                                                  budget_split=split))))
         # the patients of the last three months (at most 90)
         assert len(node.ledger.included_in(f"month-{month}")) == 30 * min(3, month + 1)
         assert c.n > 0
