@@ -1,7 +1,8 @@
 """Coverage of 90 % intervals in the product's own setting (issue 21 item 2).
 
     python benchmarks/coverage_product.py [--reps 60] [--unit bound,public_rms]
-        [--design-sd product|se|0.15|se+n] [--d 5 --n 500 --eps 2 --k 10]
+        [--design-sd product|se|0.15|se+n] [--prior gamma|scaled|scaled:a,b,a0,b0]
+        [--d 5 --n 500 --eps 2 --k 10]
 
 Each problem: (lambda, lambda0, beta) from the priors of method.md section 1 (y's own units),
 rows of unit norm, n private rows, 10 public rows. Then what a round does: the bounds, split
@@ -30,6 +31,11 @@ Design prior (``--design-sd``, a diagnostic; docs/evaluation.md): ``product`` =
 ``design_prior_se``: the per-entry sd of the public second moments' own standard error, half
 the normal-theory sqrt((M_jj M_kk + M_jk^2) / n_pub) (halved with the half-way shrinkage to
 isotropic), instead of a constant. Measured and not adopted (issue 21 item 2).
+
+Priors (``--prior``): a name of ``posterior.noise_aware.PRIORS`` ("gamma", the paper's;
+"scaled", the normal-gamma prior lambda0 = lambda g; "total", the total-variance prior), or
+``name:a,b,a0,b0[,total]`` for other hyperparameters; installed as ``noise_aware.PRIOR`` in this process (every fit of
+the run, the noise-free reference too).
 """
 
 from __future__ import annotations
@@ -161,6 +167,20 @@ def set_design_sd(rule: str) -> None:
         na.design_prior = with_count_noise(na.design_prior)
 
 
+def set_prior(spec: str) -> None:
+    """Install the ``--prior`` choice as ``posterior.noise_aware.PRIOR`` (this process)."""
+    from posterior import noise_aware as na
+
+    name, _, hyper = spec.partition(":")
+    if name not in na.PRIORS:
+        raise SystemExit(f"unknown prior {name!r}; known: {sorted(na.PRIORS)}")
+    base = na.PRIORS[name]
+    if hyper:
+        vals = [float(v) for v in hyper.split(",")]
+        base = na.Prior(spec, *vals[:4], base.kind, *(vals[4:5] or [base.total]))
+    na.PRIOR = base
+
+
 def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
     from posterior import PosteriorError, fit_posterior
 
@@ -205,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--unit", default="bound")
     ap.add_argument("--design-sd", default="product",
                     help="product, se, or a relative sd (diagnostic; module docstring)")
+    ap.add_argument("--prior", default="gamma",
+                    help="gamma, scaled, or name:a,b,a0,b0 (module docstring)")
     ap.add_argument("--d", default="5,10")
     ap.add_argument("--n", default="100,500,2000")
     ap.add_argument("--eps", default="0.5,1,2")
@@ -213,6 +235,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     units = args.unit.split(",")
     set_design_sd(args.design_sd)
+    set_prior(args.prior)
     t0 = time.time()
     head = "| d | n | eps | K |"
     for u in units:

@@ -38,18 +38,14 @@ _LARGE = 64
 
 
 def _prior(us: np.ndarray, d: int, grad: bool):
-    """Student-t prior of beta and Gamma prior of lambda on log lambda (``na._log_prior``)."""
-    beta, a = us[:, :d], us[:, d]
-    s = np.einsum("ij,ij->i", beta, beta)
-    k = na.PRIOR_SHAPE + 0.5 * d
-    lam = np.exp(a)
-    val = (na._t_const(d) - k * np.log(na.PRIOR_RATE + 0.5 * s)
-           + na._GAMMA_CONST + na.PRIOR_SHAPE * a - na.PRIOR_RATE * lam)
+    """The prior of beta (lambda0 integrated out) and of lambda on log lambda
+    (``na._log_prior``, ``na.Prior``)."""
+    val, gr = na.prior_value(us[:, :d], us[:, d], na.prior_params(d), grad=grad)
     if not grad:
         return val, None
     g = np.empty_like(us)
-    g[:, :d] = -k * beta / (na.PRIOR_RATE + 0.5 * s)[:, None]
-    g[:, d] = na.PRIOR_SHAPE - na.PRIOR_RATE * lam
+    g[:, :d] = gr[0]
+    g[:, d] = gr[1]
     return val, g
 
 

@@ -525,7 +525,7 @@ def _posterior_from_draws(u_draws, d, rng, diag, rep, stats, model) -> Posterior
 
     beta_draws = u_draws[:, :d]
     lam_draws = np.exp(u_draws[:, d])
-    lam0_draws = na.draw_lam0(beta_draws, rng)
+    lam0_draws = na.draw_lam0(beta_draws, rng, lam_draws)
     return Posterior("laplace", beta_draws.mean(axis=0), beta_draws, draws_summary(lam_draws),
                      draws_summary(lam0_draws), diag, rep, stats, model)
 

@@ -279,10 +279,20 @@ def build_noise_aware_model(inp):
     import pymc as pm
     import pytensor.tensor as pt
 
+    from posterior.noise_aware import PRIOR
+
     d = inp.dim
     with pm.Model() as model:
-        lam = pm.Gamma("lam", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
-        lam0 = pm.Gamma("lam0", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
+        # The priors of ``noise_aware.PRIOR`` (the paper's, or the scaled normal-gamma one).
+        lam = pm.Gamma("lam", alpha=PRIOR.shape, beta=PRIOR.rate)
+        if PRIOR.kind == "total":
+            tau = 0.1 * PRIOR.total
+            rate0 = PRIOR.rate0 * tau * pt.softplus((PRIOR.total - 1.0 / lam) / tau)
+        elif PRIOR.kind == "scaled":
+            rate0 = PRIOR.rate0 / lam
+        else:
+            rate0 = PRIOR.rate0
+        lam0 = pm.Gamma("lam0", alpha=PRIOR.shape0, beta=rate0)
         beta = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0), shape=(d,))
         rho = 1.0 / lam
         rxx, abar = pt.as_tensor(inp.rxx), pt.as_tensor(inp.abar)

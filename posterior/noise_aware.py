@@ -77,13 +77,97 @@ from posterior.repair import project_psd
 
 __all__ = ["NoiseAwareInputs", "noise_aware_inputs", "log_posterior_noise_aware",
            "log_posterior_exact", "log_posterior_noise_aware_batch", "log_posterior_exact_batch",
-           "draw_lam0", "psd_estimate", "design_prior", "PRIOR_SHAPE", "PRIOR_RATE"]
+           "draw_lam0", "psd_estimate", "design_prior", "PRIOR_SHAPE", "PRIOR_RATE", "Prior",
+           "PRIORS", "PRIOR", "prior_params", "prior_value"]
 
 #: Gamma(a, b) prior of lambda and lambda0 (shape, rate), paper section 4.5.
 PRIOR_SHAPE = 2.0
 PRIOR_RATE = 2.0
 _LOG_2PI = float(np.log(2 * np.pi))
-_GAMMA_CONST = PRIOR_SHAPE * np.log(PRIOR_RATE) - special.gammaln(PRIOR_SHAPE)
+
+
+@dataclass(frozen=True)
+class Prior:
+    """The priors of the precisions (method.md section 1 and its variants; docs/method.md).
+
+    lambda ~ Gamma(shape, rate), and lambda0 | lambda ~ Gamma(shape0, c(lambda)) with
+
+    - ``kind="independent"`` (the paper's, section 4.5): c = rate0, lambda0 independent;
+    - ``kind="scaled"`` (the conjugate normal-gamma prior, O'Hagan & Forster 2004, Kendall's
+      Advanced Theory of Statistics 2B, section 11.8; Gelman et al., BDA3, section 14.8):
+      c = rate0 / lambda, i.e. lambda0 = lambda g with g ~ Gamma(shape0, rate0): the
+      coefficients' prior scale is a multiple of the residual sd;
+    - ``kind="total"`` (a total-variance prior, issue 21 item 2): c = rate0 sp(total - 1 /
+      lambda), sp a softplus of width 0.1 total (a floor at small signal). With rate0 =
+      shape0 - 1, E[1 / lambda0 | lambda] (the signal's variance for rows with E|x|^2 = 1) is
+      total - 1 / lambda: in units of the y bound the clipped response's variance is at most
+      ~1, so signal and residual variance share a total instead of being independent; for the
+      product's generator 1 / (lambda0 By^2) + 1 / (lambda By^2) = 1 / omega^2 exactly
+      (docs/evaluation.md).
+
+    In each case lambda0 is integrated out in closed form: beta | lambda has the Student-t
+    density Gamma(a0 + d/2) / Gamma(a0) c^a0 (2 pi)^(-d/2) (c + |beta|^2 / 2)^-(a0 + d/2)."""
+
+    name: str
+    shape: float
+    rate: float
+    shape0: float
+    rate0: float
+    kind: str = "independent"
+    total: float = 1.0
+
+    @property
+    def scaled(self) -> bool:
+        """Whether lambda0's prior depends on lambda (draws of lambda0 need lambda)."""
+        return self.kind != "independent"
+
+    def params(self, d: int) -> np.ndarray:
+        """[log-density constant, a, b, a0, b0, kind code, total] for the compiled densities."""
+        const = (special.gammaln(self.shape0 + 0.5 * d) - special.gammaln(self.shape0)
+                 - 0.5 * d * _LOG_2PI + self.shape * np.log(self.rate)
+                 - special.gammaln(self.shape))
+        code = {"independent": 0.0, "scaled": 1.0, "total": 2.0}[self.kind]
+        return np.array([const, self.shape, self.rate, self.shape0, self.rate0, code,
+                         self.total])
+
+    def rate_of_lam0(self, lam):
+        """c(lambda) (class docstring), for arrays of lambda."""
+        lam = np.asarray(lam, dtype=float)
+        return _rate_and_slope(np.log(lam), self.params(1))[0]
+
+
+def _rate_and_slope(a, pr):
+    """c(lambda) and d log c / d log lambda at a = log lambda (``Prior``)."""
+    rt0, code, total = pr[4], pr[5], pr[6]
+    a = np.asarray(a, dtype=float)
+    if code == 0.0:
+        return np.full_like(a, rt0), np.zeros_like(a)
+    if code == 1.0:
+        return rt0 * np.exp(-a), -np.ones_like(a)
+    tau = 0.1 * total
+    x = (total - np.exp(-a)) / tau
+    sp = tau * np.logaddexp(0.0, x)
+    sig = special.expit(x)
+    return rt0 * sp, sig * np.exp(-a) / sp
+
+
+#: Named priors (``PRIOR`` is the one every fit uses). "gamma": the paper's, both Gamma(2, 2).
+#: "scaled": the normal-gamma prior in units of By, lambda ~ Gamma(2, 1) (residual variance
+#: 1 / lambda: mean 1, median 0.6 By^2), g ~ Gamma(2, 2). "total": signal and residual variance
+#: share total = 0.5 By^2 (the clipped response's variance at omega_y 1-1.4), lambda ~
+#: Gamma(2, 0.5) (residual variance median 0.3 By^2), lambda0 | lambda ~ Gamma(2, total -
+#: 1 / lambda). Measured in docs/evaluation.md ("A prior that knows the bound").
+PRIORS = {
+    "gamma": Prior("gamma", PRIOR_SHAPE, PRIOR_RATE, PRIOR_SHAPE, PRIOR_RATE),
+    "scaled": Prior("scaled", 2.0, 1.0, 2.0, 2.0, "scaled"),
+    "total": Prior("total", 2.0, 0.5, 2.0, 1.0, "total", 0.5),
+}
+PRIOR = PRIORS["gamma"]
+
+
+def prior_params(d: int) -> np.ndarray:
+    """``PRIOR.params(d)``: what the compiled and batched densities read."""
+    return PRIOR.params(d)
 
 # Abar's eigenvalues are floored at this fraction of the largest |eigenvalue| (and at the
 # noise sd of one entry, below which the release cannot tell an eigenvalue from zero).
@@ -214,25 +298,32 @@ def noise_aware_inputs(stats: Statistics, public: Statistics | None = None,
                             v["xty"], v["yty"], v["n"], *pub)
 
 
-def _t_const(d: int) -> float:
-    a, b = PRIOR_SHAPE, PRIOR_RATE
-    return float(special.gammaln(a + 0.5 * d) - special.gammaln(a) + a * np.log(b)
-                 - 0.5 * d * _LOG_2PI)
+def prior_value(beta, a, pr, grad: bool = False):
+    """Log prior of (beta, log lambda) rows (``Prior``'s density with its log-Jacobian) for
+    parameters ``pr = Prior.params(d)``; with ``grad``, also its gradient."""
+    const, sh, rt, sh0 = pr[0], pr[1], pr[2], pr[3]
+    d = beta.shape[-1]
+    s = np.einsum("...i,...i->...", beta, beta)
+    lam = np.exp(a)
+    c, dlc = _rate_and_slope(a, pr)
+    den = c + 0.5 * s
+    kk = sh0 + 0.5 * d
+    val = const + sh0 * np.log(c) - kk * np.log(den) + sh * a - rt * lam
+    if not grad:
+        return val, None
+    gb = -kk * beta / np.asarray(den)[..., None]
+    ga = dlc * (sh0 - kk * c / den) + sh - rt * lam
+    return val, (gb, ga)
 
 
 def _log_prior(u: np.ndarray, d: int) -> tuple[float, np.ndarray]:
-    """Student-t prior of beta (lambda0 integrated out) and Gamma(2, 2) on lambda with the
-    log-transform Jacobian; gradient in u = (beta, log lambda)."""
-    beta, a = u[:d], u[d]
-    lam = np.exp(a)
-    s = float(beta @ beta)
-    k = PRIOR_SHAPE + 0.5 * d
-    val = (_t_const(d) - k * np.log(PRIOR_RATE + 0.5 * s)
-           + _GAMMA_CONST + PRIOR_SHAPE * a - PRIOR_RATE * lam)
+    """Student-t prior of beta (lambda0 integrated out) and the Gamma prior on lambda with the
+    log-transform Jacobian (``Prior``); gradient in u = (beta, log lambda)."""
+    val, (gb, ga) = prior_value(u[:d], u[d], prior_params(d), grad=True)
     g = np.empty(d + 1)
-    g[:d] = -k * beta / (PRIOR_RATE + 0.5 * s)
-    g[d] = PRIOR_SHAPE - PRIOR_RATE * lam
-    return val, g
+    g[:d] = gb
+    g[d] = ga
+    return float(val), g
 
 
 # |log lambda| beyond this is outside any data's support (lambda = e^60): treated as zero
@@ -245,17 +336,20 @@ def _in_range(u: np.ndarray, d: int) -> bool:
 
 
 def _log_prior_batch(u: np.ndarray, d: int) -> np.ndarray:
-    beta, a = u[:, :d], u[:, d]
-    s = np.einsum("ij,ij->i", beta, beta)
-    return (_t_const(d) - (PRIOR_SHAPE + 0.5 * d) * np.log(PRIOR_RATE + 0.5 * s)
-            + _GAMMA_CONST + PRIOR_SHAPE * a - PRIOR_RATE * np.exp(a))
+    return prior_value(u[:, :d], u[:, d], prior_params(d))[0]
 
 
-def draw_lam0(beta: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """lambda0 | beta ~ Gamma(a + d/2, rate b + |beta|^2/2), one per row of ``beta``."""
+def draw_lam0(beta: np.ndarray, rng: np.random.Generator,
+              lam: np.ndarray | None = None) -> np.ndarray:
+    """lambda0 | beta (, lambda) ~ Gamma(a0 + d/2, rate c + |beta|^2/2), c = b0 lambda^-k
+    (``Prior``), one per row of ``beta``; ``lam`` (the rows' lambda) is needed when scaled."""
     d = beta.shape[1]
-    rate = PRIOR_RATE + 0.5 * np.einsum("ij,ij->i", beta, beta)
-    return rng.gamma(PRIOR_SHAPE + 0.5 * d, 1.0 / rate)
+    p = PRIOR
+    if p.scaled and lam is None:
+        raise ValueError("this prior draws lambda0 given lambda: pass lam")
+    c = p.rate_of_lam0(lam) if p.scaled else p.rate0
+    rate = c + 0.5 * np.einsum("ij,ij->i", beta, beta)
+    return rng.gamma(p.shape0 + 0.5 * d, 1.0 / rate)
 
 
 def log_posterior_exact(u: np.ndarray, stats: Statistics) -> tuple[float, np.ndarray]:

@@ -38,8 +38,6 @@ EXACT = 0
 NOISE_AWARE = 1
 
 _LOG_2PI = math.log(2.0 * math.pi)
-_SHAPE = float(na.PRIOR_SHAPE)
-_RATE = float(na.PRIOR_RATE)
 
 # Strict IEEE arithmetic (no fastmath): a fit must be a function of its inputs and seed, bit
 # for bit, in every process. With reassociation ("reassoc") LLVM vectorised sums differently
@@ -76,20 +74,42 @@ def _cholesky(a, low):
 
 
 @_jit
+def _lam0_rate(a, const):
+    """c(lambda) and d log c / d log lambda at a = log lambda (``noise_aware._rate_and_slope``)."""
+    rt0, code, total = const[4], const[5], const[6]
+    if code == 0.0:
+        return rt0, 0.0
+    if code == 1.0:
+        return rt0 * math.exp(-a), -1.0
+    tau = 0.1 * total
+    x = (total - math.exp(-a)) / tau
+    if x > 0.0:
+        sp = tau * (x + math.log1p(math.exp(-x)))
+        sig = 1.0 / (1.0 + math.exp(-x))
+    else:
+        ex = math.exp(x)
+        sp = tau * math.log1p(ex)
+        sig = ex / (1.0 + ex)
+    return rt0 * sp, sig * math.exp(-a) / sp
+
+
+@_jit
 def _prior(u, d, const, g):
-    """Student-t prior of beta and Gamma(a, b) prior of lambda on log lambda (with the
-    Jacobian); writes its gradient into ``g``, returns its value (``noise_aware._log_prior``).
-    ``const`` = _t_const(d) + _GAMMA_CONST."""
+    """The prior of beta (lambda0 integrated out) and of lambda on log lambda, with the
+    Jacobian (``noise_aware._log_prior``, ``noise_aware.Prior``); writes its gradient into
+    ``g``, returns its value. ``const`` = ``noise_aware.prior_params(d)``."""
     s = 0.0
     for i in range(d):
         s += u[i] * u[i]
-    kk = _SHAPE + 0.5 * d
-    den = _RATE + 0.5 * s
+    sh, rt, sh0 = const[1], const[2], const[3]
+    kk = sh0 + 0.5 * d
+    c, dlc = _lam0_rate(u[d], const)
+    den = c + 0.5 * s
     lam = math.exp(u[d])
     for i in range(d):
         g[i] = -kk * u[i] / den
-    g[d] = _SHAPE - _RATE * lam
-    return const - kk * math.log(den) + _SHAPE * u[d] - _RATE * lam
+    g[d] = dlc * (sh0 - kk * c / den) + sh - rt * lam
+    return const[0] + sh0 * math.log(c) - kk * math.log(den) + sh * u[d] - rt * lam
 
 
 @_jit
@@ -97,8 +117,10 @@ def _prior_value(u, d, const):
     s = 0.0
     for i in range(d):
         s += u[i] * u[i]
-    return (const - (_SHAPE + 0.5 * d) * math.log(_RATE + 0.5 * s) + _SHAPE * u[d]
-            - _RATE * math.exp(u[d]))
+    sh, rt, sh0 = const[1], const[2], const[3]
+    c, _ = _lam0_rate(u[d], const)
+    return (const[0] + sh0 * math.log(c) - (sh0 + 0.5 * d) * math.log(c + 0.5 * s)
+            + sh * u[d] - rt * math.exp(u[d]))
 
 
 @_jit
@@ -575,8 +597,9 @@ class Target:
         return int(status), mode, float(val), grad, prec, int(it)
 
 
-def _const(d: int) -> float:
-    return float(na._t_const(d) + na._GAMMA_CONST)
+def _const(d: int) -> np.ndarray:
+    """The prior's parameters (``noise_aware.prior_params``), read when the target is built."""
+    return _f64(na.prior_params(d))
 
 
 def _f64(a) -> np.ndarray:
