@@ -102,3 +102,72 @@ def test_signatures_of_the_wrong_length_or_key_or_type_are_refused():
         signing.verify_signature(env, other.public_key, "dpfed.v1.Contribution")
     with pytest.raises(SignatureError):  # the domain prefix binds the payload type
         signing.verify_signature(env, key.public_key, "dpfed.v1.Refusal")
+
+
+def _reference_parse(data: bytes, cls):
+    """parse_canonical as it was before its fast path: json_format, then the re-encoding
+    check. The message, or None if refused."""
+    from google.protobuf import json_format
+    try:
+        message = json_format.Parse(data.decode("utf-8"), cls())
+    except (UnicodeDecodeError, json_format.ParseError, ValueError):
+        return None
+    return message if canonical_bytes(message) == data else None
+
+
+_CONSENT = (b'{"nonce":"c9f05f4e","phase":"consent","round_id":"r-1","site_id":"site-0000",'
+            b'"spec_digest":"00ff","timestamp_unix_ms":"1795779412005"}')
+
+
+@pytest.mark.parametrize("data", [
+    _CONSENT,
+    _CONSENT.replace(b'"1795779412005"', b"1795779412005"),           # a number, not a string
+    _CONSENT.replace(b'"1795779412005"', b'"01795779412005"'),        # leading zero
+    _CONSENT.replace(b'"1795779412005"', b'"+1795779412005"'),
+    _CONSENT.replace(b'"1795779412005"', b'"1_795779412005"'),
+    _CONSENT.replace(b'"1795779412005"', b'" 1795779412005"'),
+    _CONSENT.replace(b'"1795779412005"', b'"-1795779412005"'),         # negative: canonical
+    _CONSENT.replace(b'"1795779412005"', b'"9223372036854775807"'),    # int64 max
+    _CONSENT.replace(b'"1795779412005"', b'"9223372036854775808"'),    # past it
+    _CONSENT.replace(b'"1795779412005"', b'"0"'),                      # a default, written
+    _CONSENT.replace(b'"1795779412005"', b'"1e3"'),
+    _CONSENT.replace(b'"site-0000"', b'""'),                           # a default, written
+    _CONSENT.replace(b'"site-0000"', '"sit\u00e9"'.encode()),          # UTF-8, canonical
+    _CONSENT.replace(b'"site-0000"', b'"sit\\u00e9"'),                 # escaped: not
+    _CONSENT.replace(b'"site-0000"', b'"\\ud800"'),                    # lone surrogate
+    _CONSENT.replace(b'"site-0000"', b'"a\\"b\\\\c\\n"'),              # escapes JSON keeps
+    _CONSENT.replace(b'"site-0000"', b'null'),
+    _CONSENT.replace(b'"site-0000"', b'["x"]'),
+    _CONSENT.replace(b'"site-0000"', b'{"a":"b"}'),
+    _CONSENT.replace(b'"site-0000"', b"7"),
+    _CONSENT.replace(b'"site_id"', b'"siteId"'),                       # JSON name, not proto's
+    _CONSENT.replace(b'"round_id":"r-1",', b''),
+    _CONSENT.replace(b'"round_id":"r-1",', b'"round_id":"r-1","round_id":"r-2",'),
+    _CONSENT.replace(b'"nonce":"c9f05f4e",', b'"round_id":"r-0","nonce":"c9f05f4e",'),
+    _CONSENT.replace(b'"phase":"consent",', b'"phase":"consent","zz":"1",'),
+    _CONSENT.replace(b'"phase":"consent",', b'"body":"AAE=","phase":"consent",'),  # bytes
+    _CONSENT.replace(b",", b", "),
+    _CONSENT + b" ",
+    b" " + _CONSENT,
+    b"{}", b"[]", b'"x"', b"", b"\xff", b"{" * 5000,
+])
+def test_fast_flat_parse_agrees_with_json_format(data):
+    """parse_canonical decodes flat messages (strings and 64-bit integers only) without
+    json_format; it must accept exactly what the reference accepts, with the same message."""
+    for cls, name in ((pb.PhaseMessage, "dpfed.v1.PhaseMessage"),
+                      (pb.SiteHello, "dpfed.v1.SiteHello")):
+        expected = _reference_parse(data, cls)
+        try:
+            got = parse_canonical(data, name)
+        except CanonicalError:
+            got = None
+        assert got == expected
+        if got is not None:
+            assert canonical_bytes(got) == data
+
+
+def test_a_consent_takes_the_fast_path():
+    from dpfed.wire.canonical import _flat_message
+    assert _flat_message(_CONSENT, pb.PhaseMessage) == _reference_parse(_CONSENT, pb.PhaseMessage)
+    assert _flat_message(_CONSENT.replace(b'"phase":"consent",', b'"body":"AAE=","phase":"consent",'),
+                         pb.PhaseMessage) is None

@@ -88,18 +88,30 @@ class LiveRound:
             return self.participants or frozenset()
         return frozenset(self.session.current_set())
 
-    def missing(self) -> list[str]:
-        """Sites the current phase still waits for."""
+    def _awaited(self) -> tuple[frozenset | set, tuple]:
+        """(the sites the current phase waits on, the collections of those that answered)."""
         if self.state == CONSENT:
-            return sorted(self.invited - set(self.consents) - set(self.refusals))
+            return self.invited, (self.consents, self.refusals)
         if self.step in (ADVERTISE, SHARE_KEYS, CONFIRM_STEP, UNMASK_STEP):
-            return sorted(self.expected() - set(self.answers) - set(self.pending)
-                          - set(self.refusals))
+            return self.expected(), (self.answers, self.pending, self.refusals)
         if self.state == RELEASE:
             pool = self.expected() if self.step == RELEASE_STEP else self.participants
-            return sorted(pool - set(self.contributions) - set(self.storing)
-                          - set(self.refusals))
-        return []
+            return pool, (self.contributions, self.storing, self.refusals)
+        return frozenset(), ()
+
+    def missing(self) -> list[str]:
+        """Sites the current phase still waits for."""
+        pool, answered = self._awaited()
+        return sorted(pool.difference(*answered))
+
+    def any_missing(self) -> bool:
+        """``bool(self.missing())``, without building the list while the counts alone show a
+        site still awaited (|pool - answered| >= |pool| - sum of |answered|): the phase's end
+        is checked after every group commit, and the list costs O(N log N) at N sites."""
+        pool, answered = self._awaited()
+        if len(pool) > sum(len(a) for a in answered):
+            return True
+        return bool(pool.difference(*answered))
 
     def dropped(self, contributed=None) -> list[str]:
         """Participants that never answered the release phase (known once it ended).

@@ -122,7 +122,7 @@ class Transitions:
         if live.state == CONSENT:
             if live.consents_storing:
                 return
-            if not live.missing():
+            if not live.any_missing():
                 self._end_consent(live, "every invited site answered")
             elif live.deadline_due:
                 self._end_consent(live, "consent deadline passed")
@@ -131,12 +131,12 @@ class Transitions:
                 return
             if live.step == UNMASK_STEP and live.session.ready():
                 self._finish_secure(live, "every needed share arrived")
-            elif not live.missing():
+            elif not live.any_missing():
                 self._end_step(live, "every site answered")
             elif live.deadline_due:
                 self._end_step(live, "its deadline passed")
         elif live.state == RELEASE and not live.storing:
-            if not live.missing() or live.deadline_due:
+            if not live.any_missing() or live.deadline_due:
                 self._end_release(live)
 
     def _end_consent(self, live: LiveRound, why: str) -> None:
