@@ -61,3 +61,19 @@ def test_transport_floor_times_one_and_two_signed_messages_per_site():
     results = {r["mode"]: r for r in json.loads(out.stdout.strip().splitlines()[-1])["results"]}
     assert set(results) == {"aio-verify", "aio-verify-2phase"}
     assert all(r["sites"] == 4 and r["wall_s"] > 0 for r in results.values())
+
+
+def test_in_process_round_benchmark_runs_a_round_to_done():
+    """benchmarks/bench_round_inproc.py, tiny: consents then contributions straight to the
+    RoundManager; every contribution accepted, the round DONE, CPU reported."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_round_inproc.py"),
+                          "--sites", "5", "--dim", "3", "--repeat", "1", "--json"],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (run,) = json.loads(out.stdout.strip().splitlines()[-1])["runs"]
+    assert run["sites"] == 5 and run["cpu_s"] > 0 and run["wall_s"] >= run["consent_s"] > 0
