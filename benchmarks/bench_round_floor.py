@@ -16,6 +16,10 @@ whose Contribute handler does only part of the aggregator's work:
 * ``aio-verify-2phase``: ``aio-verify`` for the round's two signed messages per site, as
   the round sends them since issue 10: N consents (SendPhase, a PhaseMessage each) and once
   all are answered the N contributions; the floor of a round with a consent phase;
+* ``aio-verify-2phase-handoff``: ``aio-verify-2phase`` whose handler, after the check, waits
+  for another thread to answer it (a queue to one thread that completes each call's asyncio
+  future with ``call_soon_threadsafe``), as the round's handler waits for the store's
+  writer thread: the transport cost of a reply that is not ready when the handler runs;
 
 and, interleaved with them, the real round (bench_round.run_bench: every check, the fsynced
 store and the exact sum). Wall time runs from the first send to the last reply; CPU is user +
@@ -42,7 +46,8 @@ from dpfed_apps.bench.simulated_sites import (CONTRIBUTE, SEND_PHASE,  # noqa: E
                                               process_cpu_s, sign_consents,
                                               sign_contributions)
 
-MODES = ("empty", "verify", "aio-empty", "aio-verify", "aio-verify-pool", "aio-verify-2phase")
+MODES = ("empty", "verify", "aio-empty", "aio-verify", "aio-verify-pool", "aio-verify-2phase",
+         "aio-verify-2phase-handoff")
 
 
 def _handler(mode: str, public_keys: dict[str, bytes],
@@ -86,18 +91,38 @@ def server_process(mode: str, public_keys: dict[str, bytes], workers: int, port_
     options = SERVER_OPTIONS + pending_call_options(cfg)
     fn = _handler(mode, public_keys)
     if mode.startswith("aio"):
+        import queue
+        import threading
+
         pool = futures.ThreadPoolExecutor(max_workers=workers)
+        handoff: queue.SimpleQueue = queue.SimpleQueue()
+
+        def answer() -> None:   # the stand-in for the store's writer thread
+            while (item := handoff.get()) is not None:
+                loop, waiter, reply = item
+                loop.call_soon_threadsafe(waiter.set_result, reply)
+
+        if mode.endswith("-handoff"):
+            threading.Thread(target=answer, daemon=True).start()
+
+        async def reply_of(reply: bytes) -> bytes:
+            if not mode.endswith("-handoff"):
+                return reply
+            loop = asyncio.get_running_loop()
+            waiter = loop.create_future()
+            handoff.put((loop, waiter, reply))
+            return await waiter
 
         async def handle(request, context):
             if mode.endswith("-pool"):
                 return await asyncio.get_running_loop().run_in_executor(pool, fn, request,
                                                                         context)
-            return fn(request, context)
+            return await reply_of(fn(request, context))
 
         phase = _handler(mode, public_keys, "dpfed.v1.PhaseMessage")
 
         async def handle_phase(request, context):
-            return phase(request, context)
+            return await reply_of(phase(request, context))
 
         async def serve():
             server = grpc.aio.server(options=options,
@@ -135,7 +160,7 @@ def run_floor(mode: str, sites: int, dim: int, *, channels: int = 4, workers: in
     site_keys = {f"site-{i:04d}": SigningKey.generate() for i in range(sites)}
     contributions = sign_contributions(site_keys, "floor-1", "0" * 64, dim,
                                        np.random.default_rng(seed))
-    consents = (sign_consents(site_keys, "floor-1", "0" * 64) if mode.endswith("-2phase")
+    consents = (sign_consents(site_keys, "floor-1", "0" * 64) if "-2phase" in mode
                 else [])
     public = {k.key_id: k.public_key.public_bytes(Encoding.Raw, PublicFormat.Raw)
               for k in site_keys.values()}
