@@ -7,7 +7,8 @@ The five diagnostic cells of docs/evaluation.md ("The candidate fixes, measured"
 n 500, eps 0.5, K 1; b = d 5, n 500, eps 2, K 10; c = d 5, n 100, eps 0.5, K 10; e = d 10,
 n 100, eps 1, K 1; f = d 10, n 2000, eps 0.5, K 10. Each problem is drawn once
 (``benchmarks/coverage_product.py``'s ``problem``, seed 0: the grid's problems of the cell; the
-bound search dominates the cost) and fitted under every configuration: a prior of
+bound search dominates the cost) and fitted under every configuration (the Laplace fit without its NUTS fallback: a refusal is counted, not
+refitted for minutes): a prior of
 ``posterior.noise_aware.PRIORS`` (``coverage_product.set_prior``), with "+n" the released
 count's noise in the design prior (``coverage_product.with_count_noise``). Prints, per cell and
 configuration, the noise-aware coverage of the clipped population coefficients, the mean
@@ -69,9 +70,10 @@ def main(argv=None) -> int:
                 bench.set_design_sd("product+n" if plus_n else "product")
                 try:
                     post = fit_posterior(p["release"] + p["public"], public=p["public"],
-                                         x_bound=p["bx"], y_unit=unit, draws=1000, seed=r)
+                                         x_bound=p["bx"], y_unit=unit, draws=1000, seed=r,
+                                         fallback=None)
                     ref = fit_posterior(p["exact"] + p["public"], y_unit=unit, draws=1000,
-                                        seed=r)
+                                        seed=r, fallback=None)
                 except PosteriorError:
                     failed[c] += 1
                     continue
