@@ -139,11 +139,13 @@ def with_count_noise(rule):
     mean of the private part is n_priv M with n_priv from the released n, so each entry also
     varies by M_jk^2 v_n (v_n: the count's public noise variance)."""
     def prior(stats, public, x_bound=None):
+        from posterior.noise_aware import count_noise_variance
+
         mean, var = rule(stats, public, x_bound)
         n_pub = public.n if public is not None else 0
         m = (mean - (public.xtx if public is not None else 0.0)) / max(float(stats.n) - n_pub,
                                                                       1.0)
-        return mean, var + m * m * stats.noise.variances()["n"]
+        return mean, var + count_noise_variance(m, stats)
     return prior
 
 

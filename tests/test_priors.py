@@ -118,3 +118,19 @@ def test_total_prior_shares_the_variance_between_signal_and_residual(monkeypatch
     draws = na.draw_lam0(np.zeros((20000, 4)), rng, np.full(20000, lam[1]))
     assert np.mean(1 / draws) == pytest.approx(
         p.rate_of_lam0(lam[1]) / (p.shape0 + 2 - 1), rel=0.05)
+
+
+def test_count_noise_term_of_the_design_prior_is_off_by_default_and_adds_m2_vn(monkeypatch):
+    rng = np.random.default_rng(4)
+    p = prior_problem(rng, 3, 300, 1.0, 1)
+    stats = p.release + p.public
+    mean0, var0 = na.design_prior(stats, p.public, 1.0)
+    assert na.DESIGN_PRIOR_COUNT_NOISE is False
+    monkeypatch.setattr(na, "DESIGN_PRIOR_COUNT_NOISE", True)
+    mean1, var1 = na.design_prior(stats, p.public, 1.0)
+    assert np.array_equal(mean0, mean1)
+    n_priv = float(stats.n) - p.public.n
+    m = (mean0 - p.public.xtx) / n_priv
+    v_n = stats.noise.variances()["n"]
+    assert v_n > 0
+    assert np.allclose(var1 - var0, m * m * v_n)
