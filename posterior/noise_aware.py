@@ -156,7 +156,7 @@ def _rate_and_slope(a, pr):
 #: 1 / lambda: mean 1, median 0.6 By^2), g ~ Gamma(2, 2). "total": signal and residual variance
 #: share total = 0.5 By^2 (the clipped response's variance at omega_y 1-1.4), lambda ~
 #: Gamma(2, 0.5) (residual variance median 0.3 By^2), lambda0 | lambda ~ Gamma(2, total -
-#: 1 / lambda). Measured in docs/evaluation.md ("A prior that knows the bound").
+#: 1 / lambda). Measured in docs/evaluation.md ("Priors that know the bound").
 PRIORS = {
     "gamma": Prior("gamma", PRIOR_SHAPE, PRIOR_RATE, PRIOR_SHAPE, PRIOR_RATE),
     "scaled": Prior("scaled", 2.0, 1.0, 2.0, 2.0, "scaled"),
