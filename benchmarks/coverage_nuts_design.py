@@ -26,7 +26,6 @@ Coverage is of ``clipped_population_beta`` (as the grid). Prints per-problem tim
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import logging
 import sys
 import time
@@ -36,14 +35,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-
-
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "coverage_product", ROOT / "benchmarks" / "coverage_product.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def design_posterior(stats, public, x_bound):
@@ -134,7 +125,7 @@ def main(argv=None) -> int:
     ap.add_argument("--draws", type=int, default=1000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    bench = _bench()
+    from benchmarks import coverage_product as bench
     bench.set_design_sd(args.design_sd)
     from posterior import fit_posterior
 

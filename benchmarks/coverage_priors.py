@@ -18,7 +18,6 @@ configuration, the noise-aware coverage of the clipped population coefficients, 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from pathlib import Path
@@ -32,14 +31,6 @@ CELLS = {"a": (5, 500, 0.5, 1), "b": (5, 500, 2.0, 10), "c": (5, 100, 0.5, 10),
          "e": (10, 100, 1.0, 1), "f": (10, 2000, 0.5, 10)}
 
 
-def _bench():
-    spec = importlib.util.spec_from_file_location(
-        "coverage_product", ROOT / "benchmarks" / "coverage_product.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=60)
@@ -47,7 +38,7 @@ def main(argv=None) -> int:
     ap.add_argument("--configs", default="gamma,gamma+n,scaled,scaled+n,total,total+n")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
-    bench = _bench()
+    from benchmarks import coverage_product as bench
     from posterior import PosteriorError, fit_posterior
 
     configs = args.configs.split(",")
