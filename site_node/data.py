@@ -505,15 +505,10 @@ def _response_block(table: Table, columns: list[str], keep) -> np.ndarray:
     only if some cell is neither a number nor an empty / "NA" cell."""
     y = np.empty((len(keep), len(columns)), dtype=np.float64)
     if isinstance(table.columns, TextColumns) and len(keep) and columns:
-        cells = np.array(table.columns.cells(columns, keep), dtype=object)
-        for marker in ("", "NA"):
-            cells[cells == marker] = "nan"
-        try:
-            y[:] = cells.astype(np.float64).reshape(y.shape)
-        except (ValueError, TypeError):
-            pass
-        else:
-            y[~np.isfinite(y)] = math.nan
+        block = _text_cells_as_floats(np.array(table.columns.cells(columns, keep),
+                                               dtype=object))
+        if block is not None:
+            y[:] = block.reshape(y.shape)
             return y
     parse = _text_response_column if isinstance(table.columns, TextColumns) \
         else _response_column
@@ -530,14 +525,22 @@ def _text_response_column(values, keep) -> np.ndarray:
     refuses is parsed by ``_response_column`` instead. Same values cell by cell
     (tests/test_site_joint_release.py); 2x faster on 262 columns (docs/benchmarks.md)."""
     cells = np.array(values, dtype=object).reshape(-1)[np.asarray(keep, dtype=np.intp)]
+    column = _text_cells_as_floats(cells)
+    return _response_column(values, keep) if column is None else column
+
+
+def _text_cells_as_floats(cells: np.ndarray) -> np.ndarray | None:
+    """An object array of text cells as float64 (empty and "NA" cells, and non-finite values,
+    NaN), by numpy's one C loop of float() per cell; None if float() refuses some cell (the
+    caller then parses cell by cell). ``cells`` is modified."""
     for marker in ("", "NA"):
         cells[cells == marker] = "nan"
     try:
-        column = cells.astype(np.float64)
+        out = cells.astype(np.float64)
     except (ValueError, TypeError):
-        return _response_column(values, keep)
-    column[~np.isfinite(column)] = math.nan
-    return column
+        return None
+    out[~np.isfinite(out)] = math.nan
+    return out
 
 
 def round_audit(table: Table, features, target: str, config: DataConfig, *,
