@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     from benchmarks import coverage_product as bench
     from posterior import PosteriorError, fit_posterior
 
-    configs = args.configs.split(",")
+    # ";" separates configurations when one carries hyperparameters ("gamma:2,1,2,1+n").
+    configs = args.configs.split(";" if ";" in args.configs else ",")
     t0 = time.time()
     print("| cell | d | n | eps | K | " + " | ".join(configs) + " |")
     print("|" + "---|" * (5 + len(configs)))

@@ -34,7 +34,7 @@ isotropic), instead of a constant. Measured and not adopted (issue 21 item 2).
 
 Priors (``--prior``): a name of ``posterior.noise_aware.PRIORS`` ("gamma", the paper's;
 "scaled", the normal-gamma prior lambda0 = lambda g; "total", the total-variance prior), or
-``name:a,b,a0,b0[,total]`` for other hyperparameters; installed as ``noise_aware.PRIOR`` in this process (every fit of
+``name:a,b,a0,b0[,total[,width]]`` for other hyperparameters; installed as ``noise_aware.PRIOR`` in this process (every fit of
 the run, the noise-free reference too).
 """
 
@@ -117,7 +117,7 @@ def design_prior_se(stats, public, x_bound=None):
     mean unchanged, the variance of entry (j, k) n_priv^2 (M_jj M_kk + M_jk^2) / (4 n_pub) with
     M the clipped public second moments (normal theory's variance of their mean, halved in sd
     for the half-way shrinkage). With fewer than 2 public rows: the product's rule."""
-    mean, var = _PRODUCT_DESIGN_PRIOR(stats, public, x_bound)
+    mean, var = _PRODUCT_DESIGN_PRIOR[0](stats, public, x_bound)
     if public is None or public.n < 2:
         return mean, var
     m = public.xtx / public.n
@@ -156,14 +156,16 @@ def set_design_sd(rule: str) -> None:
     from posterior import noise_aware as na
 
     if _PRODUCT_DESIGN_PRIOR is None:
-        _PRODUCT_DESIGN_PRIOR = na.design_prior
+        _PRODUCT_DESIGN_PRIOR = (na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD)
+    # "+c": the count's noise as the likelihood's rank-one term (na.COUNT_IN_LIKELIHOOD).
+    na.COUNT_IN_LIKELIHOOD = rule.endswith("+c")
+    rule = rule.removesuffix("+c")
     base, plus_n = rule.removesuffix("+n"), rule.endswith("+n")
-    if base == "product":
-        na.design_prior = _PRODUCT_DESIGN_PRIOR
-    elif base == "se":
+    # Every rule starts from the product's (a relative sd set by an earlier call is undone).
+    na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD = _PRODUCT_DESIGN_PRIOR
+    if base == "se":
         na.design_prior = design_prior_se
-    else:
-        na.design_prior = _PRODUCT_DESIGN_PRIOR
+    elif base != "product":
         na.DESIGN_PRIOR_RELATIVE_SD = float(base)
     if plus_n:
         na.design_prior = with_count_noise(na.design_prior)
@@ -179,7 +181,8 @@ def set_prior(spec: str) -> None:
     base = na.PRIORS[name]
     if hyper:
         vals = [float(v) for v in hyper.split(",")]
-        base = na.Prior(spec, *vals[:4], base.kind, *(vals[4:5] or [base.total]))
+        base = na.Prior(spec, *vals[:4], base.kind, *(vals[4:5] or [base.total]),
+                        *(vals[5:6] or [base.width]))
     na.PRIOR = base
 
 

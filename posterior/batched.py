@@ -122,26 +122,29 @@ def exact_logp_grad(us: np.ndarray, stats, grad: bool = True):
     return val, g
 
 
-def _covariance_parts(beta, rho, s, b2, ab, bab, inp):
+def _covariance_parts(beta, rho, s, b2, ab, bab, inp, u1, u2):
     """The noise-aware covariance C (``posterior.noise_aware`` module docstring) apart from
-    C11's rho Abar + v_xx beta beta^T: C11's diagonal addition v_xy + v_xx (|b|^2 - b_i^2),
-    C12 and C22, per point."""
+    C11's rho Abar + v_xx beta beta^T + v_n u1 u1^T: C11's diagonal addition v_xy + v_xx
+    (|b|^2 - b_i^2), C12 and C22 with the count's rank-one term (u1, u2:
+    ``NoiseAwareInputs.count_vector``), per point."""
     vxx = float(inp.v_xx)
     c11_diag = inp.v_xy + vxx * (s[:, None] - b2)
-    c12 = 2.0 * rho[:, None] * ab + vxx * beta * (2.0 * s[:, None] - b2)
-    c22 = (4.0 * rho * bab + (2.0 * inp.n + inp.v_n) * rho * rho + inp.v_yy
+    c12 = (2.0 * rho[:, None] * ab + vxx * beta * (2.0 * s[:, None] - b2)
+           + inp.v_n * u1 * u2[:, None])
+    c22 = (4.0 * rho * bab + 2.0 * inp.n * rho * rho + inp.v_n * u2 * u2 + inp.v_yy
            + vxx * (2.0 * s * s - np.einsum("ij,ij->i", b2, b2)))
     return c11_diag, c12, c22
 
 
-def _bordered_logdet_quad(beta, rho, s, b2, ab, bab, r, inp):
+def _bordered_logdet_quad(beta, rho, s, b2, ab, bab, r, inp, u1, u2):
     """(log det C, r^T C^-1 r, positive definite) per point from the lower Cholesky factor of
     C bordered by r and t (comment above), _CHUNK points at a time, potrf in place."""
     m, d = beta.shape
     k = d + 1
     vxx = float(inp.v_xx)
     t = 2.0 * np.einsum("ij,ij->i", r, r) / min(inp.v_xy, inp.v_yy) + 1.0
-    c11_diag, c12, c22 = _covariance_parts(beta, rho, s, b2, ab, bab, inp)
+    c11_diag, c12, c22 = _covariance_parts(beta, rho, s, b2, ab, bab, inp, u1, u2)
+    count = inp.mc is not None and inp.v_n != 0.0
     diag = np.empty((m, k + 1))
     pd = np.ones(m, dtype=bool)
     buf = np.empty((min(_CHUNK, m), k + 1, k + 1))
@@ -153,6 +156,8 @@ def _bordered_logdet_quad(beta, rho, s, b2, ab, bab, r, inp):
         np.multiply(rho[lo:hi, None, None], inp.abar, out=c11)
         if vxx != 0.0:
             c11 += beta[lo:hi, :, None] * (vxx * beta[lo:hi])[:, None, :]
+        if count:
+            c11 += u1[lo:hi, :, None] * (inp.v_n * u1[lo:hi])[:, None, :]
         c[:, idx, idx] += c11_diag[lo:hi]
         c[:, :d, d] = c12[lo:hi]
         c[:, d, :d] = c12[lo:hi]
@@ -197,6 +202,8 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     r[:, :d] = inp.rxy - rb
     r[:, d] = inp.ryy - np.einsum("ij,ij->i", beta, rb) - inp.n * rho
     vxx = inp.v_xx
+    u1, u2 = inp.count_vector(beta, rho)
+    count = inp.mc is not None and inp.v_n != 0.0
     prior_v, prior_g = _prior(safe, d, grad)
     if inp.pxx is not None:
         pub_v, pub_g = _gaussian_loglik(safe, inp.pxx, inp.pxy, float(inp.pyy), float(inp.pn),
@@ -206,15 +213,17 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     if not grad and k >= _LARGE and min(inp.v_xy, inp.v_yy) > 0:
         # Value only, large k, v_xy and v_yy > 0: C bordered by r and t (comment above), one
         # Cholesky factor for the log determinant and the quadratic form, no triangular solve.
-        logdet, quad, pd = _bordered_logdet_quad(beta, rho, s, b2, ab, bab, r, inp)
+        logdet, quad, pd = _bordered_logdet_quad(beta, rho, s, b2, ab, bab, r, inp, u1, u2)
         val = prior_v + pub_v - 0.5 * logdet - 0.5 * quad - 0.5 * k * _LOG_2PI
         return np.where(ok & pd, val, -np.inf), None
     c = np.empty((m, k, k))
     np.multiply(rho[:, None, None], inp.abar, out=c[:, :d, :d])
     if vxx != 0.0:
         c[:, :d, :d] += vxx * (beta[:, :, None] * beta[:, None, :])
+    if count:
+        c[:, :d, :d] += inp.v_n * (u1[:, :, None] * u1[:, None, :])
     idx = np.arange(d)
-    c11_diag, c12, c22 = _covariance_parts(beta, rho, s, b2, ab, bab, inp)
+    c11_diag, c12, c22 = _covariance_parts(beta, rho, s, b2, ab, bab, inp, u1, u2)
     c[:, idx, idx] += c11_diag
     c[:, :d, d] = c12
     c[:, d, :d] = c12
@@ -264,13 +273,23 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     grad_b = a1 @ inp.rxx + 2.0 * a2[:, None] * rb
     grad_a = -a2 * inp.n * rho
     grad_a += (-rho * sum_g11_abar - 4.0 * rho * np.einsum("ij,ij->i", g12, ab)
-               + g22 * (-4.0 * rho * bab - 2.0 * (2.0 * inp.n + inp.v_n) * rho * rho))
+               + g22 * (-4.0 * rho * bab - 4.0 * inp.n * rho * rho))
     grad_b += vxx * (2.0 * beta * tr_g11[:, None] + 2.0 * g11b - 2.0 * beta * diag_g11)
     g12_b = np.einsum("ij,ij->i", g12, beta)
     grad_b += 4.0 * rho[:, None] * (g12 @ inp.abar) + 2.0 * vxx * (
         4.0 * beta * g12_b[:, None] + g12 * (2.0 * s[:, None] - 3.0 * b2))
     grad_b += g22[:, None] * (8.0 * rho[:, None] * ab
                               + vxx * (8.0 * s[:, None] * beta - 4.0 * beta * b2))
+    # The count's rank-one term (na.log_posterior_noise_aware): 2 v_n h^T du, h = G u.
+    if count:
+        a1_u1 = np.einsum("ij,ij->i", a1, u1)
+        h1 = (0.5 * (a1 * a1_u1[:, None] - np.einsum("mij,mj->mi", w11, u1))
+              + g12 * u2[:, None])
+        h2 = np.einsum("ij,ij->i", g12, u1) + g22 * u2
+        grad_b += 2.0 * inp.v_n * (h1 @ inp.mc + 2.0 * h2[:, None] * u1)
+    else:
+        h2 = g22 * u2
+    grad_a += -2.0 * inp.v_n * rho * h2
     g = prior_g + pub_g
     g[:, :d] += grad_b
     g[:, d] += grad_a

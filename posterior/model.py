@@ -286,7 +286,7 @@ def build_noise_aware_model(inp):
         # The priors of ``noise_aware.PRIOR`` (the paper's, or the scaled normal-gamma one).
         lam = pm.Gamma("lam", alpha=PRIOR.shape, beta=PRIOR.rate)
         if PRIOR.kind == "total":
-            tau = 0.1 * PRIOR.total
+            tau = PRIOR.width * PRIOR.total
             rate0 = PRIOR.rate0 * tau * pt.softplus((PRIOR.total - 1.0 / lam) / tau)
         elif PRIOR.kind == "scaled":
             rate0 = PRIOR.rate0 / lam
@@ -304,11 +304,16 @@ def build_noise_aware_model(inp):
         c11 = (rho * abar + inp.v_xx * (pt.outer(beta, beta) - pt.diag(b2))
                + pt.eye(d) * (inp.v_xy + inp.v_xx * s))
         c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
-        c22 = (4 * rho * pt.dot(beta, ab) + (2 * inp.n + inp.v_n) * rho ** 2 + inp.v_yy
+        c22 = (4 * rho * pt.dot(beta, ab) + 2 * inp.n * rho ** 2 + inp.v_yy
                + inp.v_xx * (2 * s ** 2 - pt.sum(b2 ** 2)))
         cov = pt.concatenate([pt.concatenate([c11, c12[:, None]], axis=1),
                               pt.concatenate([c12[None, :], pt.reshape(c22, (1, 1))], axis=1)],
                              axis=0)
+        # The count's noise, one rank-one term (``NoiseAwareInputs.count_vector``).
+        mc = pt.as_tensor(inp.mc if inp.mc is not None else np.zeros((d, d)))
+        u1 = pt.dot(mc, beta)
+        u = pt.concatenate([u1, pt.stack([pt.dot(beta, u1) + rho])])
+        cov = cov + inp.v_n * pt.outer(u, u)
         pm.Potential("loglik", pm.logp(pm.MvNormal.dist(mu=pt.zeros(d + 1), cov=cov), r))
         if inp.pxx is not None:
             # The exact public statistics: their own likelihood (method.md section 1).

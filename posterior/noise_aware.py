@@ -115,6 +115,9 @@ class Prior:
     rate0: float
     kind: str = "independent"
     total: float = 1.0
+    # The softplus's width as a fraction of ``total`` ("total" only): how soft the knee
+    # where the residual variance reaches the total is.
+    width: float = 0.1
 
     @property
     def scaled(self) -> bool:
@@ -122,13 +125,14 @@ class Prior:
         return self.kind != "independent"
 
     def params(self, d: int) -> np.ndarray:
-        """[log-density constant, a, b, a0, b0, kind code, total] for the compiled densities."""
+        """[log-density constant, a, b, a0, b0, kind code, total, width] for the compiled
+        densities."""
         const = (special.gammaln(self.shape0 + 0.5 * d) - special.gammaln(self.shape0)
                  - 0.5 * d * _LOG_2PI + self.shape * np.log(self.rate)
                  - special.gammaln(self.shape))
         code = {"independent": 0.0, "scaled": 1.0, "total": 2.0}[self.kind]
         return np.array([const, self.shape, self.rate, self.shape0, self.rate0, code,
-                         self.total])
+                         self.total, self.width])
 
     def rate_of_lam0(self, lam):
         """c(lambda) (class docstring), for arrays of lambda."""
@@ -138,13 +142,13 @@ class Prior:
 
 def _rate_and_slope(a, pr):
     """c(lambda) and d log c / d log lambda at a = log lambda (``Prior``)."""
-    rt0, code, total = pr[4], pr[5], pr[6]
+    rt0, code, total, width = pr[4], pr[5], pr[6], pr[7]
     a = np.asarray(a, dtype=float)
     if code == 0.0:
         return np.full_like(a, rt0), np.zeros_like(a)
     if code == 1.0:
         return rt0 * np.exp(-a), -np.ones_like(a)
-    tau = 0.1 * total
+    tau = width * total
     x = (total - np.exp(-a)) / tau
     sp = tau * np.logaddexp(0.0, x)
     sig = special.expit(x)
@@ -193,6 +197,20 @@ class NoiseAwareInputs:
     pxy: np.ndarray | None = None
     pyy: float = 0.0
     pn: float = 0.0
+    # Mc = (1 - w) o M: how the design's posterior mean moves with the private count, whose
+    # noise (variance v_n) then enters the likelihood as one rank-one term (``count_vector``).
+    # None: the count's noise enters through n rho only (the model before issue 21's fix).
+    mc: np.ndarray | None = None
+
+    def count_vector(self, beta: np.ndarray, rho):
+        """(u1, u2) with r = R - mean(n) moving by -e_n (u1, u2) under an error e_n of the
+        released private count: u1 = Mc beta (the design mean n M), u2 = beta^T Mc beta + rho
+        (that and the n rho of Syy's mean). Works on one point or a stack (rows)."""
+        if self.mc is None:
+            u1 = np.zeros_like(beta)
+            return u1, np.asarray(rho, dtype=float) + 0.0
+        u1 = beta @ self.mc
+        return u1, np.sum(beta * u1, axis=-1) + rho
 
     def public_parts(self) -> tuple[np.ndarray, np.ndarray, float, float]:
         """(Sxx, Sxy, Syy, n) of the public rows, zeros when there are none."""
@@ -233,6 +251,12 @@ DESIGN_PRIOR_RELATIVE_SD = 0.1
 #: into the band but pushed d = 10 further above it with the paper's priors; with the "scaled"
 #: prior it is the candidate of docs/evaluation.md ("Priors that know the bound").
 DESIGN_PRIOR_COUNT_NOISE = False
+
+#: Whether the released count's noise enters the likelihood as the rank-one term it is
+#: (``NoiseAwareInputs.mc``, ``count_vector``): an error e_n of the private count moves the
+#: design's prior mean by e_n M and Syy's mean by e_n rho together, so (R_xy, R_yy) share one
+#: error along (Mc beta, beta^T Mc beta + rho). Off: only n rho carries it (v_n rho^2).
+COUNT_IN_LIKELIHOOD = False
 
 
 def design_prior(stats: Statistics, public: Statistics | None,
@@ -303,17 +327,21 @@ def noise_aware_inputs(stats: Statistics, public: Statistics | None = None,
     else:
         rxx, rxy, ryy, n = np.array(stats.xtx), np.array(stats.xty), float(stats.yty), \
             float(stats.n)
+    # d A0 / d n_priv = M: the private prior mean is n_priv M with n_priv = max(n, 1).
+    m_count = a0 / max(n, 1.0)
     if v["xtx"] > 0:
         w = va / (va + v["xtx"])
         a_post = w * rxx + (1 - w) * a0
         v_post = float(np.mean((va * v["xtx"] / (va + v["xtx"]))[np.triu_indices(stats.dim)]))
+        mc = (1 - w) * m_count
     else:
-        a_post, v_post = rxx, 0.0
+        a_post, v_post, mc = rxx, 0.0, None
     a_post = 0.5 * (a_post + a_post.T)
     pub = (np.array(public.xtx), np.array(public.xty), float(public.yty), float(public.n)) \
         if has_public else (None, None, 0.0, 0.0)
+    mc = 0.5 * (mc + mc.T) if (COUNT_IN_LIKELIHOOD and mc is not None and v["n"] > 0) else None
     return NoiseAwareInputs(a_post, rxy, ryy, n, psd_estimate(a_post, v_post), v_post,
-                            v["xty"], v["yty"], v["n"], *pub)
+                            v["xty"], v["yty"], v["n"], *pub, mc=mc)
 
 
 def prior_value(beta, a, pr, grad: bool = False):
@@ -403,8 +431,12 @@ def _likelihood_parts(beta, rho, inp: NoiseAwareInputs):
     c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
     c[:d, d] = c12
     c[d, :d] = c12
-    c[d, d] = (4 * rho * float(beta @ ab) + (2 * inp.n + inp.v_n) * rho * rho + inp.v_yy
+    c[d, d] = (4 * rho * float(beta @ ab) + 2 * inp.n * rho * rho + inp.v_yy
                + inp.v_xx * (2 * s * s - float(b2 @ b2)))
+    # The count's noise: one rank-one term v_n u u^T (``NoiseAwareInputs.count_vector``).
+    u1, u2 = inp.count_vector(beta, rho)
+    u = np.append(u1, u2)
+    c += inp.v_n * np.outer(u, u)
     return r, c, ab, rb, s, b2
 
 
@@ -438,7 +470,15 @@ def log_posterior_noise_aware(u: np.ndarray, inp: NoiseAwareInputs) -> tuple[flo
     grad_a = -a2 * inp.n * rho
     # covariance, d/d log lambda (rho' = -rho)
     grad_a += (-rho * float(np.sum(g11 * inp.abar)) - 4 * rho * float(g12 @ ab)
-               + g22 * (-4 * rho * float(beta @ ab) - 2 * (2 * inp.n + inp.v_n) * rho * rho))
+               + g22 * (-4 * rho * float(beta @ ab) - 4 * inp.n * rho * rho))
+    # The count's rank-one term: tr(G d(v_n u u^T)) = 2 v_n h^T du with h = G u;
+    # du1 = Mc dbeta, du2 = 2 (Mc beta)^T dbeta - rho d log lambda.
+    u1, u2 = inp.count_vector(beta, rho)
+    h1 = g11 @ u1 + g12 * u2
+    h2 = float(g12 @ u1) + g22 * u2
+    if inp.mc is not None:
+        grad_b += 2 * inp.v_n * (inp.mc @ h1 + 2 * h2 * u1)
+    grad_a += -2 * inp.v_n * rho * h2
     # covariance, d/d beta_k
     g11b = g11 @ beta
     grad_b += vxx * (2 * beta * np.trace(g11) + 2 * g11b - 2 * beta * np.diag(g11))

@@ -76,12 +76,12 @@ def _cholesky(a, low):
 @_jit
 def _lam0_rate(a, const):
     """c(lambda) and d log c / d log lambda at a = log lambda (``noise_aware._rate_and_slope``)."""
-    rt0, code, total = const[4], const[5], const[6]
+    rt0, code, total, width = const[4], const[5], const[6], const[7]
     if code == 0.0:
         return rt0, 0.0
     if code == 1.0:
         return rt0 * math.exp(-a), -1.0
-    tau = 0.1 * total
+    tau = width * total
     x = (total - math.exp(-a)) / tau
     if x > 0.0:
         sp = tau * (x + math.log1p(math.exp(-x)))
@@ -142,9 +142,10 @@ def _exact_logp_grad(u, xtx, xty, yty, n, const, g):
 
 
 @_jit
-def _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb):
+def _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, mc, r, c, ab, rb, cu):
     """Residual ``r`` and the lower triangle of the covariance ``c`` of the noise-aware
-    likelihood at u (``noise_aware._likelihood_parts``); also fills Abar beta, Rxx beta.
+    likelihood at u (``noise_aware._likelihood_parts``); also fills Abar beta, Rxx beta and
+    the count's vector u (``cu``, d + 1).
     Returns |beta|^2."""
     d = rxy.shape[0]
     rho = math.exp(-u[d])
@@ -178,13 +179,32 @@ def _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb):
         ci[i] = rho * ai[i] + vxy + vxx * s
         c[d, i] = 2.0 * rho * ab[i] + vxx * bi * (2.0 * s - bi * bi)
         r[i] = rxy[i] - rb[i]
-    c[d, d] = 4.0 * rho * bab + (2.0 * n + vn) * rho * rho + vyy + vxx * (2.0 * s * s - s4)
+    c[d, d] = 4.0 * rho * bab + 2.0 * n * rho * rho + vyy + vxx * (2.0 * s * s - s4)
     r[d] = ryy - brb - n * rho
+    # The count's noise: v_n u u^T, u = (Mc beta, beta^T Mc beta + rho)
+    # (``NoiseAwareInputs.count_vector``; Mc = 0 leaves v_n rho^2 in C22). u1 into ``cu``.
+    u2 = rho
+    for i in range(d):
+        mi = mc[i]
+        t = 0.0
+        for j in range(d):
+            t += mi[j] * u[j]
+        cu[i] = t
+        u2 += u[i] * t
+    cu[d] = u2
+    if vn != 0.0:
+        for i in range(d):
+            ci = c[i]
+            vui = vn * cu[i]
+            for j in range(i + 1):
+                ci[j] += vui * cu[j]
+            c[d, i] += vui * u2
+        c[d, d] += vn * u2 * u2
     return s
 
 
 @_jit
-def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn,
+def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, mc,
                   pxx, pxy, pyy, pn, const, g):
     """``noise_aware.log_posterior_noise_aware``: value, gradient into ``g``; -inf and a zero
     gradient where the covariance is not positive definite."""
@@ -195,7 +215,8 @@ def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn,
     low = np.empty((k, k))
     ab = np.empty(d)
     rb = np.empty(d)
-    s = _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb)
+    cu = np.empty(k)
+    s = _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, mc, r, c, ab, rb, cu)
     if not _cholesky(c, low):
         for i in range(k):
             g[i] = 0.0
@@ -284,7 +305,28 @@ def _na_logp_grad(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn,
         gb += g22 * (8.0 * rho * ab[i] + vxx * (8.0 * s * bi - 4.0 * bi * b2i))
         g[i] += gb
     grad_a += (-rho * g11_abar - 4.0 * rho * g12_ab
-               + g22 * (-4.0 * rho * bab - 2.0 * (2.0 * n + vn) * rho * rho))
+               + g22 * (-4.0 * rho * bab - 4.0 * n * rho * rho))
+    # The count's rank-one term: 2 v_n h^T du, h = G u (``noise_aware``).
+    if vn != 0.0:
+        u2 = cu[d]
+        h2 = g22 * u2
+        for i in range(d):
+            h2 += g12[i] * cu[i]
+        h1 = np.empty(d)
+        for i in range(d):
+            ali = alpha[i]
+            wi = w[i]
+            t = g12[i] * u2
+            for j in range(d):
+                t += 0.5 * (ali * alpha[j] - wi[j]) * cu[j]
+            h1[i] = t
+        for i in range(d):
+            mi = mc[i]
+            t = 0.0
+            for j in range(d):
+                t += mi[j] * h1[j]
+            g[i] += 2.0 * vn * (t + 2.0 * h2 * cu[i])
+        grad_a += -2.0 * vn * rho * h2
     g[d] += grad_a
     if pn > 0.0:
         val += _public_loglik_grad(u, pxx, pxy, pyy, pn, g)
@@ -323,7 +365,7 @@ def _public_loglik_value(u, pxx, pxy, pyy, pn):
 
 
 @_jit
-def _na_logp_batch(us, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn,
+def _na_logp_batch(us, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, mc,
                    pxx, pxy, pyy, pn, const, out):
     """``noise_aware.log_posterior_noise_aware_batch`` into ``out`` (-inf where C is not PD)."""
     m = us.shape[0]
@@ -334,10 +376,11 @@ def _na_logp_batch(us, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn,
     low = np.empty((k, k))
     ab = np.empty(d)
     rb = np.empty(d)
+    cu = np.empty(k)
     base = -0.5 * k * _LOG_2PI
     for row in range(m):
         u = us[row]
-        _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, r, c, ab, rb)
+        _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vxy, vyy, vn, mc, r, c, ab, rb, cu)
         if not _cholesky(c, low):
             out[row] = -np.inf
             continue
@@ -383,26 +426,26 @@ def _exact_logp_batch(us, xtx, xty, yty, n, const, out):
 
 
 @_jit
-def _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+def _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                pxx, pxy, pyy, pn, const, g):
     if kind == EXACT:
         return _exact_logp_grad(u, a, b, c0, n, const, g)
-    return _na_logp_grad(u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+    return _na_logp_grad(u, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                          pxx, pxy, pyy, pn, const, g)
 
 
 @_jit
-def _logp_batch(kind, us, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+def _logp_batch(kind, us, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                 pxx, pxy, pyy, pn, const, out):
     if kind == EXACT:
         _exact_logp_batch(us, a, b, c0, n, const, out)
     else:
-        _na_logp_batch(us, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+        _na_logp_batch(us, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                        pxx, pxy, pyy, pn, const, out)
 
 
 @_jit
-def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                  pxx, pxy, pyy, pn, const, step, central, g_u, h):
     """Minus the Hessian at u by differences of the gradient, symmetrised, into ``h``:
     central differences with steps ``step * max(1, |u_i|)`` (``posterior.laplace.hessian``,
@@ -415,11 +458,11 @@ def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
     for i in range(k):
         e = step * max(1.0, abs(u[i]))
         up[i] = u[i] + e
-        vp = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+        vp = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                         pxx, pxy, pyy, pn, const, gp)
         if central:
             up[i] = u[i] - e
-            vm = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+            vm = _logp_grad(kind, up, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                             pxx, pxy, pyy, pn, const, gm)
             if not (math.isfinite(vp) and math.isfinite(vm)):
                 return False
@@ -440,7 +483,7 @@ def _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
 
 
 @_jit
-def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
             pxx, pxy, pyy, pn, const, tol, max_iterations,
             max_step, step, mode, grad, prec):
     """Mode of the log density by Newton's method with Levenberg damping and a backtracking
@@ -461,7 +504,7 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn,
     for i in range(k):
         u[i] = u0[i]
     g = grad
-    f = _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+    f = _logp_grad(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                    pxx, pxy, pyy, pn, const, g)
     if not math.isfinite(f):
         return 3, f, 0
@@ -481,7 +524,7 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn,
             status = 0
             break
         it += 1
-        if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+        if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                             pxx, pxy, pyy, pn, const, step,
                             False, g, h):
             status = 3
@@ -529,7 +572,7 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn,
         for _ in range(60):
             for i in range(k):
                 un[i] = u[i] + t * p[i]
-            fn = _logp_grad(kind, un, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+            fn = _logp_grad(kind, un, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                             pxx, pxy, pyy, pn, const, gn)
             if math.isfinite(fn) and fn >= f + 1e-4 * t * slope:
                 accepted = True
@@ -542,7 +585,7 @@ def _newton(kind, u0, a, b, c0, n, abar, vxx, vxy, vyy, vn,
             u[i] = un[i]
             g[i] = gn[i]
         f = fn
-    if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn,
+    if not _neg_hessian(kind, u, a, b, c0, n, abar, vxx, vxy, vyy, vn, mc,
                         pxx, pxy, pyy, pn, const, step, True, g,
                         prec):
         for i in range(k):
@@ -562,7 +605,7 @@ class Target:
     """
 
     kind: int
-    args: tuple  # (a, b, c0, n, abar, vxx, vxy, vyy, vn, pxx, pxy, pyy, pn, const)
+    args: tuple  # (a, b, c0, n, abar, vxx, vxy, vyy, vn, mc, pxx, pxy, pyy, pn, const)
 
     @property
     def dim(self) -> int:
@@ -602,6 +645,11 @@ def _const(d: int) -> np.ndarray:
     return _f64(na.prior_params(d))
 
 
+def _count_matrix(inp) -> np.ndarray:
+    """Mc of ``NoiseAwareInputs`` (zeros when the count enters through n rho only)."""
+    return _f64(inp.mc) if inp.mc is not None else np.zeros((inp.dim, inp.dim))
+
+
 def _f64(a) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float64)
 
@@ -616,11 +664,13 @@ def target_for(model: str, stats: Statistics,
         pxx, pxy, pyy, pn = inp.public_parts()
         return Target(NOISE_AWARE, (_f64(inp.rxx), _f64(inp.rxy), float(inp.ryy), float(inp.n),
                                     _f64(inp.abar), float(inp.v_xx), float(inp.v_xy),
-                                    float(inp.v_yy), float(inp.v_n), _f64(pxx), _f64(pxy),
+                                    float(inp.v_yy), float(inp.v_n), _count_matrix(inp),
+                                    _f64(pxx), _f64(pxy),
                                     float(pyy), float(pn), _const(d)))
     xtx = _f64(stats.xtx)
     return Target(EXACT, (xtx, _f64(stats.xty), float(stats.yty), float(stats.n), xtx, 0.0, 0.0,
-                          0.0, 0.0, xtx, _f64(stats.xty), 0.0, 0.0, _const(d)))
+                          0.0, 0.0, np.zeros((d, d)), xtx, _f64(stats.xty), 0.0, 0.0,
+                          _const(d)))
 
 
 def warm_up() -> None:
