@@ -20,10 +20,16 @@ whose Contribute handler does only part of the aggregator's work:
   for another thread to answer it (a queue to one thread that completes each call's asyncio
   future with ``call_soon_threadsafe``), as the round's handler waits for the store's
   writer thread: the transport cost of a reply that is not ready when the handler runs;
+* ``aio-verify-2phase-batch``: the same, but the answering thread takes every call queued
+  so far and completes them all in one ``call_soon_threadsafe`` (one wake-up of the loop per
+  batch, as a group commit could answer its batch);
+* ``aio-verify-2phase-yield``: the handler suspends on a future the event loop itself
+  completes (``call_soon``), no thread: what the suspension alone costs;
 
 and, interleaved with them, the real round (bench_round.run_bench: every check, the fsynced
-store and the exact sum). Wall time runs from the first send to the last reply; CPU is user +
-system seconds of the server process and of this client process over the same window.
+store and the exact sum). Wall time runs from the first send to the last reply (``consents_s``:
+to the last reply of the first phase); CPU is user + system seconds of the server process and
+of this client process over the same window.
 
     python benchmarks/bench_round_floor.py --sites 1000 --dim 64 --repeat 5 [--json]
 
@@ -47,7 +53,7 @@ from dpfed_apps.bench.simulated_sites import (CONTRIBUTE, SEND_PHASE,  # noqa: E
                                               sign_contributions)
 
 MODES = ("empty", "verify", "aio-empty", "aio-verify", "aio-verify-pool", "aio-verify-2phase",
-         "aio-verify-2phase-handoff")
+         "aio-verify-2phase-handoff", "aio-verify-2phase-batch", "aio-verify-2phase-yield")
 
 
 def _handler(mode: str, public_keys: dict[str, bytes],
@@ -102,14 +108,29 @@ def server_process(mode: str, public_keys: dict[str, bytes], workers: int, port_
                 loop, waiter, reply = item
                 loop.call_soon_threadsafe(waiter.set_result, reply)
 
+        def answer_batches() -> None:   # the same, one wake-up of the loop per batch
+            def resolve(batch) -> None:
+                for _, waiter, reply in batch:
+                    waiter.set_result(reply)
+            while (item := handoff.get()) is not None:
+                batch = [item]
+                while not handoff.empty():
+                    batch.append(handoff.get())
+                item[0].call_soon_threadsafe(resolve, batch)
+
         if mode.endswith("-handoff"):
             threading.Thread(target=answer, daemon=True).start()
+        if mode.endswith("-batch"):
+            threading.Thread(target=answer_batches, daemon=True).start()
 
         async def reply_of(reply: bytes) -> bytes:
-            if not mode.endswith("-handoff"):
+            if not mode.endswith(("-handoff", "-batch", "-yield")):
                 return reply
             loop = asyncio.get_running_loop()
             waiter = loop.create_future()
+            if mode.endswith("-yield"):   # suspended, answered by the loop itself
+                loop.call_soon(waiter.set_result, reply)
+                return await waiter
             handoff.put((loop, waiter, reply))
             return await waiter
 
@@ -187,6 +208,7 @@ def run_floor(mode: str, sites: int, dim: int, *, channels: int = 4, workers: in
                     for i, env in enumerate(consents)]
         for f in answered:
             f.result()
+        first_phase = time.perf_counter() - t0
         futures = [calls[i % channels].future(env, timeout=120)
                    for i, env in enumerate(contributions)]
         for f in futures:
@@ -194,6 +216,7 @@ def run_floor(mode: str, sites: int, dim: int, *, channels: int = 4, workers: in
         wall = time.perf_counter() - t0
         server_cpu1, client_cpu = process_cpu_s(proc.pid), time.process_time() - client_cpu0
         return {"mode": mode, "sites": sites, "dim": dim, "wall_s": round(wall, 4),
+                "consents_s": round(first_phase, 4) if consents else None,
                 "server_cpu_s": (round(server_cpu1 - server_cpu0, 3)
                                  if server_cpu0 is not None and server_cpu1 is not None else None),
                 "client_cpu_s": round(client_cpu, 3), "loadavg_1min": round(load, 2)}
@@ -211,6 +234,7 @@ def run_round(sites: int, dim: int, **kw) -> dict:
     load = os.getloadavg()[0]
     r = run_bench(sites, dim, **kw)
     return {"mode": "round", "sites": sites, "dim": dim, "wall_s": r["round_s"],
+            "consents_s": r["consents_acked_s"],
             "server_cpu_s": r["server_cpu_s"], "client_cpu_s": r["client_cpu_s"],
             "loadavg_1min": round(load, 2)}
 
@@ -232,19 +256,29 @@ def main(argv=None) -> int:
                                                                                args.dim)
             runs[m].append(r)
             if not args.json:
-                print(f"{m:>10}: wall {r['wall_s']:.3f} s, server CPU {r['server_cpu_s']} s, "
-                      f"client CPU {r['client_cpu_s']} s, load {r['loadavg_1min']}", flush=True)
+                print(f"{m:>10}: wall {r['wall_s']:.3f} s (consents {r['consents_s']} s), "
+                      f"server CPU {r['server_cpu_s']} s, client CPU {r['client_cpu_s']} s, "
+                      f"load {r['loadavg_1min']}", flush=True)
     summary = [{"mode": m, "sites": args.sites, "dim": args.dim, "repeat": args.repeat,
                 **{k: statistics.median(r[k] for r in rs)
                    for k in ("wall_s", "server_cpu_s", "client_cpu_s")},
                 "wall_s_min": min(r["wall_s"] for r in rs),
                 "loadavg_1min": [r["loadavg_1min"] for r in rs]} for m, rs in runs.items()]
+    # Issue 21's figure: the round over the floor of its own two messages, per interleaved
+    # repeat (both saw the same load), and the median of those ratios.
+    pairs = None
+    if {"round", "aio-verify-2phase"} <= set(runs):
+        pairs = [round(r["wall_s"] / f["wall_s"], 3)
+                 for r, f in zip(runs["round"], runs["aio-verify-2phase"])]
     if args.json:
-        print(json.dumps({"results": summary}))
+        print(json.dumps({"results": summary, "round_over_2phase_floor": pairs}))
     else:
         for s in summary:
             print(f"median {s['mode']:>10}: wall {s['wall_s']:.3f} s (min {s['wall_s_min']:.3f}), "
                   f"server CPU {s['server_cpu_s']} s, client CPU {s['client_cpu_s']} s")
+        if pairs:
+            print(f"round / aio-verify-2phase per repeat: {pairs}, median "
+                  f"{statistics.median(pairs):.2f}")
     return 0
 
 

@@ -77,3 +77,29 @@ def test_in_process_round_benchmark_runs_a_round_to_done():
     assert out.returncode == 0, out.stderr[-2000:]
     (run,) = json.loads(out.stdout.strip().splitlines()[-1])["runs"]
     assert run["sites"] == 5 and run["cpu_s"] > 0 and run["wall_s"] >= run["consent_s"] > 0
+
+
+def test_floor_hand_off_modes_and_the_round_over_floor_ratio():
+    """benchmarks/bench_round_floor.py, tiny: the two-message floor whose replies wait for
+    another thread (one wake-up each, or one per batch) or for the loop itself all answer
+    every call, and beside a real round the script reports the round / 2-message floor ratio
+    of each interleaved repeat (issue 21's figure)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    modes = ["aio-verify-2phase", "aio-verify-2phase-handoff", "aio-verify-2phase-batch",
+             "aio-verify-2phase-yield", "round"]
+    out = subprocess.run([sys.executable, str(root / "benchmarks" / "bench_round_floor.py"),
+                          "--sites", "3", "--dim", "2", "--repeat", "2",
+                          "--modes", ",".join(modes), "--json"],
+                         capture_output=True, text=True, timeout=300, cwd=root)
+    assert out.returncode == 0, out.stderr[-2000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    results = {r["mode"]: r for r in report["results"]}
+    assert set(results) == set(modes)
+    assert all(r["sites"] == 3 and r["repeat"] == 2 and r["wall_s"] > 0
+               for r in results.values())
+    ratios = report["round_over_2phase_floor"]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
