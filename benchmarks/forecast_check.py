@@ -95,15 +95,29 @@ def one_round(xp, yp, xq, yq, xt, yt, pre, eps, rng, variants, n_datasets, n_noi
 
 
 def populations() -> dict:
-    """The candidate auxiliary populations by name (``forecast_round(population=...)``)."""
-    from dpfed_apps.forecast import (MIXED_POPULATION, PUBLIC_FIT_POPULATION,
-                                     R2_FROM_PUBLIC_POPULATION)
+    """The candidate auxiliary populations by name (``forecast_round(population=...)``).
+    ``r2flat*``: R^2 from its Gaussian-model posterior under a flat prior (``0``: independent
+    columns, fresh public rows; ``1j``: every row a jittered public-row copy); ``cv*``: R^2
+    given the public rows' leave-one-out Spearman (``dpfed_apps.forecast_signal``) under a
+    flat (``cvflat``, ``CV_SIGNAL_POPULATION``), Beta(1, 3) or Beta(2, 20) prior; ``mixcv``:
+    half default, half ``cvflat``."""
+    from dpfed_apps.forecast import (CV_SIGNAL_POPULATION, MIXED_POPULATION,
+                                     PUBLIC_FIT_POPULATION, R2_FROM_PUBLIC_POPULATION)
 
     flat = {"r2_prior": (1.0, 1.0), "r2_from_public": True}
     return {"default": None, "public": PUBLIC_FIT_POPULATION,
             "r2post": R2_FROM_PUBLIC_POPULATION, "r2flat": flat, "mix": MIXED_POPULATION,
             "mixflat": ((0.5, None), (0.5, flat)),
-            "mixr2": ((0.5, None), (0.5, R2_FROM_PUBLIC_POPULATION))}
+            "mixr2": ((0.5, None), (0.5, R2_FROM_PUBLIC_POPULATION)),
+            "r2flat0": dict(flat, row_bootstrap=0.0),
+            "r2flat1j": dict(flat, row_bootstrap=1.0, row_jitter=True),
+            "cvflat": CV_SIGNAL_POPULATION,
+            "cvflat0": {"r2_prior": (1.0, 1.0), "r2_from_cv": True, "row_bootstrap": 0.0},
+            "cvflat1j": {"r2_prior": (1.0, 1.0), "r2_from_cv": True, "row_bootstrap": 1.0,
+                         "row_jitter": True},
+            "cv13": {"r2_prior": (1.0, 3.0), "r2_from_cv": True},
+            "cv22": {"r2_prior": (2.0, 20.0), "r2_from_cv": True},
+            "mixcv": ((0.5, None), (0.5, CV_SIGNAL_POPULATION))}
 
 
 def coverage_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:
@@ -116,29 +130,45 @@ def coverage_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float
     return lo, hi
 
 
-def leave_one_out(every: dict, target=(0.7, 0.9)) -> list[str]:
+def leave_one_out(every: dict, target=(0.7, 0.9), level_weight: float = 0.0) -> list[str]:
     """Leave-one-data-set-out choice of a population (no data set tunes its own forecast):
     for each data set, the variant whose coverage on the *other* data sets is the closest to
     the target range (the sum of each one's distance from [0.7, 0.9], ties: the smaller
     distance from 0.8 on average), and that variant's coverage on the held-out set.
+    ``level_weight`` w > 0 adds w times the sum over the other data sets of |forecast
+    public-only Spearman (mean) - realised public-only (mean)| to that distance (the issue's
+    second aim: the public-only level a user is shown).
     ``every``: {data set: [round, ...]} as ``--json`` writes it. Returns table lines."""
-    cover = {}
+    cover, level = {}, {}
     for name, rows in every.items():
         variants = [k for k in rows[0] if "/" in k and ":" not in k]
         cover[name] = {v: (int(sum(r[v][1] <= r["realised"] <= r[v][2] for r in rows)),
                            len(rows)) for v in variants}
-    lines = ["| held-out data set | variant chosen on the others | its coverage there (95 % CI) |",
-             "|---|---|---|"]
+        level[name] = {v: abs(np.mean([r[v + ":public_only"][0] for r in rows])
+                              - np.mean([r["public_only"] for r in rows]))
+                       for v in variants if all(v + ":public_only" in r and "public_only" in r
+                                                for r in rows)}
+    lines = ["| held-out data set | variant chosen on the others | its coverage there (95 % CI) "
+             "| its public-only Spearman (mean) | realised public-only (mean) |",
+             "|---|---|---|---|---|"]
     common = set.intersection(*(set(c) for c in cover.values()))
     for held in cover:
         def loss(v):
             shares = [cover[o][v][0] / cover[o][v][1] for o in cover if o != held]
-            return (sum(max(target[0] - c, 0.0, c - target[1]) for c in shares),
+            off = sum(level[o].get(v, np.inf) for o in cover if o != held) \
+                if level_weight > 0 else 0.0
+            return (sum(max(target[0] - c, 0.0, c - target[1]) for c in shares)
+                    + level_weight * off,
                     float(np.mean([abs(c - 0.8) for c in shares])))
         best = min(sorted(common), key=loss)
         k, n = cover[held][best]
         lo, hi = coverage_interval(k, n)
-        lines.append(f"| {held} | {best} | {k / n:.2f} ({lo:.2f}-{hi:.2f}) |")
+        rows = every[held]
+        shown = [r[best + ":public_only"][0] for r in rows if best + ":public_only" in r]
+        lines.append(f"| {held} | {best} | {k / n:.2f} ({lo:.2f}-{hi:.2f}) | "
+                     + (f"{np.mean(shown):.3f}" if shown else "") + " | "
+                     + (f"{np.mean([r['public_only'] for r in rows]):.3f}"
+                        if all("public_only" in r for r in rows) else "") + " |")
     return lines
 
 
@@ -222,12 +252,15 @@ def main(argv=None) -> int:
     ap.add_argument("--leave-one-out", nargs="+", default=None, metavar="JSON",
                     help="only summarise earlier --json files: each data set's coverage under "
                          "the variant chosen on the other data sets")
+    ap.add_argument("--level-weight", type=float, default=0.0,
+                    help="--leave-one-out: weight of the public-only level's error beside "
+                         "coverage in the choice (0: coverage only)")
     args = ap.parse_args(argv)
     if args.leave_one_out:
         every = {}
         for f in args.leave_one_out:
             every.update(json.loads(Path(f).read_text()))
-        print("\n".join(leave_one_out(every)))
+        print("\n".join(leave_one_out(every, level_weight=args.level_weight)))
         return 0
     global ON_REFUSAL
     ON_REFUSAL = "skip" if args.skip_refused else "fallback"

@@ -52,7 +52,8 @@ from dpfed.preprocess import Preprocessing
 
 __all__ = ["NoiseScales", "Mechanism", "closed_form_fit", "posterior_fit", "simulate_release",
            "score_cell", "forecast_round", "DEFAULT_RIDGE_C", "summarise",
-           "PUBLIC_FIT_POPULATION", "MIXED_POPULATION", "R2_FROM_PUBLIC_POPULATION"]
+           "PUBLIC_FIT_POPULATION", "MIXED_POPULATION", "R2_FROM_PUBLIC_POPULATION",
+           "CV_SIGNAL_POPULATION"]
 
 #: The auxiliary populations a forecast simulates on when they are learned from the public
 #: rows (docs/evaluation.md, issue 21 "Forecasts"): R^2 from its posterior given the public
@@ -77,6 +78,14 @@ R2_FROM_PUBLIC_POPULATION = {"r2_from_public": True}
 #: Beta(2, 20) signal and the public rows' own posterior). A candidate, not adopted (covers
 #: 0.67-0.73 per data set against the default's 0.64-0.74 with the same test rows; ibid.).
 MIXED_POPULATION = ((0.5, None), (0.5, PUBLIC_FIT_POPULATION))
+
+#: Populations whose R^2 is drawn from its posterior given the public rows' leave-one-out
+#: Spearman under a flat prior (``dpfed_apps.forecast_signal``; issue 21 item 3, fourth
+#: session). A candidate, not adopted: the public-only level is right on the UCI sets and
+#: synth (forecast 0.41-0.48 against realised 0.34-0.62) but not on GDSC (0.37 against 0.06),
+#: and the band with matched test rows covers 0.59-0.71 (docs/evaluation.md "Forecast
+#: populations with the right level (27 Nov, fourth session)").
+CV_SIGNAL_POPULATION = {"r2_prior": (1.0, 1.0), "r2_from_cv": True}
 
 #: Ridge c used when the bounds are given rather than chosen (no search to choose c in).
 DEFAULT_RIDGE_C = 8.0
@@ -512,8 +521,14 @@ def _simulation_sources(source, population, x_public, y_public, pre, feature_nam
     default ``source``), a dict of ``AuxiliarySource`` options, or a mixture: a sequence of
     (weight, options-or-None) pairs, weights > 0 summing to 1 (``MIXED_POPULATION``)."""
     def one(opts):
-        return source if not opts else AuxiliarySource(
-            x_public, y_public, pre, feature_names=feature_names, **dict(opts))
+        if not opts:
+            return source
+        opts = dict(opts)
+        # "r2_from_cv": R^2 given the public rows' leave-one-out Spearman (forecast_signal).
+        cls = AuxiliarySource
+        if opts.pop("r2_from_cv", False):
+            from dpfed_apps.forecast_signal import CrossValidatedSignalSource as cls
+        return cls(x_public, y_public, pre, feature_names=feature_names, **opts)
 
     if population is None or isinstance(population, dict):
         return [one(population)], [1.0]
@@ -563,8 +578,10 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     bounds are still chosen on the default source, as a round chooses them), e.g.
     ``PUBLIC_FIT_POPULATION`` (R^2 from the public rows' own fit, rows bootstrapped from the
     public rows with jitter), or a mixture of such options ((weight, options) pairs, e.g.
-    ``MIXED_POPULATION``: each population drawn from one component with its weight). None:
-    the default source for both.
+    ``MIXED_POPULATION``: each population drawn from one component with its weight). The
+    option ``r2_from_cv`` (``CV_SIGNAL_POPULATION``) draws R^2 from its posterior given the
+    public rows' leave-one-out Spearman (``dpfed_apps.forecast_signal``). None: the default
+    source for both.
     ``mechanism`` ("laplace" | "gaussian"), ``delta``, ``targets`` and ``response_rate``: the
     release (``Mechanism``; module docstring). ``targets`` None: 1 for gaussian (the product's
     single-target Gaussian round is a joint round of one target), else today's single-target
