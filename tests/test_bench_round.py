@@ -103,3 +103,29 @@ def test_floor_hand_off_modes_and_the_round_over_floor_ratio():
                for r in results.values())
     ratios = report["round_over_2phase_floor"]
     assert len(ratios) == 2 and all(r > 0 for r in ratios)
+
+
+def test_in_process_round_parts_are_timed_and_the_wrappers_removed():
+    """bench_round_inproc --parts, tiny: every part of PARTS reports CPU and the calls one
+    round makes (one signature check and one decode per contribution, one completion per
+    contribution, a signature check per consent), and the timing wrappers are gone after
+    the round, so the aggregator's functions are its own again."""
+    import aggregator.authentication as authentication
+    import aggregator.running_total as running_total
+    from benchmarks import bench_round_inproc as inproc
+
+    before = (authentication.verify_signature, authentication.fast_contribution,
+              running_total.RunningTotal.__dict__["fold"])
+    run = inproc.run_once(4, 3, parts=True)
+    assert (authentication.verify_signature, authentication.fast_contribution,
+            running_total.RunningTotal.__dict__["fold"]) == before
+    parts = run["parts"]
+    assert set(parts) == {label for _, _, label in inproc.PARTS}
+    assert all(p["cpu_s"] >= 0 for p in parts.values())
+    calls = {label.strip(): p["calls"] for label, p in parts.items()}
+    assert calls["Ed25519 check, contribution"] == 4
+    assert calls["decode a contribution"] == 4
+    assert calls["writer: complete_contribution"] == 4
+    assert calls["Ed25519 check, consent (signing.verify)"] >= 4
+    assert calls["verify_site: limits, Ed25519, decode, fields"] == 8
+    assert "parts" not in inproc.run_once(2, 3)
