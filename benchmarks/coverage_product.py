@@ -151,30 +151,50 @@ def with_count_noise(rule):
 
 def set_design_sd(rule: str) -> None:
     """Install the ``--design-sd`` rule in ``posterior.noise_aware`` (this process only);
-    a "+n" suffix adds the released count's noise (``with_count_noise``)."""
+    a "+n" suffix adds the released count's noise to the design prior (``with_count_noise``);
+    "+c" / "-c" switch the count's rank-one likelihood term on / off (``COUNT_IN_LIKELIHOOD``;
+    without either, the product's setting). "product" is the product's design prior,
+    "act0.22" a relative sd of 0.22 / sqrt(d) (``DESIGN_PRIOR_ACTION_SD``), a number a fixed
+    relative sd (the rule before issue 21's fix: "0.1-c")."""
     global _PRODUCT_DESIGN_PRIOR
     from posterior import noise_aware as na
 
     if _PRODUCT_DESIGN_PRIOR is None:
-        _PRODUCT_DESIGN_PRIOR = (na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD)
-    # "+c": the count's noise as the likelihood's rank-one term (na.COUNT_IN_LIKELIHOOD).
-    na.COUNT_IN_LIKELIHOOD = rule.endswith("+c")
-    rule = rule.removesuffix("+c")
+        _PRODUCT_DESIGN_PRIOR = (na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD,
+                                 na.DESIGN_PRIOR_ACTION_SD, na.COUNT_IN_LIKELIHOOD)
+    # Every rule starts from the product's (a setting of an earlier call is undone).
+    (na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD, na.DESIGN_PRIOR_ACTION_SD,
+     na.COUNT_IN_LIKELIHOOD) = _PRODUCT_DESIGN_PRIOR
+    if rule.endswith(("+c", "-c")):
+        na.COUNT_IN_LIKELIHOOD = rule.endswith("+c")
+        rule = rule[:-2]
     base, plus_n = rule.removesuffix("+n"), rule.endswith("+n")
-    # Every rule starts from the product's (a relative sd set by an earlier call is undone).
-    na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD = _PRODUCT_DESIGN_PRIOR
     if base == "se":
         na.design_prior = design_prior_se
+    elif base.startswith("act"):   # "act0.22": DESIGN_PRIOR_ACTION_SD = 0.22
+        na.DESIGN_PRIOR_ACTION_SD = float(base[3:])
     elif base != "product":
         na.DESIGN_PRIOR_RELATIVE_SD = float(base)
+        na.DESIGN_PRIOR_ACTION_SD = None
     if plus_n:
         na.design_prior = with_count_noise(na.design_prior)
 
 
+_PRODUCT_PRIORS = None
+
+
 def set_prior(spec: str) -> None:
-    """Install the ``--prior`` choice as ``posterior.noise_aware.PRIOR`` (this process)."""
+    """Install the ``--prior`` choice as ``posterior.noise_aware.PRIOR`` and ``BOUND_PRIOR``
+    (this process: every fit of the run, with or without a unit); "product" leaves the
+    product's (the paper's without a unit, "bound" in units of By)."""
+    global _PRODUCT_PRIORS
     from posterior import noise_aware as na
 
+    if _PRODUCT_PRIORS is None:
+        _PRODUCT_PRIORS = (na.PRIOR, na.BOUND_PRIOR)
+    na.PRIOR, na.BOUND_PRIOR = _PRODUCT_PRIORS
+    if spec == "product":
+        return
     name, _, hyper = spec.partition(":")
     if name not in na.PRIORS:
         raise SystemExit(f"unknown prior {name!r}; known: {sorted(na.PRIORS)}")
@@ -183,7 +203,7 @@ def set_prior(spec: str) -> None:
         vals = [float(v) for v in hyper.split(",")]
         base = na.Prior(spec, *vals[:4], base.kind, *(vals[4:5] or [base.total]),
                         *(vals[5:6] or [base.width]))
-    na.PRIOR = base
+    na.PRIOR = na.BOUND_PRIOR = base
 
 
 def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
@@ -230,8 +250,8 @@ def main(argv=None) -> int:
     ap.add_argument("--unit", default="bound")
     ap.add_argument("--design-sd", default="product",
                     help="product, se, or a relative sd (diagnostic; module docstring)")
-    ap.add_argument("--prior", default="gamma",
-                    help="gamma, scaled, or name:a,b,a0,b0 (module docstring)")
+    ap.add_argument("--prior", default="product",
+                    help="product, gamma, scaled, bound, or name:a,b,a0,b0 (module docstring)")
     ap.add_argument("--d", default="5,10")
     ap.add_argument("--n", default="100,500,2000")
     ap.add_argument("--eps", default="0.5,1,2")

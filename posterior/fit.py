@@ -120,6 +120,20 @@ def _seed_sequence(seed) -> tuple[np.random.SeedSequence, int]:
     return np.random.SeedSequence(int(seed)), int(seed)
 
 
+def _priors_of_the_unit(fit):
+    """Run ``fit`` with the priors of its response's unit: the bound's (``BOUND_PRIOR``) when
+    ``y_unit`` is given (the y bound: every round), else the paper's (``PRIOR``)
+    (``posterior.noise_aware.active_prior``; issue 21 item 2, docs/method.md)."""
+    @functools.wraps(fit)
+    def wrapper(*args, y_unit=None, **kwargs):
+        from posterior import noise_aware as na
+
+        with na.priors_in_bound_units(y_unit is not None):
+            return fit(*args, y_unit=y_unit, **kwargs)
+    return wrapper
+
+
+@_priors_of_the_unit
 def fit_posterior(stats: Statistics, *, method: str = "auto", public: Statistics | None = None,
                   x_bound: float | None = None, plug_in: bool = False, draws: int = 5000,
                   seed=None,

@@ -63,7 +63,25 @@ _BETA1, _BETA2, _ADAM_EPS = 0.9, 0.999, 1e-8
 _DATA_NAMES = ("xtx", "xty", "yty", "n")
 
 
-def build_model(d: int | None = None):
+def precision_priors(prior):
+    """lam and lam0 with the priors of ``prior`` (a ``posterior.noise_aware.Prior``: the
+    paper's, the bound's, the scaled normal-gamma one or the total-variance one), inside the
+    current PyMC model."""
+    import pymc as pm
+    import pytensor.tensor as pt
+
+    lam = pm.Gamma("lam", alpha=prior.shape, beta=prior.rate)
+    if prior.kind == "total":
+        tau = prior.width * prior.total
+        rate0 = prior.rate0 * tau * pt.softplus((prior.total - 1.0 / lam) / tau)
+    elif prior.kind == "scaled":
+        rate0 = prior.rate0 / lam
+    else:
+        rate0 = prior.rate0
+    return lam, pm.Gamma("lam0", alpha=prior.shape0, beta=rate0)
+
+
+def build_model(d: int | None = None, prior=None):
     """Return ``(model, data)``: the PyMC model of method.md section 1.
 
     ``data`` maps ``xtx, xty, yty, n`` to the model's ``pm.Data`` containers. Value variables
@@ -83,8 +101,11 @@ def build_model(d: int | None = None):
         xty = pm.Data("xty", np.zeros(d))
         yty = pm.Data("yty", np.float64(1.0))
         n = pm.Data("n", np.float64(0.0))
-        lam = pm.Gamma("lam", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
-        lam0 = pm.Gamma("lam0", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
+        if prior is None:   # the paper's (the ADVI engine's graph, built once)
+            lam = pm.Gamma("lam", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
+            lam0 = pm.Gamma("lam0", alpha=PRIOR_SHAPE, beta=PRIOR_RATE)
+        else:
+            lam, lam0 = precision_priors(prior)
         beta = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0),
                          shape=xty.shape if generic else (d,))
         quad = beta @ xtx @ beta - 2.0 * beta @ xty + yty
@@ -279,20 +300,11 @@ def build_noise_aware_model(inp):
     import pymc as pm
     import pytensor.tensor as pt
 
-    from posterior.noise_aware import PRIOR
+    from posterior.noise_aware import active_prior
 
     d = inp.dim
     with pm.Model() as model:
-        # The priors of ``noise_aware.PRIOR`` (the paper's, or the scaled normal-gamma one).
-        lam = pm.Gamma("lam", alpha=PRIOR.shape, beta=PRIOR.rate)
-        if PRIOR.kind == "total":
-            tau = PRIOR.width * PRIOR.total
-            rate0 = PRIOR.rate0 * tau * pt.softplus((PRIOR.total - 1.0 / lam) / tau)
-        elif PRIOR.kind == "scaled":
-            rate0 = PRIOR.rate0 / lam
-        else:
-            rate0 = PRIOR.rate0
-        lam0 = pm.Gamma("lam0", alpha=PRIOR.shape0, beta=rate0)
+        lam, lam0 = precision_priors(active_prior())
         beta = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0), shape=(d,))
         rho = 1.0 / lam
         rxx, abar = pt.as_tensor(inp.rxx), pt.as_tensor(inp.abar)

@@ -43,8 +43,9 @@ def fit_exact(stats, rep, diag, ss, draws, *, tune, chains, target_accept, rhat_
     import pymc as pm
 
     from posterior.model import build_model
+    from posterior.noise_aware import active_prior
 
-    model, _ = build_model(stats.dim)
+    model, _ = build_model(stats.dim, prior=active_prior())
     with model:
         pm.set_data({"xtx": stats.xtx, "xty": stats.xty, "yty": np.float64(stats.yty),
                      "n": np.float64(stats.n)})

@@ -123,3 +123,51 @@ def test_pymc_model_has_the_term():
         marginal = top + np.log(integrate.trapezoid(np.exp(vals - top), grid))
         assert marginal == pytest.approx(na.log_posterior_noise_aware(np.r_[beta, a], inp)[0],
                                          abs=1e-4)
+
+
+def test_a_fit_in_units_of_the_bound_states_the_bounds_priors(monkeypatch):
+    """fit_posterior(y_unit=...) fits with BOUND_PRIOR, without a unit with PRIOR (the
+    paper's): y_unit=1.0 changes no number but the priors."""
+    import posterior.noise_aware as na
+    from posterior import fit_posterior
+
+    monkeypatch.setattr(na, "BOUND_PRIOR", na.PRIORS["bound"])
+    assert na.BOUND_PRIOR.rate < na.PRIOR.rate and na.active_prior() is na.PRIOR
+    rng = np.random.default_rng(8)
+    p = prior_problem(rng, 3, 200, 1.0, 1)
+    with_unit = fit_posterior(p.public, draws=500, seed=1, y_unit=1.0)
+    plain = fit_posterior(p.public, draws=500, seed=1)
+    assert not np.allclose(with_unit.beta_draws, plain.beta_draws)
+    monkeypatch.setattr(na, "PRIOR", na.BOUND_PRIOR)
+    np.testing.assert_array_equal(fit_posterior(p.public, draws=500, seed=1).beta_draws,
+                                  with_unit.beta_draws)
+    monkeypatch.setattr(na, "PRIOR", na.PRIORS["gamma"])
+    with na.priors_in_bound_units(True):
+        assert na.active_prior() is na.BOUND_PRIOR
+    assert na.active_prior() is na.PRIOR
+
+
+@pytest.mark.slow
+def test_the_term_is_what_covers_where_the_count_is_noisier_than_the_rows(monkeypatch):
+    """The coverage grid's cell d 5, n 100, eps 0.5, K 10 (count noise sd 447 for n = 100),
+    its first 60 problems (seed 0), with the bound's priors (issue 21 item 2's candidate):
+    without the term the fit trusts the noisy count's design and covers ~0.76, with it ~0.86
+    (docs/evaluation.md); each configuration fits the same releases."""
+    from benchmarks import coverage_product as bench
+    from posterior import fit_posterior
+
+    monkeypatch.setattr(na, "BOUND_PRIOR", na.PRIORS["bound"])
+    d, n, eps, k = 5, 100, 0.5, 10
+    rng = np.random.default_rng([0, d, n, int(eps * 10), k])
+    hits = {False: [], True: []}
+    for r in range(60):
+        p = bench.problem(rng, d, n, eps, k, ["bound"])
+        for on in (False, True):
+            monkeypatch.setattr(na, "COUNT_IN_LIKELIHOOD", on)
+            post = fit_posterior(p["release"] + p["public"], public=p["public"], x_bound=p["bx"],
+                                 y_unit=p["units"]["bound"], draws=1000, seed=r, fallback=None)
+            lo, hi = post.credible_interval(0.9).T
+            hits[on].append(np.mean((p["beta_pop"] >= lo) & (p["beta_pop"] <= hi)))
+    without, with_term = np.mean(hits[False]), np.mean(hits[True])
+    assert without < 0.82 and 0.84 <= with_term <= 0.95, (without, with_term)
+    assert with_term >= without + 0.06

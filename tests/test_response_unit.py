@@ -81,12 +81,17 @@ def test_statistics_in_y_units():
 
 
 @pytest.mark.parametrize("model", ["noise-aware", "exact"])
-def test_y_unit_is_the_fit_in_that_unit_mapped_back(model):
+def test_y_unit_is_the_fit_in_that_unit_mapped_back(model, monkeypatch):
+    import posterior.noise_aware as na
+
     release, public = _release(1)
     stats = release + public if model == "noise-aware" else public
     pub = public if model == "noise-aware" else None
     unit = 0.3
     a = fit_posterior(stats, public=pub, x_bound=X_BOUND, draws=400, seed=5, y_unit=unit)
+    # With a unit the fit states the bound's priors (BOUND_PRIOR); the same priors given to
+    # a fit without a unit on the statistics in that unit give the same draws.
+    monkeypatch.setattr(na, "PRIOR", na.BOUND_PRIOR)
     b = fit_posterior(stats.in_y_units(unit), public=None if pub is None else
                       pub.in_y_units(unit), x_bound=X_BOUND, draws=400, seed=5)
     assert a.model == model and a.diagnostics["y_unit"] == unit
