@@ -143,6 +143,16 @@ class Federation:
         return (key or self.site_keys[site]).sign(pb.Contribution(**fields))
 
 
+def lam0_marginal(logp, beta, a) -> float:
+    """log of the PyMC model's density ``logp`` at (beta, log lambda = a) with log lambda0
+    integrated out on a fine grid: what the numpy densities (lambda0 in closed form) equal."""
+    from scipy import integrate
+    grid = np.linspace(-12.0, 8.0, 4001)
+    vals = np.array([logp({"lam_log__": a, "lam0_log__": c, "beta": beta}) for c in grid])
+    top = vals.max()
+    return float(top + np.log(integrate.trapezoid(np.exp(vals - top), grid)))
+
+
 def public_statistics(d=3, n=10, seed=0):
     """Exact statistics of n random rows (what a round's public statistics must be)."""
     from dpfed.statistics import exact_statistics
