@@ -118,6 +118,9 @@ def _time_noise_aware(d: int, draws: int, repeats: int, problems: int = 10) -> d
         pass
     times, iters, ess, props, newton, refused = [], [], [], [], 0, 0
     khat, samplers, cpu = [], {}, []
+    # HMC fits whose chains ran on as the same chains (posterior.fit._HMC_CONTINUE_RHAT) or
+    # needed an extension (a new warm-up, 4x iterations): what sets the d = 128 tail.
+    continued, extended = 0, 0
     for r in range(repeats):
         s, pub = data[r % problems]
         t0 = time.perf_counter()
@@ -137,6 +140,8 @@ def _time_noise_aware(d: int, draws: int, repeats: int, problems: int = 10) -> d
                                                    else "")
         samplers[name] = samplers.get(name, 0) + 1
         props.append(dg["importance_proposals"])
+        continued += bool(dg.get("hmc_continued"))
+        extended += dg.get("hmc_extensions", 0) > 0
         newton += dg.get("optimiser") == "newton"
     return {"d": d, "draws": draws, "fits": repeats, "median_s": statistics.median(times),
             "min_s": min(times), "max_s": max(times),
@@ -146,7 +151,8 @@ def _time_noise_aware(d: int, draws: int, repeats: int, problems: int = 10) -> d
             "median_iterations": statistics.median(iters), "median_ess": statistics.median(ess),
             "median_proposals": statistics.median(props), "newton_fits": newton,
             "refused": refused, "min_ess": min(ess), "median_khat": statistics.median(khat),
-            "samplers": samplers, "load_average": os.getloadavg()}
+            "samplers": samplers, "hmc_continued": continued, "hmc_extended": extended,
+            "load_average": os.getloadavg()}
 
 
 def _cold_noise_aware(empty_cache: bool) -> dict:

@@ -108,6 +108,13 @@ _ENVELOPE_MIN_ESS = 200
 _KEEP_IMPORTANCE = True
 # Runs on from the last states (4x, then 16x the kept iterations) before a refusal.
 _HMC_EXTENSIONS = 2
+# Chains whose first run misses _HMC_RHAT_MAX but not this (Brooks & Gelman 1998's looser
+# 1.2: nearly agreeing) first run on once as the same chains (posterior.hmc.hmc_continue:
+# as many kept iterations again, no new warm-up; judged on all kept states) before an
+# extension's new warm-up and 4x iterations. bench_fit's d = 128 releases, 20 fits of
+# attempt 0b: 6 ran on and then agreed, ~0.6 CPU-s each; before, 5 were extended (~1.3 CPU-s
+# each) and 2 never agreed (the old path, 9-16 s) (docs/benchmarks.md).
+_HMC_CONTINUE_RHAT = 1.2
 # Proposals tried in turn: the default (posterior.laplace), then a wider, heavier-tailed t.
 _WIDER_PROPOSALS = ({}, dict(scale=2.0, df=3.0, proposals=16000, max_proposals=16000))
 
@@ -467,34 +474,42 @@ def _fit_laplace_inner(stats, public, model, rep, diag, ss, draws, x_bound=None,
 
 def _hmc_chains(fgb, mode, cov, rng, diag, exact=None, starts=None):
     """Attempt 4's HMC (``posterior.hmc``) with the inverse mass matrix ``cov``, chains started
-    around ``mode``; chains that have not agreed are run on from where they stand, with a new
-    warm-up and 4x then 16x the kept iterations (a few d ~ 10 releases with a borderline k-hat
-    needed more than 60 iterations: 7 of 448 evaluation cells refused before this).
+    around ``mode``. Chains that nearly agree (split r-hat at most ``_HMC_CONTINUE_RHAT``)
+    first run on as the same chains for as many iterations again (``hmc_continue``); chains
+    that still have not agreed are run on from where they stand, with a new warm-up and 4x
+    then 16x the kept iterations (a few d ~ 10 releases with a borderline k-hat needed more
+    than 60 iterations: 7 of 448 evaluation cells refused before this).
     ``exact``: the target when ``fgb`` is a surrogate (``hmc``'s docstring); ``starts``: the
     chains' first states (default: draws of N(mode, cov)). Returns (the
     last HMCResult, whether r-hat <= _HMC_RHAT_MAX with >= _MIN_ESS draws); the run is
     recorded in ``diag``."""
-    from posterior.hmc import hmc
+    from posterior import hmc as hmc_mod
 
     d = mode.size - 1
     chol = np.linalg.cholesky(cov)
     if starts is None:
         starts = mode + rng.standard_normal((_HMC_CHAINS, d + 1)) @ chol.T
-    evaluations = 0
+    evaluations, continued = 0, False
     for extension in range(_HMC_EXTENSIONS + 1):
-        iterations = _HMC_ITERATIONS * 4 ** extension
-        h = hmc(fgb, mode, chol, starts, iterations=iterations, warmup=_HMC_WARMUP,
-                rng=rng, steps=_HMC_STEPS, exact=exact)
+        h = hmc_mod.hmc(fgb, mode, chol, starts, iterations=_HMC_ITERATIONS * 4 ** extension,
+                        warmup=_HMC_WARMUP, rng=rng, steps=_HMC_STEPS, exact=exact)
         evaluations += h.evaluations
         ok = h.rhat <= _HMC_RHAT_MAX and h.ess >= _MIN_ESS
+        if not ok and extension == 0 and h.rhat <= _HMC_CONTINUE_RHAT:
+            first = h.evaluations
+            h = hmc_mod.hmc_continue(h, fgb, mode, chol, iterations=_HMC_ITERATIONS, rng=rng,
+                                     steps=_HMC_STEPS, exact=exact)
+            evaluations += h.evaluations - first
+            continued = True
+            ok = h.rhat <= _HMC_RHAT_MAX and h.ess >= _MIN_ESS
         if ok:
             break
         starts = h.samples[-1]
     diag.update(sampler="hmc", ess=h.ess, hmc_rhat=h.rhat,
                 hmc_step_size=h.step_size, hmc_acceptance=h.acceptance,
                 hmc_evaluations=evaluations, hmc_chains=_HMC_CHAINS,
-                hmc_iterations=iterations, hmc_warmup=_HMC_WARMUP,
-                hmc_extensions=extension)
+                hmc_iterations=h.samples.shape[0], hmc_warmup=_HMC_WARMUP,
+                hmc_extensions=extension, hmc_continued=continued)
     return h, ok
 
 
@@ -516,7 +531,7 @@ def _surrogate_hmc_attempt(env_fit, fb, draws, rng, diag):
     sub = {}
     h, ok = _hmc_chains(fgb_env, lap.mode, lap.cov, rng, sub, exact=fb, starts=starts)
     diag["envelope"]["hmc"] = {key: sub[key] for key in ("ess", "hmc_rhat", "hmc_acceptance",
-                                                         "hmc_extensions")}
+                                                         "hmc_extensions", "hmc_continued")}
     if not ok:
         return None
     diag.update(sub)

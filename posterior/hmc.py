@@ -33,7 +33,7 @@ import numpy as np
 
 from posterior.chains import effective_sample_size, split_rhat
 
-__all__ = ["HMCResult", "hmc"]
+__all__ = ["HMCResult", "hmc", "hmc_continue"]
 
 LogDensityGradBatch = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -62,8 +62,11 @@ def hmc(logp_grad: LogDensityGradBatch, mode: np.ndarray, chol: np.ndarray,
     reversible and preserve volume whatever potential drives them, so the chain still has the
     target as its stationary law (surrogate-guided HMC: Rasmussen, *Gaussian processes to
     speed up hybrid Monte Carlo*, Bayesian Statistics 7, 2003; Neal 2011 section 5.5). The
-    target is evaluated once per chain and iteration instead of ``steps`` times with
-    gradients."""
+    target is evaluated once per chain and kept iteration instead of ``steps`` times with
+    gradients; the warm-up accepts with the surrogate alone (its states are discarded, only
+    its step size is kept, and the surrogate's log density is within ~0.01 of the target's
+    over the posterior at d = 128), so the target is first evaluated at the states the warm-up
+    ends in."""
     mode = np.asarray(mode, dtype=np.float64)
     k = mode.size
 
@@ -71,8 +74,8 @@ def hmc(logp_grad: LogDensityGradBatch, mode: np.ndarray, chol: np.ndarray,
         v, g = logp_grad(mode + z @ chol.T)
         return v, g @ chol
 
-    def target(z, v):
-        return v if exact is None else exact(mode + z @ chol.T)
+    def target(z, v, it):
+        return v if exact is None or it < warmup else exact(mode + z @ chol.T)
 
     z = np.linalg.solve(chol, (np.asarray(starts, dtype=np.float64) - mode).T).T
     m = z.shape[0]
@@ -83,7 +86,7 @@ def hmc(logp_grad: LogDensityGradBatch, mode: np.ndarray, chol: np.ndarray,
         z[bad] = 0.0
         v[bad], g[bad] = f(z[bad])
         evaluations += int(bad.sum())
-    t_cur = target(z, v)
+    t_cur = target(z, v, 0)
     # Dual averaging (Hoffman & Gelman 2014, eq. (6)) with their constants.
     log_eps = float(np.log(step_size))
     mu = float(np.log(10.0 * step_size))
@@ -91,6 +94,8 @@ def hmc(logp_grad: LogDensityGradBatch, mode: np.ndarray, chol: np.ndarray,
     out = np.empty((int(iterations), m, k))
     accept = []
     for it in range(int(warmup) + int(iterations)):
+        if it == warmup and it > 0 and exact is not None:
+            t_cur = target(z, v, it)     # the warm-up's last states, now under the target
         eps = float(np.exp(log_eps)) * rng.uniform(0.8, 1.2)
         p = rng.standard_normal((m, k))
         h0 = -t_cur + 0.5 * np.einsum("ij,ij->i", p, p)
@@ -104,7 +109,7 @@ def hmc(logp_grad: LogDensityGradBatch, mode: np.ndarray, chol: np.ndarray,
             if s < steps - 1:
                 pn = pn + eps * gn
         pn = pn + 0.5 * eps * gn
-        t_new = target(zn, vn)
+        t_new = target(zn, vn, it)
         h1 = -t_new + 0.5 * np.einsum("ij,ij->i", pn, pn)
         with np.errstate(invalid="ignore"):
             log_a = np.minimum(0.0, h0 - h1)
@@ -127,3 +132,21 @@ def hmc(logp_grad: LogDensityGradBatch, mode: np.ndarray, chol: np.ndarray,
     return HMCResult(out, float(np.min(ess)), float(np.max(split_rhat(out))),
                      float(np.exp(log_eps)), float(np.mean(accept)) if accept else 0.0,
                      evaluations)
+
+
+def hmc_continue(previous: HMCResult, logp_grad: LogDensityGradBatch, mode: np.ndarray,
+                 chol: np.ndarray, *, iterations: int, rng: np.random.Generator,
+                 steps: int = 6,
+                 exact: Callable[[np.ndarray], np.ndarray] | None = None) -> HMCResult:
+    """``previous``'s chains (an ``hmc`` run with the same ``logp_grad``, ``mode``, ``chol``,
+    ``steps`` and ``exact``) run on for ``iterations`` more kept iterations from their last
+    states, at its step size and with no new warm-up: the same Markov chains, so every kept
+    state of both runs is kept; ESS and split r-hat over all of them."""
+    more = hmc(logp_grad, mode, chol, previous.samples[-1], iterations=iterations, warmup=0,
+               rng=rng, steps=steps, step_size=previous.step_size, exact=exact)
+    out = np.concatenate([previous.samples, more.samples])
+    n0, n1 = previous.samples.shape[0], more.samples.shape[0]
+    return HMCResult(out, float(np.min(effective_sample_size(out))),
+                     float(np.max(split_rhat(out))), previous.step_size,
+                     (n0 * previous.acceptance + n1 * more.acceptance) / (n0 + n1),
+                     previous.evaluations + more.evaluations)

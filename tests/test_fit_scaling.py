@@ -11,13 +11,16 @@ What is checked, each able to fail:
 - posterior.chains: the ESS of independent draws is about their number, of an AR(1) chain
   about n (1 - phi) / (1 + phi); r-hat flags chains stuck apart;
 - posterior.hmc recovers the mean and sds of a correlated Gaussian started 3 sd off with a
-  wrong preconditioner scale;
+  wrong preconditioner scale; guided by a wrong surrogate (``exact=``) it samples the target,
+  which it evaluates only from the warm-up's end on; hmc_continue runs the same chains on
+  with no new warm-up;
 - where the importance sample is unreliable the fit uses HMC, and HMC gives the importance
   sampler's answer where that one is reliable (forced, d = 5); on a d = 64 release the
   k-hat is above 0.7, the fit says so, and its answer agrees with a long HMC reference run
   (slow);
 - an unconverged HMC run is refused (ConvergenceError: the fallback to NUTS takes over), and
-  a low ESS is reported in diagnostics["warnings"].
+  a low ESS is reported in diagnostics["warnings"]; chains that nearly agree are run on as the
+  same chains before an extension's new warm-up, chains far apart go straight to it.
 """
 
 import sys
@@ -29,7 +32,7 @@ import pytest
 from posterior import ConvergenceError, fit_posterior
 from posterior import batched, noise_aware as na
 from posterior.chains import effective_sample_size, split_rhat
-from posterior.hmc import HMCResult, hmc
+from posterior.hmc import HMCResult, hmc, hmc_continue
 from posterior.psis import pareto_khat
 
 from tests.test_noise_aware import _problem
@@ -115,6 +118,55 @@ def test_hmc_recovers_a_gaussian_from_a_wrong_start_and_scale():
     assert res.rhat < 1.05 and res.ess > 300
     assert np.all(np.abs(draws.mean(axis=0) - mean) < 0.2 * sd)
     assert np.all(np.abs(draws.std(axis=0) / sd - 1) < 0.15)
+
+
+def test_surrogate_guided_hmc_samples_the_target_and_warms_up_on_the_surrogate():
+    """``exact=``: the leapfrog follows a wrong surrogate (mean 0.5 sd off, sds 1.3x), the
+    Metropolis step the target: the draws are the target's (the surrogate's would be off by
+    0.5 sd and 1.3x), and the target is evaluated once per chain and kept iteration plus once
+    at the warm-up's last states, never during the warm-up."""
+    rng = np.random.default_rng(3)
+    k, m = 6, 8
+    sd = np.linspace(0.5, 2.0, k)
+    calls = []
+
+    def target(us):
+        calls.append(us.shape[0])
+        return -0.5 * np.sum((us / sd) ** 2, axis=1)
+
+    def surrogate(us):
+        z = (us - 0.5 * sd) / (1.3 * sd)
+        return -0.5 * np.sum(z ** 2, axis=1), -z / (1.3 * sd)
+
+    starts = rng.standard_normal((m, k)) * sd
+    res = hmc(surrogate, np.zeros(k), np.diag(sd), starts, iterations=400, warmup=50, rng=rng,
+              exact=target)
+    assert calls == [m] * 401
+    draws = res.samples.reshape(-1, k)
+    # Here 0.03-0.06 sd and 0.97-1.09; the surrogate's own draws: 0.45-0.51 sd and 1.28-1.33.
+    assert np.all(np.abs(draws.mean(axis=0)) < 0.15 * sd)
+    assert np.all(np.abs(draws.std(axis=0) / sd - 1) < 0.15)
+
+
+def test_hmc_continue_runs_the_same_chains_on_without_a_warmup():
+    rng = np.random.default_rng(4)
+    k, m, steps = 5, 8, 6
+    sd = np.linspace(0.5, 2.0, k)
+
+    def logp_grad(us):
+        return -0.5 * np.sum((us / sd) ** 2, axis=1), -us / sd ** 2
+
+    chol = np.diag(sd)
+    first = hmc(logp_grad, np.zeros(k), chol, rng.standard_normal((m, k)) * sd, iterations=30,
+                warmup=20, rng=rng, steps=steps)
+    more = hmc_continue(first, logp_grad, np.zeros(k), chol, iterations=30, rng=rng,
+                        steps=steps)
+    assert more.samples.shape == (60, m, k) and np.array_equal(more.samples[:30], first.samples)
+    assert more.step_size == first.step_size
+    # No new warm-up: one evaluation at the last states, then 30 iterations of 6 steps.
+    assert more.evaluations == first.evaluations + m * (1 + 30 * steps)
+    assert more.rhat == pytest.approx(float(np.max(split_rhat(more.samples))))
+    assert more.ess == pytest.approx(float(np.min(effective_sample_size(more.samples))))
 
 
 def test_unreliable_importance_sample_goes_to_hmc_with_the_same_answer(monkeypatch):
@@ -247,6 +299,7 @@ def test_chains_that_have_not_agreed_run_on_before_a_refusal(monkeypatch, forced
     post = fit_posterior(s, public=pub, seed=0, draws=500, method="laplace")
     assert len(calls) == 2 and calls[1][0] == 4 * calls[0][0]
     assert post.diagnostics["hmc_extensions"] == 1 and post.diagnostics["converged"]
+    assert not post.diagnostics["hmc_continued"]   # 1.5: too far apart to run on as they are
     assert post.diagnostics["hmc_rhat"] <= fit_mod._HMC_RHAT_MAX
 
 
@@ -259,10 +312,38 @@ def test_chains_that_agree_only_roughly_are_kept_with_a_warning(monkeypatch, for
 
     stats, public = forced_hmc
     monkeypatch.setattr(hmc_mod, "hmc", _reporting_rhat(hmc_mod.hmc, 1.08))
+    monkeypatch.setattr(hmc_mod, "hmc_continue", _reporting_rhat(hmc_mod.hmc_continue, 1.08))
     post = fit_posterior(stats, public=public, seed=0, draws=500, method="laplace")
     assert post.diagnostics["converged"] and post.diagnostics["hmc_rhat"] == 1.08
     assert post.diagnostics["hmc_extensions"] == fit_mod._HMC_EXTENSIONS
     assert any("approximate" in w for w in post.diagnostics["warnings"])
+
+
+def test_nearly_agreeing_chains_run_on_as_the_same_chains(monkeypatch, forced_hmc):
+    """The first run's chains nearly agree (r-hat 1.1, within _HMC_CONTINUE_RHAT): the fit
+    runs the same chains on for as many iterations, with no new warm-up, and keeps them when
+    all their kept states agree; no extension (a new warm-up and 4x iterations)."""
+    import posterior.fit as fit_mod
+    import posterior.hmc as hmc_mod
+
+    s, pub = forced_hmc
+    real = hmc_mod.hmc
+    warmups = []
+
+    def first_rough(*args, **kw):
+        r = real(*args, **kw)
+        warmups.append(kw["warmup"])
+        if len(warmups) == 1:
+            return HMCResult(r.samples, r.ess, 1.1, r.step_size, r.acceptance, r.evaluations)
+        return r
+
+    monkeypatch.setattr(hmc_mod, "hmc", first_rough)
+    post = fit_posterior(s, public=pub, seed=0, draws=500, method="laplace")
+    dg = post.diagnostics
+    assert warmups == [fit_mod._HMC_WARMUP, 0]
+    assert dg["hmc_continued"] and dg["hmc_extensions"] == 0 and dg["converged"]
+    assert dg["hmc_iterations"] == 2 * fit_mod._HMC_ITERATIONS
+    assert dg["hmc_rhat"] <= fit_mod._HMC_RHAT_MAX
 
 
 _FRESH = """

@@ -80,19 +80,22 @@ def test_numpy_density_is_the_pymc_model_marginalised_over_lambda0():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("envelope", [False, True])
-def test_fast_path_agrees_with_nuts_on_the_pymc_model(envelope, monkeypatch):
-    """The Laplace/importance fit, and (``envelope``) the nested envelope proposal of large d
-    forced at d = 3, against NUTS on the PyMC definition of the model."""
+@pytest.mark.parametrize("path", [None, "nested-envelope", "envelope-hmc"])
+def test_fast_path_agrees_with_nuts_on_the_pymc_model(path, monkeypatch):
+    """The Laplace/importance fit, the nested envelope proposal of large d, and attempt 0b
+    (HMC guided by the envelope, exact Metropolis step; its warm-up on the envelope alone),
+    each forced at d = 3, against NUTS on the PyMC definition of the model."""
     import posterior.fit as fit_mod
 
-    if envelope:
+    if path is not None:
         monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_DIM", 1)
+    if path == "envelope-hmc":
+        monkeypatch.setattr(fit_mod, "_ENVELOPE_MIN_ESS", 10 ** 9)
     rng = np.random.default_rng(7)
     _, release, public = _problem(rng, 3, 300, 1.0, 1)
     stats = release + public
     fast = fit_posterior(stats, public=public, seed=1, draws=4000)
-    assert (fast.diagnostics.get("proposal") == "nested-envelope") is envelope
+    assert fast.diagnostics.get("proposal") == path
     ref = fit_posterior(stats, public=public, method="nuts", seed=1, draws=4000, tune=1000)
     assert fast.model == ref.model == "noise-aware"
     sd = ref.beta_draws.std(axis=0)
