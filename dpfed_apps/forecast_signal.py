@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from dpfed.auxiliary import AuxiliarySource
+from dpfed.metrics import spearman
 
 __all__ = ["loo_spearman", "CrossValidatedSignalSource", "r2_given_cv"]
 
@@ -46,14 +47,6 @@ PILOTS = 600
 BANDWIDTH = 0.1
 GRID = 50
 _CACHE: dict = {}
-
-
-def _ranks(v: np.ndarray) -> np.ndarray:
-    """Ranks of a vector; ties (identical binary rows predict alike) get their mean rank.
-    numpy only: the console imports the forecast and must not import SciPy (.importlinter)."""
-    _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
-    first = np.cumsum(counts) - counts            # 0-based rank of each value's first copy
-    return (first + (counts + 1) / 2.0)[inverse]
 
 
 def loo_spearman(z: np.ndarray, y: np.ndarray, ridge: float = 1.0) -> float:
@@ -72,12 +65,8 @@ def loo_spearman(z: np.ndarray, y: np.ndarray, ridge: float = 1.0) -> float:
     a = sxx[None] - z[:, :, None] * z[:, None, :] + eye[None]
     b = sxy[None] - z * y[:, None]
     beta = np.linalg.solve(a, b[..., None])[..., 0]
-    pred = np.einsum("ij,ij->i", z, beta)
-    if np.ptp(pred) == 0 or np.ptp(y) == 0:
-        return 0.0
-    rp, ry = _ranks(pred), _ranks(y)
-    rp, ry = rp - rp.mean(), ry - ry.mean()
-    return float(rp @ ry / np.sqrt((rp @ rp) * (ry @ ry)))
+    rho = spearman(np.einsum("ij,ij->i", z, beta), y)   # NaN when a side is constant
+    return 0.0 if np.isnan(rho) else rho
 
 
 def r2_given_cv(source: AuxiliarySource, *, pilots: int = PILOTS, bandwidth: float = BANDWIDTH,

@@ -143,6 +143,12 @@ class Federation:
         return (key or self.site_keys[site]).sign(pb.Contribution(**fields))
 
 
+def fd_grad(f, u, h=1e-6) -> np.ndarray:
+    """Central differences of the value of ``f(u) -> (value, gradient)``: the gradient the
+    densities' analytic ones are checked against."""
+    return np.array([(f(u + e)[0] - f(u - e)[0]) / (2 * h) for e in np.eye(u.size) * h])
+
+
 def lam0_marginal(logp, beta, a) -> float:
     """log of the PyMC model's density ``logp`` at (beta, log lambda = a) with log lambda0
     integrated out on a fine grid: what the numpy densities (lambda0 in closed form) equal."""

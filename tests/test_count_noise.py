@@ -23,7 +23,7 @@ import posterior.batched as batched
 import posterior.noise_aware as na
 from dpfed.statistics import Statistics
 from dpfed_apps.evaluation.coverage import prior_problem
-from tests.conftest import lam0_marginal
+from tests.conftest import fd_grad, lam0_marginal
 
 
 def _inputs(rng, d, with_count=True):
@@ -33,10 +33,6 @@ def _inputs(rng, d, with_count=True):
     return na.NoiseAwareInputs(a, rng.standard_normal(d), 30.0, 50.0, a, 0.3, 0.5, 0.7, 40.0,
                                0.1 * a, rng.standard_normal(d), 5.0, 10.0,
                                mc=(mc + mc.T) if with_count else None)
-
-
-def _fd_grad(f, u, h=1e-6):
-    return np.array([(f(u + e)[0] - f(u - e)[0]) / (2 * h) for e in np.eye(u.size) * h])
 
 
 def test_mc_is_how_the_design_mean_moves_with_the_released_count(monkeypatch):
@@ -70,7 +66,7 @@ def test_gradient_and_every_implementation_agree(d):
     us = rng.standard_normal((5, d + 1)) * 0.5
     for u in us:
         val, g = na.log_posterior_noise_aware(u, inp)
-        assert np.allclose(g, _fd_grad(lambda z: na.log_posterior_noise_aware(z, inp), u),
+        assert np.allclose(g, fd_grad(lambda z: na.log_posterior_noise_aware(z, inp), u),
                            rtol=1e-5, atol=1e-5)
         jv, jg = target.logp_grad(u)
         assert jv == pytest.approx(val, abs=1e-9) and np.allclose(jg, g, atol=1e-9)
