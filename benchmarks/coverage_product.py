@@ -155,22 +155,29 @@ def set_design_sd(rule: str) -> None:
     "+c" / "-c" switch the count's rank-one likelihood term on / off (``COUNT_IN_LIKELIHOOD``;
     without either, the product's setting). "product" is the product's design prior,
     "act0.22" a relative sd of 0.22 / sqrt(d) (``DESIGN_PRIOR_ACTION_SD``), a number a fixed
-    relative sd (the rule before issue 21's fix: "0.1-c")."""
+    relative sd (the rule before issue 21's fix: "0.1-c"), "wishart" or "wishart0.3" the
+    Wishart-shaped design prior (``DESIGN_PRIOR_WISHART``, with its share kappa if given)."""
     global _PRODUCT_DESIGN_PRIOR
     from posterior import noise_aware as na
 
     if _PRODUCT_DESIGN_PRIOR is None:
         _PRODUCT_DESIGN_PRIOR = (na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD,
-                                 na.DESIGN_PRIOR_ACTION_SD, na.COUNT_IN_LIKELIHOOD)
+                                 na.DESIGN_PRIOR_ACTION_SD, na.COUNT_IN_LIKELIHOOD,
+                                 na.DESIGN_PRIOR_WISHART, na.DESIGN_PRIOR_WISHART_SHARE)
     # Every rule starts from the product's (a setting of an earlier call is undone).
     (na.design_prior, na.DESIGN_PRIOR_RELATIVE_SD, na.DESIGN_PRIOR_ACTION_SD,
-     na.COUNT_IN_LIKELIHOOD) = _PRODUCT_DESIGN_PRIOR
+     na.COUNT_IN_LIKELIHOOD, na.DESIGN_PRIOR_WISHART,
+     na.DESIGN_PRIOR_WISHART_SHARE) = _PRODUCT_DESIGN_PRIOR
     if rule.endswith(("+c", "-c")):
         na.COUNT_IN_LIKELIHOOD = rule.endswith("+c")
         rule = rule[:-2]
     base, plus_n = rule.removesuffix("+n"), rule.endswith("+n")
     if base == "se":
         na.design_prior = design_prior_se
+    elif base.startswith("wishart"):   # "wishart0.3": DESIGN_PRIOR_WISHART, share 0.3
+        na.DESIGN_PRIOR_WISHART = True
+        if base != "wishart":
+            na.DESIGN_PRIOR_WISHART_SHARE = float(base[7:])
     elif base.startswith("act"):   # "act0.22": DESIGN_PRIOR_ACTION_SD = 0.22
         na.DESIGN_PRIOR_ACTION_SD = float(base[3:])
     elif base != "product":

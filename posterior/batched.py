@@ -127,12 +127,17 @@ def _covariance_parts(beta, rho, s, b2, ab, bab, inp, u1, u2):
     C11's rho Abar + v_xx beta beta^T + v_n u1 u1^T: C11's diagonal addition v_xy + v_xx
     (|b|^2 - b_i^2), C12 and C22 with the count's rank-one term (u1, u2:
     ``NoiseAwareInputs.count_vector``), per point."""
-    vxx = float(inp.v_xx)
-    c11_diag = inp.v_xy + vxx * (s[:, None] - b2)
-    c12 = (2.0 * rho[:, None] * ab + vxx * beta * (2.0 * s[:, None] - b2)
-           + inp.v_n * u1 * u2[:, None])
-    c22 = (4.0 * rho * bab + 2.0 * inp.n * rho * rho + inp.v_n * u2 * u2 + inp.v_yy
-           + vxx * (2.0 * s * s - np.einsum("ij,ij->i", b2, b2)))
+    if np.ndim(inp.v_xx) == 0:
+        vxx = float(inp.v_xx)
+        dg = vxx * (s[:, None] - b2)
+        c12v = vxx * beta * (2.0 * s[:, None] - b2)
+        c22v = vxx * (2.0 * s * s - np.einsum("ij,ij->i", b2, b2))
+    else:
+        # Per-entry variances (``na.NoiseAwareInputs.wishart``'s rotated inputs).
+        dg, c12v, c22v = na.design_error_terms(beta, inp.v_xx)
+    c11_diag = inp.v_xy + dg
+    c12 = 2.0 * rho[:, None] * ab + c12v + inp.v_n * u1 * u2[:, None]
+    c22 = 4.0 * rho * bab + 2.0 * inp.n * rho * rho + inp.v_n * u2 * u2 + inp.v_yy + c22v
     return c11_diag, c12, c22
 
 
@@ -141,7 +146,7 @@ def _bordered_logdet_quad(beta, rho, s, b2, ab, bab, r, inp, u1, u2):
     C bordered by r and t (comment above), _CHUNK points at a time, potrf in place."""
     m, d = beta.shape
     k = d + 1
-    vxx = float(inp.v_xx)
+    vxx = inp.v_xx if np.ndim(inp.v_xx) else float(inp.v_xx)
     t = 2.0 * np.einsum("ij,ij->i", r, r) / min(inp.v_xy, inp.v_yy) + 1.0
     c11_diag, c12, c22 = _covariance_parts(beta, rho, s, b2, ab, bab, inp, u1, u2)
     count = inp.mc is not None and inp.v_n != 0.0
@@ -154,7 +159,9 @@ def _bordered_logdet_quad(beta, rho, s, b2, ab, bab, r, inp, u1, u2):
         c = buf[:hi - lo]
         c11 = c[:, :d, :d]
         np.multiply(rho[lo:hi, None, None], inp.abar, out=c11)
-        if vxx != 0.0:
+        if np.ndim(vxx):
+            c11 += vxx * (beta[lo:hi, :, None] * beta[lo:hi, None, :])
+        elif vxx != 0.0:
             c11 += beta[lo:hi, :, None] * (vxx * beta[lo:hi])[:, None, :]
         if count:
             c11 += u1[lo:hi, :, None] * (inp.v_n * u1[lo:hi])[:, None, :]
@@ -187,6 +194,11 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     """(values, gradients) of ``na.log_posterior_noise_aware`` at the rows of ``us``; the
     gradient is None with ``grad=False`` (then only a Cholesky factor per point is needed, no
     inverse)."""
+    if inp.wishart is not None:
+        rot, inner = inp.wishart
+        us, _ = _clean(us)
+        val, g = noise_aware_logp_grad(na.rotate_in(us, rot), inner, grad)
+        return val, (None if g is None else na.rotate_gradient_out(g, rot))
     us, ok = _clean(us)
     m, k = us.shape
     d = k - 1
@@ -218,7 +230,7 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
         return np.where(ok & pd, val, -np.inf), None
     c = np.empty((m, k, k))
     np.multiply(rho[:, None, None], inp.abar, out=c[:, :d, :d])
-    if vxx != 0.0:
+    if np.ndim(vxx) or vxx != 0.0:
         c[:, :d, :d] += vxx * (beta[:, :, None] * beta[:, None, :])
     if count:
         c[:, :d, :d] += inp.v_n * (u1[:, :, None] * u1[:, None, :])
@@ -274,12 +286,21 @@ def noise_aware_logp_grad(us: np.ndarray, inp: "na.NoiseAwareInputs", grad: bool
     grad_a = -a2 * inp.n * rho
     grad_a += (-rho * sum_g11_abar - 4.0 * rho * np.einsum("ij,ij->i", g12, ab)
                + g22 * (-4.0 * rho * bab - 4.0 * inp.n * rho * rho))
-    grad_b += vxx * (2.0 * beta * tr_g11[:, None] + 2.0 * g11b - 2.0 * beta * diag_g11)
-    g12_b = np.einsum("ij,ij->i", g12, beta)
-    grad_b += 4.0 * rho[:, None] * (g12 @ inp.abar) + 2.0 * vxx * (
-        4.0 * beta * g12_b[:, None] + g12 * (2.0 * s[:, None] - 3.0 * b2))
-    grad_b += g22[:, None] * (8.0 * rho[:, None] * ab
-                              + vxx * (8.0 * s[:, None] * beta - 4.0 * beta * b2))
+    grad_b += 4.0 * rho[:, None] * (g12 @ inp.abar) + 8.0 * (g22 * rho)[:, None] * ab
+    if np.ndim(vxx) == 0:
+        grad_b += vxx * (2.0 * beta * tr_g11[:, None] + 2.0 * g11b - 2.0 * beta * diag_g11)
+        g12_b = np.einsum("ij,ij->i", g12, beta)
+        grad_b += 2.0 * vxx * (4.0 * beta * g12_b[:, None] + g12 * (2.0 * s[:, None] - 3.0 * b2))
+        grad_b += g22[:, None] * vxx * (8.0 * s[:, None] * beta - 4.0 * beta * b2)
+    else:
+        # Per-entry variances p (na.log_posterior_noise_aware's matrix branch); (G11 o p) beta
+        # with G11 = (a1 a1^T - W11) / 2.
+        p, pd = vxx, np.diag(vxx)
+        pb2 = b2 @ p
+        gpb = 0.5 * (a1 * ((a1 * beta) @ p) - np.einsum("mij,ij,mj->mi", w11, p, beta))
+        grad_b += 2.0 * gpb - 2.0 * diag_g11 * pd * beta + 2.0 * beta * (diag_g11 @ p)
+        grad_b += 2.0 * (g12 * (2.0 * pb2 - 3.0 * pd * b2) + 4.0 * beta * ((g12 * beta) @ p))
+        grad_b += g22[:, None] * (8.0 * beta * pb2 - 4.0 * pd * beta * b2)
     # The count's rank-one term (na.log_posterior_noise_aware): 2 v_n h^T du, h = G u.
     if count:
         a1_u1 = np.einsum("ij,ij->i", a1, u1)

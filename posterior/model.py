@@ -296,6 +296,8 @@ def build_noise_aware_model(inp):
 
     ``inp`` is a ``NoiseAwareInputs``; its values enter as constants (one model per fit, for
     the reference sampler only). Value variables: ``lam_log__``, ``lam0_log__``, ``beta``.
+    With the Wishart-shaped design (``inp.wishart``) the likelihood is written in its basis,
+    at beta' = U^T beta (the prior of beta is isotropic), with per-entry design variances.
     """
     import pymc as pm
     import pytensor.tensor as pt
@@ -305,7 +307,11 @@ def build_noise_aware_model(inp):
     d = inp.dim
     with pm.Model() as model:
         lam, lam0 = precision_priors(active_prior())
-        beta = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0), shape=(d,))
+        beta_x = pm.Normal("beta", mu=0.0, sigma=1.0 / pt.sqrt(lam0), shape=(d,))
+        beta = beta_x
+        if inp.wishart is not None:
+            rot, inp = inp.wishart
+            beta = pt.dot(pt.as_tensor(rot.T), beta_x)
         rho = 1.0 / lam
         rxx, abar = pt.as_tensor(inp.rxx), pt.as_tensor(inp.abar)
         s = pt.sum(beta ** 2)
@@ -313,11 +319,22 @@ def build_noise_aware_model(inp):
         ab = pt.dot(abar, beta)
         rb = pt.dot(rxx, beta)
         r = pt.concatenate([inp.rxy - rb, pt.stack([inp.ryy - pt.dot(beta, rb) - inp.n * rho])])
-        c11 = (rho * abar + inp.v_xx * (pt.outer(beta, beta) - pt.diag(b2))
-               + pt.eye(d) * (inp.v_xy + inp.v_xx * s))
-        c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
-        c22 = (4 * rho * pt.dot(beta, ab) + 2 * inp.n * rho ** 2 + inp.v_yy
-               + inp.v_xx * (2 * s ** 2 - pt.sum(b2 ** 2)))
+        if np.ndim(inp.v_xx) == 0:
+            c11 = (rho * abar + inp.v_xx * (pt.outer(beta, beta) - pt.diag(b2))
+                   + pt.eye(d) * (inp.v_xy + inp.v_xx * s))
+            c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
+            c22 = (4 * rho * pt.dot(beta, ab) + 2 * inp.n * rho ** 2 + inp.v_yy
+                   + inp.v_xx * (2 * s ** 2 - pt.sum(b2 ** 2)))
+        else:
+            # Per-entry design variances p (``noise_aware.design_error_terms``).
+            p = pt.as_tensor(inp.v_xx)
+            pdg = pt.as_tensor(np.diag(inp.v_xx))
+            pb2 = pt.dot(p, b2)
+            c11 = (rho * abar + p * pt.outer(beta, beta)
+                   + pt.diag(inp.v_xy + pb2 - pdg * b2))
+            c12 = 2 * rho * ab + beta * (2 * pb2 - pdg * b2)
+            c22 = (4 * rho * pt.dot(beta, ab) + 2 * inp.n * rho ** 2 + inp.v_yy
+                   + 2 * pt.dot(b2, pb2) - pt.sum(pdg * b2 ** 2))
         cov = pt.concatenate([pt.concatenate([c11, c12[:, None]], axis=1),
                               pt.concatenate([c12[None, :], pt.reshape(c22, (1, 1))], axis=1)],
                              axis=0)

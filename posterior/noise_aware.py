@@ -221,7 +221,8 @@ class NoiseAwareInputs:
     ryy: float
     n: float
     abar: np.ndarray
-    v_xx: float              # v_post: the design's remaining variance per entry
+    v_xx: float              # v_post: the design's remaining variance per entry; a (d, d)
+    #                          matrix of per-entry variances in ``wishart``'s rotated inputs
     v_xy: float
     v_yy: float
     v_n: float
@@ -235,6 +236,11 @@ class NoiseAwareInputs:
     # noise (variance v_n) then enters the likelihood as one rank-one term (``count_vector``).
     # None: the count's noise enters through n rho only (the model before issue 21's fix).
     mc: np.ndarray | None = None
+    # The Wishart-shaped design prior (``DESIGN_PRIOR_WISHART``): (U, inputs in U's basis).
+    # The densities evaluate at beta' = U^T beta on the rotated inputs, whose v_xx is the
+    # matrix of per-entry variances (independent there); these fields stay in the original
+    # basis with v_xx their mean, for readers that need a scalar (starting points, envelope).
+    wishart: tuple | None = None
 
     def count_vector(self, beta: np.ndarray, rho):
         """(u1, u2) with r = R - mean(n) moving by -e_n (u1, u2) under an error e_n of the
@@ -306,16 +312,28 @@ DESIGN_PRIOR_COUNT_NOISE = False
 COUNT_IN_LIKELIHOOD = False
 
 
-def design_prior(stats: Statistics, public: Statistics | None,
-                 x_bound: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Prior mean A0 and per-entry variance of the true Sxx (module docstring, step 1).
+#: Whether the design prior's error has the shape it has (issue 21 item 2): the private Sxx is
+#: n_priv M plus the error of M, second moments estimated from n_pub public rows, plus the
+#: private rows' own sampling error. For rows with second moments M both are Wishart-shaped,
+#: Cov(S_ij, S_kl) proportional to M_ik M_jl + M_il M_jk (Anderson 2003, An Introduction to
+#: Multivariate Statistical Analysis, section 7.3), so in M's eigenbasis (M = U diag(l) U^T)
+#: the entries are independent with variance c l_i l_j (1 + delta_ij), c = kappa n_priv^2 /
+#: n_pub + n_priv, kappa = ``DESIGN_PRIOR_WISHART_SHARE`` (the half-way shrinkage of M halves
+#: its error: 0.25). The release's noise (iid per entry) is treated as iid there too; each
+#: entry is then updated on its own and the remaining variances are kept as a matrix (not
+#: averaged), so the design's error acts on beta as it would: along M's large directions.
+#: The per-entry rule (False) states errors of relative sd 0.1 independent per entry in the
+#: original basis, whose action on beta is 1.4-2x the realised one at d = 10
+#: (docs/evaluation.md "The count's noise and the bound's priors").
+DESIGN_PRIOR_WISHART = False
+DESIGN_PRIOR_WISHART_SHARE = 0.25
 
-    The private rows were clipped to [-x_bound, x_bound] before their Sxx was computed, the
-    public rows were not; so the public second moments M are clipped too before they
-    describe a private row: each diagonal entry to at most x_bound^2, the correlations kept
-    (``x_bound=None``: no clipping known). Reads only public quantities: the exact public
-    statistics, the public bound and the released n (with no public rows, the released
-    diagonal of Sxx sets an isotropic scale: post-processing)."""
+
+def design_moments(stats: Statistics, public: Statistics | None,
+                   x_bound: float | None = None) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """(M, Sxx_public, iso, n_priv): the second moments that describe one private row
+    (``design_prior``), the public rows' Sxx (zeros without them), M's mean diagonal and the
+    private count the prior assumes."""
     d = stats.dim
     n_pub = public.n if public is not None else 0
     n_priv = max(float(stats.n) - n_pub, 1.0)
@@ -330,13 +348,28 @@ def design_prior(stats: Statistics, public: Statistics | None,
             m = m * np.outer(shrink, shrink)
         iso = np.trace(m) / d
         m = 0.5 * m + 0.5 * iso * np.eye(d)
-        base = public.xtx
+        base = np.array(public.xtx, dtype=float)
     else:
         iso = max(float(np.mean(np.diag(stats.xtx))) / max(float(stats.n), 1.0), 1e-12)
         if x_bound is not None:
             iso = min(iso, float(x_bound) ** 2)
         m = iso * np.eye(d)
         base = np.zeros((d, d))
+    return m, base, float(iso), n_priv
+
+
+def design_prior(stats: Statistics, public: Statistics | None,
+                 x_bound: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Prior mean A0 and per-entry variance of the true Sxx (module docstring, step 1).
+
+    The private rows were clipped to [-x_bound, x_bound] before their Sxx was computed, the
+    public rows were not; so the public second moments M are clipped too before they
+    describe a private row: each diagonal entry to at most x_bound^2, the correlations kept
+    (``x_bound=None``: no clipping known). Reads only public quantities: the exact public
+    statistics, the public bound and the released n (with no public rows, the released
+    diagonal of Sxx sets an isotropic scale: post-processing)."""
+    d = stats.dim
+    m, base, iso, n_priv = design_moments(stats, public, x_bound)
     diag = np.maximum(np.diag(m), 1e-12 * max(iso, 1e-300))
     rel = DESIGN_PRIOR_RELATIVE_SD if DESIGN_PRIOR_ACTION_SD is None \
         else DESIGN_PRIOR_ACTION_SD / np.sqrt(d)
@@ -364,6 +397,8 @@ def noise_aware_inputs(stats: Statistics, public: Statistics | None = None,
     if stats.noise is None:
         raise ValueError("the noise of these statistics is unknown")
     v = stats.noise.variances()
+    if DESIGN_PRIOR_WISHART and v["xtx"] > 0:
+        return _wishart_inputs(stats, public, x_bound, v)
     a0, va = design_prior(stats, public, x_bound)
     has_public = public is not None and public.n > 0
     if has_public:
@@ -391,6 +426,97 @@ def noise_aware_inputs(stats: Statistics, public: Statistics | None = None,
     mc = 0.5 * (mc + mc.T) if (COUNT_IN_LIKELIHOOD and mc is not None and v["n"] > 0) else None
     return NoiseAwareInputs(a_post, rxy, ryy, n, psd_estimate(a_post, v_post), v_post,
                             v["xty"], v["yty"], v["n"], *pub, mc=mc)
+
+
+def _private_parts(stats: Statistics, public: Statistics | None):
+    """(R_xx, R_xy, R_yy, n) of the release's private part: the total minus the exact
+    public statistics (all of it without public rows)."""
+    if public is not None and public.n > 0:
+        return (np.array(stats.xtx) - public.xtx, np.array(stats.xty) - public.xty,
+                float(stats.yty) - float(public.yty), float(stats.n) - float(public.n))
+    return np.array(stats.xtx), np.array(stats.xty), float(stats.yty), float(stats.n)
+
+
+def _wishart_inputs(stats: Statistics, public: Statistics | None, x_bound: float | None,
+                    v: dict) -> NoiseAwareInputs:
+    """``noise_aware_inputs`` with the Wishart-shaped design prior (``DESIGN_PRIOR_WISHART``).
+
+    In M's eigenbasis U the private design's prior is independent per entry: mean n_priv l_i
+    on the diagonal, variance c l_i l_j (1 + delta_ij). Each rotated entry of the release's
+    private R_xx (noise variance v_xx, treated as iid in the rotated basis too: exact off the
+    diagonal for a rotation-invariant noise, within a factor 2 on it) is combined with it on
+    its own, and the remaining variances stay a matrix. The inputs are built in U's basis
+    (beta' = U^T beta; the prior of beta is isotropic, so the density is the same function
+    of beta' as of beta) and kept in ``wishart``; the returned inputs hold the same design in
+    the original basis for readers that need one scalar variance."""
+    d = stats.dim
+    has_public = public is not None and public.n > 0
+    m, _, iso, n_priv = design_moments(stats, public, x_bound)
+    lam, u = np.linalg.eigh(0.5 * (m + m.T))
+    lam = np.maximum(lam, 1e-12 * max(iso, 1e-300))
+    n_pub = float(public.n) if has_public else 0.0
+    kappa = DESIGN_PRIOR_WISHART_SHARE / n_pub if n_pub >= 2 else DESIGN_PRIOR_RELATIVE_SD ** 2
+    c = kappa * n_priv ** 2 + n_priv
+    pv = c * np.outer(lam, lam) * (1.0 + np.eye(d))
+    rxx, rxy, ryy, n = _private_parts(stats, public)
+    vxx = float(v["xtx"])
+    rot = u.T @ rxx @ u
+    a0 = np.diag(n_priv * lam)
+    w = pv / (pv + vxx)
+    a_post = w * rot + (1.0 - w) * a0
+    a_post = 0.5 * (a_post + a_post.T)
+    p_post = pv * vxx / (pv + vxx)
+    v_mean = float(np.mean(p_post[np.triu_indices(d)]))
+    abar = psd_estimate(a_post, v_mean)
+    # d A0 / d n_priv = diag(l): the count's term (COUNT_IN_LIKELIHOOD), as in the rule by entry.
+    mc = (1.0 - w) * np.diag(lam) if (COUNT_IN_LIKELIHOOD and v["n"] > 0) else None
+    if has_public:
+        pub = (np.array(public.xtx, dtype=float), np.array(public.xty, dtype=float),
+               float(public.yty), float(public.n))
+        pub_rot = (u.T @ pub[0] @ u, u.T @ pub[1], pub[2], pub[3])
+    else:
+        pub = pub_rot = (None, None, 0.0, 0.0)
+    inner = NoiseAwareInputs(a_post, u.T @ rxy, ryy, n, abar, p_post, v["xty"], v["yty"],
+                             v["n"], *pub_rot, mc=mc)
+
+    def back(x):
+        return None if x is None else u @ x @ u.T
+
+    return NoiseAwareInputs(back(a_post), rxy, ryy, n, back(abar), v_mean, v["xty"],
+                            v["yty"], v["n"], *pub, mc=back(mc), wishart=(u, inner))
+
+
+def rotate_in(us: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """Rows (beta, log lambda) -> (U^T beta, log lambda) (``NoiseAwareInputs.wishart``)."""
+    out = np.array(us, dtype=float, copy=True)
+    d = u.shape[0]
+    out[..., :d] = out[..., :d] @ u
+    return out
+
+
+def rotate_gradient_out(g: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """A gradient in (beta', log lambda) -> in (beta, log lambda): d/dbeta = U d/dbeta'."""
+    out = np.array(g, dtype=float, copy=True)
+    d = u.shape[0]
+    out[..., :d] = out[..., :d] @ u.T
+    return out
+
+
+def design_error_terms(beta: np.ndarray, p: np.ndarray):
+    """The design error's part of C for independent symmetric entries of variances p (a
+    (d, d) matrix; ``NoiseAwareInputs.wishart``), at rows ``beta`` (m, d): E beta has
+    Var (E beta)_i = (p beta^2)_i and Cov((E beta)_i, (E beta)_k) = p_ik beta_i beta_k (i != k);
+    with beta^T E beta: beta_i (2 (p beta^2)_i - p_ii beta_i^2) and variance
+    2 (beta^2)^T p beta^2 - sum_i p_ii beta_i^4. Returns (C11's diagonal addition beyond
+    p o beta beta^T's own diagonal, c12, c22); the scalar p = v reduces to the module
+    docstring's v_xx terms."""
+    b2 = beta * beta
+    pb2 = b2 @ p
+    pd = np.diag(p)
+    diag_add = pb2 - pd * b2
+    c12 = beta * (2.0 * pb2 - pd * b2)
+    c22 = 2.0 * np.einsum("...i,...i->...", b2, pb2) - np.einsum("...i,...i->...", pd * b2, b2)
+    return diag_add, c12, c22
 
 
 def prior_value(beta, a, pr, grad: bool = False):
@@ -474,14 +600,21 @@ def _likelihood_parts(beta, rho, inp: NoiseAwareInputs):
     r[:d] = inp.rxy - rb
     r[d] = inp.ryy - beta @ rb - inp.n * rho
     c = np.empty((d + 1, d + 1))
-    c11 = rho * inp.abar + inp.v_xx * (np.outer(beta, beta) - np.diag(b2))
-    c11[np.diag_indices(d)] += inp.v_xy + inp.v_xx * s
+    if np.ndim(inp.v_xx) == 0:
+        c11 = rho * inp.abar + inp.v_xx * (np.outer(beta, beta) - np.diag(b2))
+        c11[np.diag_indices(d)] += inp.v_xy + inp.v_xx * s
+        c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
+        c22 = inp.v_xx * (2 * s * s - float(b2 @ b2))
+    else:
+        # Per-entry variances (``NoiseAwareInputs.wishart``'s rotated inputs).
+        dg, c12v, c22 = design_error_terms(beta, inp.v_xx)
+        c11 = rho * inp.abar + inp.v_xx * np.outer(beta, beta)
+        c11[np.diag_indices(d)] += inp.v_xy + dg
+        c12 = 2 * rho * ab + c12v
     c[:d, :d] = c11
-    c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
     c[:d, d] = c12
     c[d, :d] = c12
-    c[d, d] = (4 * rho * float(beta @ ab) + 2 * inp.n * rho * rho + inp.v_yy
-               + inp.v_xx * (2 * s * s - float(b2 @ b2)))
+    c[d, d] = (4 * rho * float(beta @ ab) + 2 * inp.n * rho * rho + inp.v_yy + float(c22))
     # The count's noise: one rank-one term v_n u u^T (``NoiseAwareInputs.count_vector``).
     u1, u2 = inp.count_vector(beta, rho)
     u = np.append(u1, u2)
@@ -497,6 +630,10 @@ def log_posterior_noise_aware(u: np.ndarray, inp: NoiseAwareInputs) -> tuple[flo
     d = inp.dim
     if not _in_range(u, d):
         return -np.inf, np.zeros(d + 1)
+    if inp.wishart is not None:
+        rot, inner = inp.wishart
+        val, g = log_posterior_noise_aware(rotate_in(u, rot), inner)
+        return val, rotate_gradient_out(g, rot)
     val, g = _log_prior(u, d)
     beta, a = u[:d], u[d]
     rho = float(np.exp(-a))
@@ -529,11 +666,20 @@ def log_posterior_noise_aware(u: np.ndarray, inp: NoiseAwareInputs) -> tuple[flo
         grad_b += 2 * inp.v_n * (inp.mc @ h1 + 2 * h2 * u1)
     grad_a += -2 * inp.v_n * rho * h2
     # covariance, d/d beta_k
-    g11b = g11 @ beta
-    grad_b += vxx * (2 * beta * np.trace(g11) + 2 * g11b - 2 * beta * np.diag(g11))
-    grad_b += 4 * rho * (inp.abar @ g12) + 2 * vxx * (4 * beta * float(g12 @ beta)
-                                                      + g12 * (2 * s - 3 * b2))
-    grad_b += g22 * (8 * rho * ab + vxx * (8 * s * beta - 4 * beta * b2))
+    grad_b += 4 * rho * (inp.abar @ g12) + 8 * rho * g22 * ab
+    if np.ndim(vxx) == 0:
+        g11b = g11 @ beta
+        grad_b += vxx * (2 * beta * np.trace(g11) + 2 * g11b - 2 * beta * np.diag(g11))
+        grad_b += 2 * vxx * (4 * beta * float(g12 @ beta) + g12 * (2 * s - 3 * b2))
+        grad_b += g22 * vxx * (8 * s * beta - 4 * beta * b2)
+    else:
+        # ``design_error_terms`` with per-entry variances p: d tr(G C_p) / d beta.
+        p, pd = vxx, np.diag(vxx)
+        pb2 = p @ b2
+        grad_b += (2 * (g11 * p) @ beta - 2 * np.diag(g11) * pd * beta
+                   + 2 * beta * (p @ np.diag(g11)))
+        grad_b += 2 * (g12 * (2 * pb2 - 3 * pd * b2) + 4 * beta * (p @ (g12 * beta)))
+        grad_b += g22 * (8 * beta * pb2 - 4 * pd * beta * b2)
     g[:d] += grad_b
     g[d] += grad_a
     pv, pg = _public_loglik(u, inp)
@@ -578,6 +724,9 @@ def log_posterior_exact_batch(u: np.ndarray, stats: Statistics) -> np.ndarray:
 def log_posterior_noise_aware_batch(u: np.ndarray, inp: NoiseAwareInputs) -> np.ndarray:
     """``log_posterior_noise_aware`` at every row of ``u`` (S, d + 1), without gradients;
     -inf where the covariance is not positive definite."""
+    if inp.wishart is not None:
+        rot, inner = inp.wishart
+        return log_posterior_noise_aware_batch(rotate_in(u, rot), inner)
     d = inp.dim
     beta, a = u[:, :d], u[:, d]
     rho = np.exp(-a)
@@ -593,12 +742,18 @@ def log_posterior_noise_aware_batch(u: np.ndarray, inp: NoiseAwareInputs) -> np.
     c[:, :d, :d] = (rho[:, None, None] * inp.abar
                     + inp.v_xx * (beta[:, :, None] * beta[:, None, :]))
     idx = np.arange(d)
-    c[:, idx, idx] += inp.v_xy + inp.v_xx * (s[:, None] - b2)
-    c12 = 2 * rho[:, None] * ab + inp.v_xx * beta * (2 * s[:, None] - b2)
+    if np.ndim(inp.v_xx) == 0:
+        dg = inp.v_xx * (s[:, None] - b2)
+        c12v = inp.v_xx * beta * (2 * s[:, None] - b2)
+        c22v = inp.v_xx * (2 * s * s - np.einsum("ij,ij->i", b2, b2))
+    else:
+        dg, c12v, c22v = design_error_terms(beta, inp.v_xx)
+    c[:, idx, idx] += inp.v_xy + dg
+    c12 = 2 * rho[:, None] * ab + c12v
     c[:, :d, d] = c12
     c[:, d, :d] = c12
     c[:, d, d] = (4 * rho * np.einsum("ij,ij->i", beta, ab) + 2 * inp.n * rho ** 2
-                  + inp.v_yy + inp.v_xx * (2 * s * s - np.einsum("ij,ij->i", b2, b2)))
+                  + inp.v_yy + c22v)
     # The count's rank-one term (``_likelihood_parts``).
     u1, u2 = inp.count_vector(beta, rho)
     uu = np.concatenate([u1, u2[:, None]], axis=1)
