@@ -100,7 +100,10 @@ def populations() -> dict:
     columns, fresh public rows; ``1j``: every row a jittered public-row copy); ``cv*``: R^2
     given the public rows' leave-one-out Spearman (``dpfed_apps.forecast_signal``) under a
     flat (``cvflat``, ``CV_SIGNAL_POPULATION``), Beta(1, 3) or Beta(2, 20) prior; ``mixcv``:
-    half default, half ``cvflat``."""
+    half default, half ``cvflat``; ``nl*``, ``t*``, ``nlt*``: a misspecified response
+    (``NONLINEAR``, ``HEAVY``; ``dpfed_apps.forecast_response``) on the default prior, ``flat``
+    or ``cv``; ``nl9``, ``nl39``: non-linear share U(0, 0.9), U(0.3, 0.9); ``nl0``: ``nl``
+    without public-row copies; ``t24``, ``nlt24``: t residuals with nu ~ U(2.1, 4)."""
     from dpfed_apps.forecast import (CV_SIGNAL_POPULATION, MIXED_POPULATION,
                                      PUBLIC_FIT_POPULATION, R2_FROM_PUBLIC_POPULATION)
 
@@ -117,7 +120,25 @@ def populations() -> dict:
                          "row_jitter": True},
             "cv13": {"r2_prior": (1.0, 3.0), "r2_from_cv": True},
             "cv22": {"r2_prior": (2.0, 20.0), "r2_from_cv": True},
-            "mixcv": ((0.5, None), (0.5, CV_SIGNAL_POPULATION))}
+            "mixcv": ((0.5, None), (0.5, CV_SIGNAL_POPULATION)),
+            # Fifth session (dpfed_apps.forecast_response): "nl" a random smooth non-linear
+            # part with a share U(0, 0.6) of the signal variance, "t" Student-t residuals
+            # (nu ~ U(2.5, 10)), "nlt" both; on the default R^2 prior, the flat Gaussian-model
+            # posterior ("...flat") or the leave-one-out one ("...cv").
+            **{f"{name}{prior}": dict(base, **extra)
+               for name, extra in (("nl", NONLINEAR), ("t", HEAVY), ("nlt", {**NONLINEAR, **HEAVY}))
+               for prior, base in (("", {}), ("flat", flat), ("cv", CV_SIGNAL_POPULATION))},
+            # Second screen: a larger non-linear share ("nl9" U(0, 0.9), "nl39" U(0.3, 0.9)),
+            # fresh independent-column rows ("nl0": no public-row copies), heavier tails
+            # ("t24": nu ~ U(2.1, 4)) alone and with "nl".
+            "nl9": {"nonlinear_share": (0.0, 0.9)}, "nl39": {"nonlinear_share": (0.3, 0.9)},
+            "nl0": dict(NONLINEAR, row_bootstrap=0.0), "t24": {"residual_df": (2.1, 4.0)},
+            "nlt24": dict(NONLINEAR, residual_df=(2.1, 4.0))}
+
+
+#: The fifth session's misspecified-response options (dpfed_apps.forecast_response).
+NONLINEAR = {"nonlinear_share": (0.0, 0.6)}
+HEAVY = {"residual_df": (2.5, 10.0)}
 
 
 def coverage_interval(k: int, n: int, level: float = 0.95) -> tuple[float, float]:

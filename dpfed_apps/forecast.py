@@ -518,16 +518,26 @@ def _r2_mean(source: AuxiliarySource) -> float:
 
 def _simulation_sources(source, population, x_public, y_public, pre, feature_names):
     """The sources a forecast simulates on and their weights: ``population`` None (the
-    default ``source``), a dict of ``AuxiliarySource`` options, or a mixture: a sequence of
+    default ``source``), a dict of ``AuxiliarySource`` options (plus ``r2_from_cv``,
+    ``nonlinear_share``, ``residual_df``: the subclasses of ``forecast_signal`` and
+    ``forecast_response``), or a mixture: a sequence of
     (weight, options-or-None) pairs, weights > 0 summing to 1 (``MIXED_POPULATION``)."""
     def one(opts):
         if not opts:
             return source
         opts = dict(opts)
-        # "r2_from_cv": R^2 given the public rows' leave-one-out Spearman (forecast_signal).
+        # "r2_from_cv": R^2 given the public rows' leave-one-out Spearman (forecast_signal);
+        # "nonlinear_share" / "residual_df": a misspecified response (forecast_response).
+        cv = opts.pop("r2_from_cv", False)
+        for k in ("nonlinear_share", "residual_df"):
+            if k in opts and opts[k] is None:     # None: the option off (a linear population)
+                del opts[k]
+        misspecified = any(k in opts for k in ("nonlinear_share", "residual_df"))
         cls = AuxiliarySource
-        if opts.pop("r2_from_cv", False):
-            from dpfed_apps.forecast_signal import CrossValidatedSignalSource as cls
+        if cv or misspecified:
+            from dpfed_apps.forecast_response import source_class
+
+            cls = source_class(cv, misspecified)
         return cls(x_public, y_public, pre, feature_names=feature_names, **opts)
 
     if population is None or isinstance(population, dict):
@@ -580,8 +590,11 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     public rows with jitter), or a mixture of such options ((weight, options) pairs, e.g.
     ``MIXED_POPULATION``: each population drawn from one component with its weight). The
     option ``r2_from_cv`` (``CV_SIGNAL_POPULATION``) draws R^2 from its posterior given the
-    public rows' leave-one-out Spearman (``dpfed_apps.forecast_signal``). None: the default
-    source for both.
+    public rows' leave-one-out Spearman (``dpfed_apps.forecast_signal``); the options
+    ``nonlinear_share`` (lo, hi) and ``residual_df`` (lo, hi) give the populations a random
+    smooth non-linear part of the signal and Student-t residuals
+    (``dpfed_apps.forecast_response``; candidates, not adopted: docs/evaluation.md "Forecast
+    populations with a misspecified signal"). None: the default source for both.
     ``mechanism`` ("laplace" | "gaussian"), ``delta``, ``targets`` and ``response_rate``: the
     release (``Mechanism``; module docstring). ``targets`` None: 1 for gaussian (the product's
     single-target Gaussian round is a joint round of one target), else today's single-target
