@@ -345,12 +345,15 @@ class AuxiliarySource:
             signal = centred @ beta
         else:
             beta = rng.standard_normal(self.d)
-            signal = centred @ beta
+            signal = self._unscaled_signal(rng, centred, beta)
             sd_signal = float(np.std(signal))
             signal = signal * (math.sqrt(r2) * sigma_y / sd_signal) if sd_signal > 0 else 0.0 * signal
         z_pub = (y_pub - y_pub.mean()) / (float(np.std(y_pub)) or 1.0)
         h = 0.5   # smoothed bootstrap: sqrt(1 - h^2) * resample + h * N(0, 1) keeps variance 1
         z = math.sqrt(1 - h * h) * rng.choice(z_pub, size=total) + h * rng.standard_normal(total)
+        row_scale = self._residual_row_scale(rng, total)
+        if row_scale is not None:
+            z = z * row_scale
         noise = math.sqrt(1.0 - r2) * sigma_y * z
         delta = sigma_y / math.sqrt(m) * rng.standard_normal()
         if self.condition_on_public:
@@ -367,6 +370,29 @@ class AuxiliarySource:
                                  y_raw[i1:i2], r2, sigma_y)
         return AuxiliaryData(x_all[:i1], y_all[:i1], x_all[i2:], y_all[i2:],
                              x_all[i1:i2], y_raw[i1:i2], r2, sigma_y)
+
+    # The two steps of ``sample`` a subclass may replace (dpfed_apps.forecast_response draws a
+    # non-linear signal and Student-t residuals through them), so that the rest of a population
+    # (features, R^2, sigma_y, the target mean's error, the pre-processing) has one
+    # implementation. They return the default model's values without drawing anything, so the
+    # default populations' draws are those of a sampler without them.
+
+    def _unscaled_signal(self, rng: np.random.Generator, centred: np.ndarray,
+                         beta: np.ndarray) -> np.ndarray:
+        """The signal on the population's rows up to its scale: ``sample`` rescales it to sd
+        sqrt(R^2) sigma_y (module docstring, "Target"). Here the linear c^T beta, ``centred``
+        the rows' centred raw features in the round's column units (c), ``beta`` ~ N(0, I)
+        already drawn. An override may draw from ``rng`` (after beta, before the residual).
+        Not called with ``condition_on_public``: beta's posterior there is this linear
+        model's."""
+        return centred @ beta
+
+    def _residual_row_scale(self, rng: np.random.Generator, rows: int) -> np.ndarray | None:
+        """A factor per row for the standardised residual z (module docstring, "Target"), drawn
+        after z and before the target mean's error; None: z as drawn (the default). An
+        override should keep E[factor^2] = 1 so that the residual's variance stays
+        (1 - R^2) sigma_y^2."""
+        return None
 
     def _conditional_beta(self, rng: np.random.Generator, r2: float) -> tuple[np.ndarray, float]:
         """(beta, sigma_y) from their posterior given the public target and R^2 (the model of

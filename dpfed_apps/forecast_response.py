@@ -11,8 +11,10 @@ columns, whose best linear fit on 10 rows depends on which 10 rows were drawn
 (misspecification error, White 1980; the local slope of g differs between regions of the
 feature space), and (2) outlying rows, which move a 10-row least-squares fit far.
 
-What (``MisspecifiedSignalSource``, an ``AuxiliarySource`` with two options; features,
-R^2, sigma_y, the target mean's error and the pre-processing as ``AuxiliarySource`` draws them):
+What (``MisspecifiedSignalSource``, an ``AuxiliarySource`` with two options; it replaces
+only the sampler's two steps for them, ``_unscaled_signal`` and ``_residual_row_scale``: the
+features, R^2, sigma_y, the target mean's error and the pre-processing are
+``AuxiliarySource.sample``'s own):
 
 - ``nonlinear_share`` (lo, hi): the population's signal is
   sqrt(1 - s) l(c) + sqrt(s) g(c), rescaled to variance R^2 sigma_y^2, with s ~ U(lo, hi) per
@@ -53,7 +55,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpfed.auxiliary import AuxiliaryData, AuxiliarySource
+from dpfed.auxiliary import AuxiliarySource
 from dpfed_apps.forecast_signal import CrossValidatedSignalSource
 
 __all__ = ["MisspecifiedSignalSource", "CrossValidatedMisspecifiedSource", "OPTIONS",
@@ -115,50 +117,26 @@ class MisspecifiedSignalSource(AuxiliarySource):
         a = rng.standard_normal(FEATURES)
         return np.cos(u @ w + b) @ a
 
-    def sample(self, rng: np.random.Generator, n: int, n_test: int = 100,
-               n_public: int | None = None) -> AuxiliaryData:
-        if self.nonlinear_share is None and self.residual_df is None:
-            return super().sample(rng, n, n_test, n_public)
-        # As AuxiliarySource.sample (same order of draws for the shared parts), with the
-        # signal and the residual replaced.
-        n_public = self.m if n_public is None else int(n_public)
-        if n < 1 or n_test < 2 or n_public < 0:
-            raise ValueError("need n >= 1, n_test >= 2, n_public >= 0")
-        params = self._parameters(rng)
-        total = n + n_test + n_public
-        x_raw = self._features(rng, params, total)
-        pre = self.preprocessing
-        centred = x_raw - np.asarray(pre.x_mean)
-        if pre.x_scale:
-            centred = centred / np.asarray(pre.x_scale)
-        m = self.m
-        y_pub = self.y_public
-        s_pub = float(np.std(y_pub, ddof=1))
-        if not (math.isfinite(s_pub) and s_pub > 0):
-            s_pub = 1.0
-        sigma_y = s_pub * math.sqrt((m - 1) / rng.chisquare(m - 1))
-        r2 = self._draw_r2(rng)
-        beta = rng.standard_normal(self.d)
-        signal = _standardised(centred @ beta)
-        if self.nonlinear_share is not None:
-            share = rng.uniform(*self.nonlinear_share)
-            g = _standardised(self._nonlinear(rng, centred))
-            signal = _standardised(math.sqrt(1.0 - share) * signal + math.sqrt(share) * g)
-        signal = signal * math.sqrt(r2) * sigma_y
-        z_pub = (y_pub - y_pub.mean()) / (float(np.std(y_pub)) or 1.0)
-        h = 0.5   # AuxiliarySource's smoothed bootstrap of the public targets (variance 1)
-        z = math.sqrt(1 - h * h) * rng.choice(z_pub, size=total) + h * rng.standard_normal(total)
-        if self.residual_df is not None:
-            nu = rng.uniform(*self.residual_df)
-            z = z * np.sqrt((nu - 2.0) / rng.chisquare(nu, size=total))
-        noise = math.sqrt(1.0 - r2) * sigma_y * z
-        delta = sigma_y / math.sqrt(m) * rng.standard_normal()
-        y_raw = pre.y_mean + delta + signal + noise
-        x_all = pre.transform_x(x_raw)
-        y_all = pre.transform_y(y_raw)
-        i1, i2 = n, n + n_test
-        return AuxiliaryData(x_all[:i1], y_all[:i1], x_all[i2:], y_all[i2:],
-                             x_all[i1:i2], y_raw[i1:i2], r2, sigma_y)
+    def _unscaled_signal(self, rng: np.random.Generator, centred: np.ndarray,
+                         beta: np.ndarray) -> np.ndarray:
+        """sqrt(1 - s) l + sqrt(s) g, l = c^T beta and g each standardised, s ~
+        U(``nonlinear_share``) (module docstring); ``sample`` rescales it to sd
+        sqrt(R^2) sigma_y. Without ``nonlinear_share``: the parent's l, no draw."""
+        linear = super()._unscaled_signal(rng, centred, beta)
+        if self.nonlinear_share is None:
+            return linear
+        share = rng.uniform(*self.nonlinear_share)
+        g = _standardised(self._nonlinear(rng, centred))
+        return math.sqrt(1.0 - share) * _standardised(linear) + math.sqrt(share) * g
+
+    def _residual_row_scale(self, rng: np.random.Generator, rows: int) -> np.ndarray | None:
+        """sqrt((nu - 2) / chi^2_nu) per row, nu ~ U(``residual_df``): z times it is a
+        Student-t scale mixture of unit variance (module docstring). Without ``residual_df``:
+        the parent's (none, no draw)."""
+        if self.residual_df is None:
+            return super()._residual_row_scale(rng, rows)
+        nu = rng.uniform(*self.residual_df)
+        return np.sqrt((nu - 2.0) / rng.chisquare(nu, size=rows))
 
 
 def _standardised(v: np.ndarray) -> np.ndarray:

@@ -37,6 +37,23 @@ def test_without_options_the_populations_are_the_parents_draw_for_draw():
         np.testing.assert_array_equal(getattr(a, part), getattr(b, part))
 
 
+def test_the_options_replace_only_the_signal_and_the_residual():
+    """The options act only through ``AuxiliarySource.sample``'s two steps for the signal
+    and the residual (``_unscaled_signal``, ``_residual_row_scale``), whose draws come after
+    the features, R^2 and sigma_y: on the same seed those are the parent's draw for draw,
+    and the target is not."""
+    rng = np.random.default_rng(5)
+    x, y = _public(rng)
+    pre = Preprocessing.from_public_data(x, y, scale_columns=True)
+    a = AuxiliarySource(x, y, pre).sample(np.random.default_rng(7), 300, 40)
+    for opts in ({"nonlinear_share": (0.3, 0.9)}, {"residual_df": (3.0, 8.0)},
+                 {"nonlinear_share": (1.0, 1.0), "residual_df": (2.5, 2.5)}):
+        b = MisspecifiedSignalSource(x, y, pre, **opts).sample(np.random.default_rng(7), 300, 40)
+        for part in ("x", "x_public", "x_test", "r2", "sigma_y"):
+            np.testing.assert_array_equal(getattr(a, part), getattr(b, part))
+        assert not np.allclose(a.y, b.y)
+
+
 def test_a_nonlinear_share_is_signal_a_line_cannot_fit():
     """Without row normalisation the linear populations' y is linear in the pre-processed
     columns: a least-squares line explains about R^2 of it. With the whole signal from the
