@@ -54,8 +54,7 @@ def laplace_functions(stats, public, model, x_bound=None, inp=None):
         u0 = start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
     else:
         u0 = start(stats, stats.xtx, 1.0)
-    # The compiled twins have no Wishart-shaped design (``na.NoiseAwareInputs.wishart``).
-    if LAPLACE_BACKEND == "numba" and (inp is None or inp.wishart is None):
+    if LAPLACE_BACKEND == "numba":
         from posterior.noise_aware_jit import target_for
 
         t = target_for(model, stats, inp)
