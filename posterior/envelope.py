@@ -24,7 +24,10 @@ formulas in O(d) per point; rotating the points (one matrix product for a stack)
 only O(d^2) step. The difference from the exact density is the extra variance v beta_i^2 on
 the i-th diagonal entry, at most v |beta|^2 in all against the v |beta|^2 on every entry
 that both carry: its log density differs from the exact one by O(1) at most and by O(1/d)
-typically.
+typically. Two more terms of the exact model are left out of the envelope: the released
+count's rank-one term v_n u u^T (``na.COUNT_IN_LIKELIHOOD``; v_n rho^2 stays in C22), and
+the Wishart-shaped design's per-entry variances (``na.NoiseAwareInputs.wishart``), for which
+it takes their mean v (the inputs' scalar ``v_xx``).
 
 So the envelope is not the model: ``posterior.fit`` uses it as the *proposal* from which
 the exact noise-aware posterior is importance sampled (``envelope_importance``): the mode and

@@ -36,7 +36,10 @@ def _inputs(rng, d, with_count=True):
 
 
 def test_mc_is_how_the_design_mean_moves_with_the_released_count(monkeypatch):
+    # The rule by entry (``design_prior``); the Wishart-shaped design's Mc is checked in
+    # tests/test_design_wishart.py.
     monkeypatch.setattr(na, "COUNT_IN_LIKELIHOOD", True)
+    monkeypatch.setattr(na, "DESIGN_PRIOR_WISHART", False)
     rng = np.random.default_rng(4)
     p = prior_problem(rng, 4, 300, 1.0, 1)
     stats = p.release + p.public

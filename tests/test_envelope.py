@@ -77,11 +77,12 @@ def test_envelope_matches_its_dense_formula(d):
 
 
 def test_envelope_is_the_exact_density_without_noise_on_sxx():
-    # v_xx = 0: the -v diag(beta^2) term the envelope leaves out is zero, so the two agree.
+    # v_xx = 0: the -v diag(beta^2) term the envelope leaves out is zero, so the two agree
+    # (without the design's per-entry variances and the count's term, which it also leaves out).
     stats, pub = _release(8, seed=3)
     inp = na.noise_aware_inputs(stats, pub, x_bound=1.0)
     from dataclasses import replace
-    inp0 = replace(inp, v_xx=0.0)
+    inp0 = replace(inp, v_xx=0.0, wishart=None, mc=None)
     us = _points(inp0, 10, 1)
     ve, ge = envelope_logp_grad(us, envelope(inp0))
     vx, gx = batched.noise_aware_logp_grad(us, inp0)

@@ -82,7 +82,11 @@ def test_fast_path_agrees_with_nuts_on_the_pymc_model(path, monkeypatch):
     rng = np.random.default_rng(7)
     _, release, public = _problem(rng, 3, 300, 1.0, 1)
     stats = release + public
-    fast = fit_posterior(stats, public=public, seed=1, draws=4000)
+    # Attempt 0b keeps 100-370 effective draws of 4000 here (its envelope is built for
+    # d >= 32): its 5 % quantiles would carry a Monte Carlo sd of ~0.15 posterior sd, near the
+    # tolerance below; three times the draws bring that to ~0.09.
+    draws = 12000 if path == "envelope-hmc" else 4000
+    fast = fit_posterior(stats, public=public, seed=1, draws=draws)
     assert fast.diagnostics.get("proposal") == path
     ref = fit_posterior(stats, public=public, method="nuts", seed=1, draws=4000, tune=1000)
     assert fast.model == ref.model == "noise-aware"
