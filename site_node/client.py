@@ -167,6 +167,12 @@ class SiteClient:
                 if not self._stop.is_set():
                     log.warning("aggregator closed the round stream; reconnecting")
             except grpc.RpcError as exc:
+                # A streaming call raises itself: its traceback's frames (grpc's and ours) hold
+                # the call, a cycle that only the cyclic collector frees, possibly at
+                # interpreter shutdown, where grpc's __del__ can wait forever for a lock held
+                # by one of its stopped threads (a site that never exited;
+                # tests/test_site_exit.py). Drop the traceback: the call is freed here.
+                exc.__traceback__ = None
                 if self._stop.is_set():
                     break
                 code = exc.code() if hasattr(exc, "code") else None
