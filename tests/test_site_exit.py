@@ -20,7 +20,9 @@ from tests.test_budget_history import Running, wait_connected, write_site
 
 
 def _rendezvous() -> list:
-    return [o for o in gc.get_objects() if isinstance(o, grpc._channel._MultiThreadedRendezvous)]
+    # type(), not isinstance(): isinstance() on a dead weak proxy among the objects raises.
+    kind = grpc._channel._MultiThreadedRendezvous
+    return [o for o in gc.get_objects() if type(o) is kind]
 
 
 def test_no_subscribe_call_outlives_a_stopped_client(federation, tmp_path):
