@@ -411,16 +411,9 @@ def noise_aware_inputs(stats: Statistics, public: Statistics | None = None,
         return _wishart_inputs(stats, public, x_bound, v)
     a0, va = design_prior(stats, public, x_bound)
     has_public = public is not None and public.n > 0
+    rxx, rxy, ryy, n = _private_parts(stats, public)
     if has_public:
-        # The private part of the release: the total minus the exact public statistics.
-        rxx = np.array(stats.xtx) - public.xtx
-        rxy = np.array(stats.xty) - public.xty
-        ryy = float(stats.yty) - float(public.yty)
-        n = float(stats.n) - float(public.n)
         a0 = a0 - public.xtx
-    else:
-        rxx, rxy, ryy, n = np.array(stats.xtx), np.array(stats.xty), float(stats.yty), \
-            float(stats.n)
     # d A0 / d n_priv = M: the private prior mean is n_priv M with n_priv = max(n, 1).
     m_count = a0 / max(n, 1.0)
     if v["xtx"] > 0:

@@ -20,36 +20,28 @@ import dataclasses
 import numpy as np
 import pytest
 
-from dpfed_apps.evaluation.coverage import prior_problem
 from posterior import fit_posterior, noise_aware_jit, targets
 from posterior import noise_aware as na
 from posterior.laplace import hessian, laplace_approximation
 from posterior.targets import start as _start
+from tests.test_design_wishart import _wishart_inputs as wishart_inputs
+from tests.test_noise_aware_jit import _points as jit_points, _rel, newton_against_bfgs
 
 
 def _wishart_inputs(monkeypatch, d, n=300, count=True, seed=1):
-    """Inputs with the switch on (as tests/test_design_wishart.py's helper)."""
-    monkeypatch.setattr(na, "DESIGN_PRIOR_WISHART", True)
-    monkeypatch.setattr(na, "COUNT_IN_LIKELIHOOD", count)
-    p = prior_problem(np.random.default_rng(seed), d, n, 1.0, 1)
-    stats = p.release + p.public
-    inp = na.noise_aware_inputs(stats, p.public, 2.0)
+    """tests/test_design_wishart.py's inputs (the switch on), checked to be what these tests
+    need."""
+    inp, stats, public = wishart_inputs(monkeypatch, d=d, n=n, count=count, seed=seed)
     assert inp.wishart is not None and np.ndim(inp.wishart[1].v_xx) == 2
     assert (inp.wishart[1].mc is not None) == count
     # A rotation that is not (close to) the identity, or the test would not see it.
     assert np.max(np.abs(np.abs(inp.wishart[0]) - np.eye(d))) > 0.1
-    return inp, stats, p.public
+    return inp, stats, public
 
 
 def _points(rng, d, m=20):
-    """Random u = (beta, log lambda), beta at scales 0.05 to 2, log lambda in [-2, 2]."""
-    scale = np.exp(rng.uniform(np.log(0.05), np.log(2.0), size=(m, 1)))
-    return np.c_[rng.standard_normal((m, d)) * scale, rng.uniform(-2.0, 2.0, size=m)]
-
-
-def _rel(a, b):
-    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
-    return float(np.max(np.abs(a - b)) / max(np.max(np.abs(b)), 1e-300))
+    """tests/test_noise_aware_jit.py's points, beta at scales 0.05 to 2, log lambda in [-2, 2]."""
+    return jit_points(rng, d, m, top=2.0)
 
 
 @pytest.mark.parametrize("count", [False, True])
@@ -95,14 +87,7 @@ def test_newton_finds_the_mode_and_covariance_of_numpy_bfgs(monkeypatch, d, coun
     inp, stats, _ = _wishart_inputs(monkeypatch, d, count=count, seed=2)
     f = lambda u: na.log_posterior_noise_aware(u, inp)  # noqa: E731
     u0 = _start(stats, inp.abar, 3.0 * float(np.sqrt(inp.v_xx)) + 1.0)
-    t = noise_aware_jit.target_for("noise-aware", stats, inp)
-    ref = laplace_approximation(f, u0)
-    new = laplace_approximation(t.logp_grad, u0, newton=t.newton, neg_hessian=t.neg_hessian)
-    assert ref.converged and new.converged
-    assert new.optimiser == "newton" and new.iterations <= 30
-    sd = np.sqrt(np.diag(ref.cov))
-    assert np.all(np.abs(new.mode - ref.mode) <= 1e-3 * sd)
-    assert _rel(new.cov, ref.cov) <= 1e-3
+    _, new = newton_against_bfgs(f, noise_aware_jit.target_for("noise-aware", stats, inp), u0)
     # The mode is a stationary point of the numpy density in the original basis.
     _, g = f(new.mode)
     assert np.max(np.abs(g)) <= 1e-4 * max(1.0, np.max(np.abs(f(u0)[1])))

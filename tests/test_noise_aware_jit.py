@@ -36,10 +36,26 @@ def _inputs(d, seed):
     return rng, stats, inp, exact
 
 
-def _points(rng, d, m=25):
-    """Random u = (beta, log lambda), beta at scales 0.05 to 3, log lambda in [-3, 3]."""
-    scale = np.exp(rng.uniform(np.log(0.05), np.log(3.0), size=(m, 1)))
-    return np.c_[rng.standard_normal((m, d)) * scale, rng.uniform(-3.0, 3.0, size=m)]
+def _points(rng, d, m=25, top=3.0):
+    """Random u = (beta, log lambda), beta at scales 0.05 to ``top``, log lambda in
+    [-top, top]."""
+    scale = np.exp(rng.uniform(np.log(0.05), np.log(top), size=(m, 1)))
+    return np.c_[rng.standard_normal((m, d)) * scale, rng.uniform(-top, top, size=m)]
+
+
+def newton_against_bfgs(f, target, u0):
+    """(BFGS on the numpy density ``f``, the compiled target's Newton) from ``u0``, checked to
+    find the same mode and Laplace covariance."""
+    ref = laplace_approximation(f, u0)
+    new = laplace_approximation(target.logp_grad, u0, newton=target.newton,
+                                neg_hessian=target.neg_hessian)
+    assert ref.converged and new.converged
+    assert new.optimiser == "newton" and new.iterations <= 30
+    sd = np.sqrt(np.diag(ref.cov))
+    # BFGS stops at |g|_inf <= 1e-6 max(1, |g0|); the modes agree far inside a posterior sd.
+    assert np.all(np.abs(new.mode - ref.mode) <= 1e-3 * sd)
+    assert _rel(new.cov, ref.cov) <= 1e-3
+    return ref, new
 
 
 def _rel(a, b):
@@ -106,15 +122,7 @@ def test_newton_finds_the_mode_and_covariance_of_bfgs(d, model):
                                  rng.standard_normal(10 * d + 20))
         f = lambda u: na.log_posterior_exact(u, stats)  # noqa: E731
         u0 = _start(stats, stats.xtx, 1.0)
-    t = target_for(model, stats, inp)
-    ref = laplace_approximation(f, u0)
-    new = laplace_approximation(t.logp_grad, u0, newton=t.newton, neg_hessian=t.neg_hessian)
-    assert ref.converged and new.converged
-    assert new.optimiser == "newton" and new.iterations <= 30
-    sd = np.sqrt(np.diag(ref.cov))
-    # BFGS stops at |g|_inf <= 1e-6 max(1, |g0|); the modes agree far inside a posterior sd.
-    assert np.all(np.abs(new.mode - ref.mode) <= 1e-3 * sd)
-    assert _rel(new.cov, ref.cov) <= 1e-3
+    ref, new = newton_against_bfgs(f, target_for(model, stats, inp), u0)
     assert new.log_density >= ref.log_density - 1e-8 * abs(ref.log_density)
 
 
