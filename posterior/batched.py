@@ -127,14 +127,8 @@ def _covariance_parts(beta, rho, s, b2, ab, bab, inp, u1, u2):
     C11's rho Abar + v_xx beta beta^T + v_n u1 u1^T: C11's diagonal addition v_xy + v_xx
     (|b|^2 - b_i^2), C12 and C22 with the count's rank-one term (u1, u2:
     ``NoiseAwareInputs.count_vector``), per point."""
-    if np.ndim(inp.v_xx) == 0:
-        vxx = float(inp.v_xx)
-        dg = vxx * (s[:, None] - b2)
-        c12v = vxx * beta * (2.0 * s[:, None] - b2)
-        c22v = vxx * (2.0 * s * s - np.einsum("ij,ij->i", b2, b2))
-    else:
-        # Per-entry variances (``na.NoiseAwareInputs.wishart``'s rotated inputs).
-        dg, c12v, c22v = na.design_error_terms(beta, inp.v_xx)
+    # The design's error (one variance, or per entry: ``na.NoiseAwareInputs.wishart``).
+    dg, c12v, c22v = na.design_error_terms(beta, inp.v_xx)
     c11_diag = inp.v_xy + dg
     c12 = 2.0 * rho[:, None] * ab + c12v + inp.v_n * u1 * u2[:, None]
     c22 = 4.0 * rho * bab + 2.0 * inp.n * rho * rho + inp.v_n * u2 * u2 + inp.v_yy + c22v

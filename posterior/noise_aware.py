@@ -511,13 +511,21 @@ def rotate_gradient_out(g: np.ndarray, u: np.ndarray) -> np.ndarray:
 
 def design_error_terms(beta: np.ndarray, p: np.ndarray):
     """The design error's part of C for independent symmetric entries of variances p (a
-    (d, d) matrix; ``NoiseAwareInputs.wishart``), at rows ``beta`` (m, d): E beta has
+    (d, d) matrix, ``NoiseAwareInputs.wishart``; or one variance for all), at rows ``beta``
+    ((m, d) or (d,)): E beta has
     Var (E beta)_i = (p beta^2)_i and Cov((E beta)_i, (E beta)_k) = p_ik beta_i beta_k (i != k);
     with beta^T E beta: beta_i (2 (p beta^2)_i - p_ii beta_i^2) and variance
     2 (beta^2)^T p beta^2 - sum_i p_ii beta_i^4. Returns (C11's diagonal addition beyond
     p o beta beta^T's own diagonal, c12, c22); the scalar p = v reduces to the module
     docstring's v_xx terms."""
     b2 = beta * beta
+    if np.ndim(p) == 0:
+        # One variance v for every entry: v (|b|^2 - b_i^2), v b (2 |b|^2 - b^2),
+        # v (2 |b|^4 - sum b^4).
+        v = float(p)
+        s = np.einsum("...i,...i->...", beta, beta)[..., None]
+        return (v * (s - b2), v * beta * (2.0 * s - b2),
+                v * (2.0 * s[..., 0] ** 2 - np.einsum("...i,...i->...", b2, b2)))
     pb2 = b2 @ p
     pd = np.diag(p)
     diag_add = pb2 - pd * b2
@@ -607,17 +615,11 @@ def _likelihood_parts(beta, rho, inp: NoiseAwareInputs):
     r[:d] = inp.rxy - rb
     r[d] = inp.ryy - beta @ rb - inp.n * rho
     c = np.empty((d + 1, d + 1))
-    if np.ndim(inp.v_xx) == 0:
-        c11 = rho * inp.abar + inp.v_xx * (np.outer(beta, beta) - np.diag(b2))
-        c11[np.diag_indices(d)] += inp.v_xy + inp.v_xx * s
-        c12 = 2 * rho * ab + inp.v_xx * beta * (2 * s - b2)
-        c22 = inp.v_xx * (2 * s * s - float(b2 @ b2))
-    else:
-        # Per-entry variances (``NoiseAwareInputs.wishart``'s rotated inputs).
-        dg, c12v, c22 = design_error_terms(beta, inp.v_xx)
-        c11 = rho * inp.abar + inp.v_xx * np.outer(beta, beta)
-        c11[np.diag_indices(d)] += inp.v_xy + dg
-        c12 = 2 * rho * ab + c12v
+    # The design's error (one variance, or per entry: ``NoiseAwareInputs.wishart``).
+    dg, c12v, c22 = design_error_terms(beta, inp.v_xx)
+    c11 = rho * inp.abar + inp.v_xx * np.outer(beta, beta)
+    c11[np.diag_indices(d)] += inp.v_xy + dg
+    c12 = 2 * rho * ab + c12v
     c[:d, :d] = c11
     c[:d, d] = c12
     c[d, :d] = c12
@@ -737,8 +739,6 @@ def log_posterior_noise_aware_batch(u: np.ndarray, inp: NoiseAwareInputs) -> np.
     d = inp.dim
     beta, a = u[:, :d], u[:, d]
     rho = np.exp(-a)
-    s = np.einsum("ij,ij->i", beta, beta)
-    b2 = beta * beta
     ab = beta @ inp.abar
     rb = beta @ inp.rxx
     m = u.shape[0]
@@ -749,12 +749,7 @@ def log_posterior_noise_aware_batch(u: np.ndarray, inp: NoiseAwareInputs) -> np.
     c[:, :d, :d] = (rho[:, None, None] * inp.abar
                     + inp.v_xx * (beta[:, :, None] * beta[:, None, :]))
     idx = np.arange(d)
-    if np.ndim(inp.v_xx) == 0:
-        dg = inp.v_xx * (s[:, None] - b2)
-        c12v = inp.v_xx * beta * (2 * s[:, None] - b2)
-        c22v = inp.v_xx * (2 * s * s - np.einsum("ij,ij->i", b2, b2))
-    else:
-        dg, c12v, c22v = design_error_terms(beta, inp.v_xx)
+    dg, c12v, c22v = design_error_terms(beta, inp.v_xx)
     c[:, idx, idx] += inp.v_xy + dg
     c12 = 2 * rho[:, None] * ab + c12v
     c[:, :d, d] = c12
