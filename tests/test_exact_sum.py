@@ -211,3 +211,68 @@ def test_running_total_survives_a_restart(federation):
     for j in range(3):
         assert federation.manager.aggregated_statistics("r1").xty[j] == _exact(
             [p.xty[j] for p in expected])
+
+
+def _adversarial_rows(rng, rows: int) -> np.ndarray:
+    """Columns in the regimes the folds treat differently: ordinary magnitudes (two folds),
+    a wide mix of exponents (three folds, then the limbs), subnormals only, a top-of-range
+    column (the whole block through the limbs), exact cancellations, zeros of both signs,
+    2**53-apart values whose low bits only an exact sum keeps, and same-sign values near
+    their column's largest."""
+    cols = [
+        rng.normal(size=rows) * 1e3,
+        rng.normal(size=rows) * 10.0 ** rng.integers(-300, 300, size=rows),
+        rng.integers(-2**52, 2**52, size=rows) * 5e-324,
+        rng.normal(size=rows) * 2e306,
+        np.where(np.arange(rows) % 2 == 0, 1.0, -1.0) * np.repeat(rng.normal(size=rows // 2 + 1), 2)[:rows],
+        np.where(rng.random(rows) < 0.5, 0.0, -0.0),
+        np.where(rng.random(rows) < 0.5, 2.0**53, 1.0) * rng.choice([-1.0, 1.0], size=rows),
+        rng.normal(size=rows) * np.where(rng.random(rows) < 0.1, 1e-30, 1.0),
+        rng.uniform(0.5, 1.0, size=rows),    # one sign, all near the top: the headroom's worst case
+    ]
+    return np.stack(cols, axis=1)
+
+
+def test_fold_block_splits_a_block_into_exact_sums():
+    """The folds lose and invent nothing: in exact rational arithmetic, the column sums of a
+    block equal the folds' sums plus what is left for the limbs; each branch is exercised."""
+    from aggregator.exact_sum import _ROWS_PER_BLOCK, _fold_block
+    rng = np.random.default_rng(21)
+    seen = set()
+    for rows in (1, 2, 17, _ROWS_PER_BLOCK):
+        block = _adversarial_rows(rng, rows)
+        for columns in ([0], [0, 4, 5, 6], [0, 1, 2], [2], [3, 0], [8], list(range(9))):
+            part = np.ascontiguousarray(block[:, columns])
+            sums, rest = _fold_block(part)
+            seen.add((len(sums), rest is None))
+            for j in range(part.shape[1]):
+                exact = sum((Fraction(float(x)) for x in part[:, j]), Fraction(0))
+                folded = sum((Fraction(float(s[j])) for s in sums), Fraction(0))
+                left = Fraction(0) if rest is None else sum(
+                    (Fraction(float(x)) for x in rest[:, j]), Fraction(0))
+                assert folded + left == exact
+    # two folds and done; three folds and a remainder; the whole block to the limbs
+    assert {(2, True), (3, False), (0, False)} <= seen
+
+
+def test_adversarial_rows_sum_like_fsum_in_any_order_and_blocking():
+    """Many blocks of adversarial columns: bit for bit math.fsum (and the exact rational
+    sum), whatever the row order, the split into add_rows calls, or adding one row at a time
+    (the limbs alone)."""
+    rng = np.random.default_rng(22)
+    rows = _adversarial_rows(rng, 300)
+    rows[250:] = -rows[:50]                      # cancellations across blocks
+    expected = [_exact(rows[:, j].tolist()) for j in range(rows.shape[1])]
+    for j in range(rows.shape[1]):
+        assert expected[j] == math.fsum(rows[:, j].tolist())
+    one_by_one = ExactSum(rows.shape[1])
+    for r in rows:
+        one_by_one.add(r)
+    assert _bits(one_by_one.result()) == _bits(expected)
+    for seed in range(4):
+        order = np.random.default_rng(seed).permutation(len(rows))
+        cuts = sorted(np.random.default_rng(seed + 100).choice(np.arange(1, 300), 5, replace=False))
+        s = ExactSum(rows.shape[1])
+        for part in np.split(rows[order], cuts):
+            s.add_rows(part)
+        assert _bits(s.result()) == _bits(expected) and s.count == 300
