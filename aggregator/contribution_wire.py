@@ -16,6 +16,7 @@ from google.protobuf import json_format
 
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire import limits
+from dpfed.wire.canonical import parse_canonical
 
 from aggregator.errors import Rejected
 
@@ -142,3 +143,12 @@ def parse_envelope(data: bytes) -> pb.SignedEnvelope:
     env = pb.SignedEnvelope()
     env.ParseFromString(data)
     return env
+
+
+def envelope_statistics(data: bytes) -> bytes:
+    """The statistics a stored contribution envelope carries (empty for a masked release):
+    the only copy the store keeps (aggregator.store). Raises (protobuf's DecodeError,
+    dpfed.wire.canonical.CanonicalError) if ``data`` is not a contribution envelope."""
+    payload = parse_envelope(data).payload
+    return (fast_contribution(payload)
+            or parse_canonical(payload, "dpfed.v1.Contribution")).statistics

@@ -4,8 +4,8 @@ WAL journal, one transaction per state change, so a crash leaves either the old 
 state and a restart can carry on (contributions arriving together share one transaction:
 group commit, below): specs are kept as the coordinator-signed envelope bytes
 (re-sent unchanged to sites, which verify the signature themselves), contributions as the
-site-signed envelope bytes plus their decoded statistics, every accepted nonce, refusals,
-round status and results.
+site-signed envelope bytes (their statistics are read back out of them: stored once, see
+``contributions``), every accepted nonce, refusals, round status and results.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aggregator.contribution_wire import envelope_statistics
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rounds (
@@ -61,7 +63,7 @@ CREATE TABLE IF NOT EXISTS contributions (
     round_id        TEXT NOT NULL,
     site_id         TEXT NOT NULL,
     envelope        BLOB NOT NULL,     -- serialized SignedEnvelope, as received
-    statistics      BLOB NOT NULL,     -- dpfed Statistics encoding
+    statistics      BLOB NOT NULL,     -- empty: read from the envelope (a copy in older rows)
     n               INTEGER NOT NULL,
     epsilon         REAL NOT NULL,
     received_ms     INTEGER NOT NULL,
@@ -102,6 +104,10 @@ CREATE TABLE IF NOT EXISTS results (
     dim             INTEGER NOT NULL
 );
 """
+
+#: PRAGMA user_version of the stores this module writes: 1 = a contribution's statistics are
+#: read from its envelope (0: older stores, with a copy in contributions.statistics).
+SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -186,6 +192,12 @@ class RoundStore:
         # ledger has spent its epsilon. The fsync (about 3.5 ms here) is paid once per group
         # commit, not per contribution (_group_tx; docs/benchmarks.md, "Round latency").
         self._db.execute("PRAGMA synchronous=FULL")
+        # A store written by a newer aggregator may keep what this one would misread: refused.
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            self._db.close()
+            raise RuntimeError(f"{self.path}: round store version {version}, this aggregator "
+                               f"reads up to {SCHEMA_VERSION}")
         self._db.executescript(SCHEMA)
         # refusals.epsilon (the epsilon a site debited although it refused: Refusal.
         # epsilon_spent), added to stores created before it.
@@ -204,6 +216,9 @@ class RoundStore:
         if "phase_deadline_ms" not in columns:
             self._db.execute("ALTER TABLE rounds ADD COLUMN phase_deadline_ms INTEGER NOT NULL "
                              "DEFAULT 0")
+        # Version 1: contributions.statistics is written empty (the envelope holds them);
+        # rows of version 0 keep their copy and are read as before.
+        self._db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     def close(self) -> None:
         """Commit what is queued, stop the group-commit writer and close the database."""
@@ -402,15 +417,25 @@ class RoundStore:
     @staticmethod
     def _contribution_statements(c: StoredContribution, key_id: str, nonce: str,
                                  timestamp_ms: int) -> list[tuple[str, tuple]]:
+        # The statistics column stays empty: ``c.statistics`` is inside ``c.envelope`` (the
+        # signed payload it was decoded from), and writing it twice cost the group commit
+        # 17 of the 40 kB a contribution at d = 64 (docs/benchmarks.md, sixth session).
         return [
             ("INSERT INTO nonces VALUES (?,?,?)", (key_id, nonce, timestamp_ms)),
             ("INSERT INTO contributions VALUES (?,?,?,?,?,?,?)",
-             (c.round_id, c.site_id, c.envelope, c.statistics, c.n, c.epsilon, c.received_ms)),
+             (c.round_id, c.site_id, c.envelope, b"", c.n, c.epsilon, c.received_ms)),
         ]
 
     def contributions(self, round_id: str) -> list[StoredContribution]:
-        return [StoredContribution(*row) for row in self._query(
-            "SELECT * FROM contributions WHERE round_id = ? ORDER BY site_id", (round_id,))]
+        """A round's contributions, each with its statistics: decoded from its envelope
+        (``contribution_wire.envelope_statistics``; an envelope that does not decode raises,
+        so a damaged row stops a recovery instead of dropping a release), or, for rows
+        written before the envelope was the only copy, the copy in the statistics column."""
+        return [StoredContribution(round_id_, site_id, envelope,
+                                   statistics or envelope_statistics(envelope), *rest)
+                for round_id_, site_id, envelope, statistics, *rest in self._query(
+                    "SELECT * FROM contributions WHERE round_id = ? ORDER BY site_id",
+                    (round_id,))]
 
     def contribution_rows(self, round_id: str) -> list[tuple[str, int, float, int]]:
         """(site id, n, epsilon, received ms) of a round's contributions, without their bytes

@@ -163,14 +163,29 @@ def test_validate_spec():
     assert any("neighbouring must be one of add_remove, replace_one" in p for p in problems)
 
 
+def contribution_envelope(round_id: str, site_id: str, statistics: bytes, n: int = 10) -> bytes:
+    """A stored contribution envelope as the aggregator keeps it (the signature is not
+    checked by the store)."""
+    c = pb.Contribution(round_id=round_id, site_id=site_id, statistics=statistics, n=n,
+                        epsilon_spent=1.0, nonce=f"n-{site_id}")
+    return pb.SignedEnvelope(payload=canonical_bytes(c), signature=b"s" * 64, key_id="k",
+                             payload_type="dpfed.v1.Contribution").SerializeToString()
+
+
+def stored_contribution_of(round_id: str, site_id: str, seed: int = 0) -> StoredContribution:
+    stats = random_statistics(d=3, seed=seed).to_bytes()
+    return StoredContribution(round_id, site_id, contribution_envelope(round_id, site_id, stats),
+                              stats, 10, 1.0, 7)
+
+
 def test_store_round_trip(tmp_path):
     store = RoundStore(tmp_path / "s.sqlite")
     r = StoredRound("r1", b"env", "dig", 3, 2, 123, ["a", "b"], "OPEN", "", 5, 0.0, 0.0)
     store.insert_round(r)
-    c = StoredContribution("r1", "a", b"e", b"stats", 10, 1.0, 7)
+    c = stored_contribution_of("r1", "a")
     store.insert_contribution(c, "key", "nonce", 6)
     with pytest.raises(Exception):  # the nonce is unique
-        store.insert_contribution(StoredContribution("r1", "b", b"e", b"s", 1, 1.0, 7), "key", "nonce", 6)
+        store.insert_contribution(stored_contribution_of("r1", "b", 1), "key", "nonce", 6)
     store.set_state("r1", "FITTING", "quorum", round_s=1.5)
     store.close()
     store = RoundStore(tmp_path / "s.sqlite")
@@ -178,6 +193,48 @@ def test_store_round_trip(tmp_path):
     assert (back.state, back.message, back.round_s, back.invited) == ("FITTING", "quorum", 1.5, ["a", "b"])
     assert store.contributions("r1") == [c]  # the failed second insert left nothing
     assert store.nonces_since(0) == [("key", "nonce")]
+    store.close()
+
+
+def test_store_keeps_a_contributions_statistics_once(tmp_path):
+    """The statistics are written once, inside the envelope, and read back out of it; a
+    store of version 0 (a copy beside the envelope) is still read, from its copy; an envelope
+    that does not decode is an error, not a contribution without statistics; a store of a
+    newer version is refused."""
+    import sqlite3
+    path = tmp_path / "s.sqlite"
+    store = RoundStore(path)
+    c = stored_contribution_of("r1", "a")
+    store.insert_contribution(c, "key", "nonce", 6)
+    store.close()
+    raw = sqlite3.connect(path)
+    assert raw.execute("SELECT statistics FROM contributions").fetchall() == [(b"",)]
+    assert raw.execute("PRAGMA user_version").fetchone() == (1,)
+    # What an aggregator before version 1 wrote: the copy beside the envelope.
+    old = stored_contribution_of("r1", "b", 1)
+    raw.execute("INSERT INTO contributions VALUES (?,?,?,?,?,?,?)",
+                ("r1", "b", old.envelope, old.statistics, old.n, old.epsilon, old.received_ms))
+    raw.execute("PRAGMA user_version = 0")
+    raw.commit()
+    raw.close()
+    store = RoundStore(path)
+    assert store.contributions("r1") == [c, old]
+    assert store.contributions("r1")[0].statistics == c.statistics
+    store.close()
+    raw = sqlite3.connect(path)
+    raw.execute("INSERT INTO contributions VALUES ('r2','a',?,?,1,1.0,1)", (b"\x0a\x05junk", b""))
+    raw.commit()
+    raw.close()
+    store = RoundStore(path)
+    with pytest.raises(Exception):
+        store.contributions("r2")
+    store.close()
+    raw = sqlite3.connect(path)
+    raw.execute("PRAGMA user_version = 2")
+    raw.commit()
+    raw.close()
+    with pytest.raises(RuntimeError, match="version 2"):
+        RoundStore(path)
 
 
 

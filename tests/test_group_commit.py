@@ -10,10 +10,11 @@ import time
 
 import pytest
 
-from aggregator.store import RoundStore, StoredContribution, StoredRound
+from aggregator.store import RoundStore, StoredRound
 from dpfed.v1 import dpfed_pb2 as pb
 
 from tests.conftest import random_statistics
+from tests.test_aggregator_rounds import stored_contribution_of
 
 
 def _store(tmp_path) -> RoundStore:
@@ -45,8 +46,7 @@ def test_concurrent_inserts_are_all_durable_and_a_failure_stays_with_its_caller(
         start.wait()
         nonce = ("key-dup", "n-dup") if i == 7 else (f"key-{i}", f"n-{i}")
         try:
-            store.insert_contribution(StoredContribution("r1", f"s{i:02d}", b"e", b"s", 1, 1.0, i),
-                                      *nonce, 1)
+            store.insert_contribution(stored_contribution_of("r1", f"s{i:02d}", i), *nonce, 1)
         except BaseException as exc:  # noqa: BLE001 - collected for the assertions
             errors[i] = exc
 
