@@ -86,6 +86,8 @@ def one_round(xp, yp, xq, yq, xt, yt, pre, eps, rng, variants, n_datasets, n_noi
                             population=populations()[pop])
         g = fc["per_epsilon"][0]["gain"]
         out[name] = (g["mean"], g["q10"], g["q90"])
+        # The populations' own band, before the calibration margin (--calibrate reads it).
+        out[name + ":populations"] = (g["q10_populations"], g["q90_populations"])
         p = fc["per_epsilon"][0]["spearman_public_only"]   # over populations
         out[name + ":public_only"] = (p["mean"], p["q10"], p["q90"])
         out[name + ":refused"] = g.get("refused", 0)
@@ -193,6 +195,56 @@ def leave_one_out(every: dict, target=(0.7, 0.9), level_weight: float = 0.0) -> 
     return lines
 
 
+def read_rounds(path, variant: str) -> dict:
+    """{data set: [round, ...]} from a ``--json`` file, or from a CSV of rounds with the
+    columns data, realised, lower, upper (``benchmarks/results/forecast_band_calibration.csv``:
+    the populations' band of ``variant``)."""
+    text = Path(path).read_text()
+    if not str(path).endswith(".csv"):
+        return json.loads(text)
+    import csv
+
+    every = {}
+    lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
+    for row in csv.DictReader(lines):
+        band = (float(row["lower"]), float(row["upper"]))
+        every.setdefault(row["data"], []).append(
+            {"realised": float(row["realised"]), variant + ":populations": band,
+             variant: (None, *band)})
+    return every
+
+
+def calibrate(every: dict, variant: str) -> list[str]:
+    """The gain band's conformal margins (Q_lo, Q_hi; ``dpfed_apps.forecast_calibration``)
+    pooled over every round of ``every`` ({data set: [round, ...]}, several runs' rounds
+    appended), and, leave-one-data-set-out, each data set's coverage under the margins fitted
+    on the others, with the misses below / above. The band calibrated is the populations' own
+    (``variant:populations``; files written before it existed: the variant's band, then
+    uncalibrated). Returns table lines."""
+    from dpfed_apps.forecast_calibration import band_coverage, band_margins
+
+    def parts(rows):
+        y = np.array([r["realised"] for r in rows])
+        band = np.array([r.get(variant + ":populations") or r[variant][1:] for r in rows])
+        return y, band[:, 0], band[:, 1]
+
+    data = {name: parts(rows) for name, rows in every.items()}
+    pooled = band_margins(*(np.concatenate([p[i] for p in data.values()]) for i in range(3)))
+    lines = [f"{variant}: margins (Q_lo, Q_hi) = ({pooled[0]:.4f}, {pooled[1]:.4f}) pooled over "
+             f"{sum(len(p[0]) for p in data.values())} rounds",
+             "| held-out data set | rounds | populations' band | margins fitted on the others "
+             "| coverage with them (95 % CI) | below / above |", "|---|---|---|---|---|---|"]
+    for held, (y, lo, hi) in data.items():
+        m = band_margins(*(np.concatenate([p[i] for o, p in data.items() if o != held])
+                           for i in range(3)))
+        c = band_coverage(y, lo, hi, m)
+        ci = coverage_interval(int(round(c * len(y))), len(y))
+        lines.append(f"| {held} | {len(y)} | {band_coverage(y, lo, hi, (0.0, 0.0)):.2f} | "
+                     f"({m[0]:.4f}, {m[1]:.4f}) | {c:.2f} ({ci[0]:.2f}-{ci[1]:.2f}) | "
+                     f"{int(np.sum(y < lo - m[0]))} / {int(np.sum(y > hi + m[1]))} |")
+    return lines
+
+
 def synthetic(rng, n=1310, d=6):
     """Simulated rounds' data (``--data synth``): correlated columns (one log-normal), a
     linear signal of R^2 ~ U(0.1, 0.7) on a random beta, skewed noise; a new data set per
@@ -208,13 +260,13 @@ def synthetic(rng, n=1310, d=6):
     return x, y
 
 
-def uci_rounds(name, splits, eps, variants, n_datasets, n_noise):
+def uci_rounds(name, splits, eps, variants, n_datasets, n_noise, seed=0):
     from uci import load
     from dpfed.preprocess import Preprocessing
 
     if name != "synth":
         _, x, y = load(ROOT.parent / "shared" / "data" / "uci" / f"{name}.csv")
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for _ in range(splits):
         if name == "synth":
             x, y = synthetic(rng)
@@ -225,7 +277,7 @@ def uci_rounds(name, splits, eps, variants, n_datasets, n_noise):
                         variants, n_datasets, n_noise)
 
 
-def gdsc_rounds(drugs, n, eps, variants, n_datasets, n_noise):
+def gdsc_rounds(drugs, n, eps, variants, n_datasets, n_noise, repeat=0):
     from dpfed_apps.evaluation.protocol import (ProtocolConfig, eligible_drugs, load_problem,
                                                 prepare_repeat, repeat_split)
 
@@ -239,10 +291,10 @@ def gdsc_rounds(drugs, n, eps, variants, n_datasets, n_noise):
         if problem.n - cfg.n_test - cfg.n_candidates < n:
             continue
         done += 1
-        split = repeat_split(problem.n, cfg, drug, 0)
-        data = prepare_repeat(problem, cfg, drug, 0)
+        split = repeat_split(problem.n, cfg, drug, repeat)
+        data = prepare_repeat(problem, cfg, drug, repeat)
         priv = split.private_pool[:n]
-        rng = np.random.default_rng([drug, 21])
+        rng = np.random.default_rng([drug, 21] if repeat == 0 else [drug, 21, repeat])
         out = one_round(problem.x[split.public], problem.y[split.public], problem.x[priv],
                         problem.y[priv], problem.x[split.test], problem.y[split.test],
                         data.preprocessing, eps, rng, variants, n_datasets, n_noise,
@@ -273,6 +325,14 @@ def main(argv=None) -> int:
     ap.add_argument("--leave-one-out", nargs="+", default=None, metavar="JSON",
                     help="only summarise earlier --json files: each data set's coverage under "
                          "the variant chosen on the other data sets")
+    ap.add_argument("--calibrate", nargs="+", default=None, metavar="JSON",
+                    help="only summarise earlier --json files: the conformal margin of the "
+                         "gain band (dpfed_apps.forecast_calibration) pooled over them, and "
+                         "each data set's coverage under the margin fitted on the others")
+    ap.add_argument("--calibrate-variant", default="closed_form/default")
+    ap.add_argument("--seed", type=int, default=0, help="UCI and synth splits' seed")
+    ap.add_argument("--gdsc-repeat", type=int, default=0,
+                    help="GDSC: the evaluation protocol's repeat whose split is used")
     ap.add_argument("--level-weight", type=float, default=0.0,
                     help="--leave-one-out: weight of the public-only level's error beside "
                          "coverage in the choice (0: coverage only)")
@@ -283,18 +343,25 @@ def main(argv=None) -> int:
             every.update(json.loads(Path(f).read_text()))
         print("\n".join(leave_one_out(every, level_weight=args.level_weight)))
         return 0
+    if args.calibrate:
+        every = {}
+        for f in args.calibrate:
+            for name, rows in read_rounds(f, args.calibrate_variant).items():
+                every.setdefault(name, []).extend(rows)
+        print("\n".join(calibrate(every, args.calibrate_variant)))
+        return 0
     global ON_REFUSAL
     ON_REFUSAL = "skip" if args.skip_refused else "fallback"
     variants = (args.variants.split(",") if args.variants else
                 [f"{f}/{p}" for f in args.fits.split(",") for p in args.populations.split(",")])
     t0 = time.time()
     sets = [(name, lambda name=name: uci_rounds(name, args.splits, args.eps, variants,
-                                                 args.n_datasets, args.n_noise))
+                                                 args.n_datasets, args.n_noise, args.seed))
             for name in args.data.split(",") if name]
     if args.gdsc_drugs:
         sets.append((f"GDSC (n = {args.gdsc_n})",
                      lambda: gdsc_rounds(args.gdsc_drugs, args.gdsc_n, args.eps, variants,
-                                         args.n_datasets, args.n_noise)))
+                                         args.n_datasets, args.n_noise, args.gdsc_repeat)))
     lines = ["| data | eps | forecast (fit / population) | rounds | forecast gain (mean) "
              "| realised gain (mean) | mean abs. error | realised in [q10, q90] (95 % CI) "
              "| below q10 / above q90 | median band width | s per forecast |",

@@ -50,6 +50,8 @@ import numpy as np
 from dpfed.auxiliary import AuxiliarySource
 from dpfed.preprocess import Preprocessing
 
+from dpfed_apps.forecast_calibration import GAIN_BAND_MARGINS, widen_band
+
 __all__ = ["NoiseScales", "Mechanism", "closed_form_fit", "posterior_fit", "simulate_release",
            "score_cell", "forecast_round", "DEFAULT_RIDGE_C", "summarise",
            "PUBLIC_FIT_POPULATION", "MIXED_POPULATION", "R2_FROM_PUBLIC_POPULATION",
@@ -570,7 +572,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
                    x_norm_bound="auto", aggregation: str = "independent",
                    population: dict | None = None, mechanism: str = "laplace",
                    delta: float = 0.0, targets: int | None = None,
-                   response_rate: float = 1.0) -> dict:
+                   response_rate: float = 1.0,
+                   band_margins: tuple[float, float] | None = None) -> dict:
     """Forecast what a round buys, per epsilon (module docstring). Public inputs only.
 
     ``n_per_site``: an int (one site) or the list of the K sites' n. ``bounds``: "choose"
@@ -601,6 +604,10 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     Laplace release. A joint release (targets >= 1) needs ``bounds`` given (the bound search
     is the Laplace single-target round's) and a 4-share ``budget_split`` (default
     ``dpfed.joint_noise.JOINT_DEFAULT_SPLIT``); the gain reported is per target.
+    ``band_margins``: (Q_lo, Q_hi), the gain band's calibration margins
+    (``dpfed_apps.forecast_calibration``): [q10, q90] is the populations' band widened to
+    [q10 - Q_lo, q90 + Q_hi] (None: the calibrated ``GAIN_BAND_MARGINS``; (0, 0): the
+    populations' own band, which is too narrow).
     Returns a JSON-ready dict; see ``docs/evaluation.md`` ("dpfed plan") for the keys.
     """
     from dpfed.secure_round import AGGREGATIONS, SECURE
@@ -634,6 +641,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     else:
         split0 = tuple(budget_split) if budget_split is not None else default_split(neighbouring)
     eps_list = [float(e) for e in epsilons]
+    margins = widen_band({}, GAIN_BAND_MARGINS if band_margins is None else band_margins)[
+        "band_margins"]          # checked here, before anything is simulated
     if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
         raise ValueError("epsilons must be finite and > 0")
     results = []
@@ -693,7 +702,7 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
         gain = priv_a - pub_a[:, None]
         sc = mech.scales(d, draws=len(draw_sizes))
         cal = mech.calibration(d) if joint else None
-        g = summarise(gain)
+        g = widen_band(summarise(gain), margins)
         ok = np.isfinite(gain)           # a refused production fit is left out
         g["sd"] = float(np.std(gain[ok])) if ok.any() else None
         g["se_mean"] = float(np.nanstd(np.nanmean(gain, axis=1), ddof=1) / math.sqrt(n_datasets)) \

@@ -243,14 +243,27 @@ def test_plan_cli_json(tmp_path, capsys):
                     "spearman_public_only", "spearman_private_public", "spearman_nonprivate",
                     "gain", "gain_expected"):
             assert key in r, key
-        assert set(r["gain"]) >= {"mean", "q10", "q90", "p_positive", "se_mean"}
+        assert set(r["gain"]) >= {"mean", "q10", "q90", "p_positive", "se_mean",
+                                  "q10_populations", "q90_populations", "band_margins"}
+        # The band shown is the populations' widened by the calibrated margins.
+        assert r["gain"]["q10"] < r["gain"]["q10_populations"] <= \
+            r["gain"]["q90_populations"] < r["gain"]["q90"]
         assert r["gain"]["q10"] <= r["gain"]["mean"] <= r["gain"]["q90"] or \
             r["gain"]["q10"] == r["gain"]["q90"]
         assert r["bounds"]["chosen"] is True
     # Readable table, and a usage error is exit code 2.
     assert main(["plan", "--public", str(path), "--target", "resp", "--n", "100",
                  "--bounds", "0.3,1.0", "--datasets", "2", "--noise-draws", "2"]) == 0
-    assert "gain mean" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "gain mean" in text and "one round's gain on 100 held-out rows" in text
+    # --test-rows sets the held-out rows the band is for; fewer than 10 is a usage error.
+    assert main(["plan", "--public", str(path), "--target", "resp", "--n", "100", "--json",
+                 "--bounds", "0.3,1.0", "--datasets", "2", "--noise-draws", "2",
+                 "--test-rows", "300"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_test"] == 300
+    assert main(["plan", "--public", str(path), "--target", "resp", "--n", "100",
+                 "--test-rows", "5"]) == 2
+    assert "--test-rows" in capsys.readouterr().err
     assert main(["plan", "--public", str(path), "--target", "nope", "--n", "100"]) == 2
     assert main(["plan", "--public", str(path), "--target", "resp", "--n", "100",
                  "--bounds", "0.3"]) == 2

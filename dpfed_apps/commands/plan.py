@@ -44,8 +44,11 @@ n_datasets, n_noise, n_test, seed, auxiliary, notes, and per_epsilon: a list of 
 epsilon_per_site, epsilon_replace_one_equivalent, bounds {x_bound, y_bound, omega_x, omega_y,
 sigma_x, sigma_y, chosen}, budget_split, ridge_c, noise_scales, spearman_public_only,
 spearman_private_public, spearman_nonprivate (each {mean, q10, q90}), gain {mean, q10, q90, sd,
-se_mean, p_positive}, gain_expected {mean, q10, q90}}. gain's quantiles are over auxiliary
-populations x noise draws (one round); gain_expected's over populations (noise averaged).
+se_mean, p_positive, q10_populations, q90_populations, band_margins}, gain_expected {mean,
+q10, q90}}. gain's q10_populations / q90_populations are over auxiliary populations x noise
+draws (one round on n_test held-out rows); its q10 / q90 are those widened by band_margins,
+calibrated on realised rounds (dpfed_apps.forecast_calibration); gain_expected's quantiles are
+over populations (noise averaged).
 Also: mechanism, delta, targets (M), joint_release, response_rate, gain_per_target, target (the
 forecast target) at the top; per epsilon per_patient {epsilon, delta, gdp_mu} (what each patient
 pays, once, for every target of the round) and noise_sd {xtx, xty, yty, n} (sd per coordinate
@@ -54,6 +57,12 @@ of the summed release's noise; Sxx shared, the others per target).
 The public CSV needs a header: an id column (default: the first), the target and the features
 (default: every other column). Exit codes: 0 ok, 2 bad arguments or inputs.
 """
+
+
+def _test_rows(n: int) -> int:
+    if n < 10:
+        raise ValueError("--test-rows must be at least 10 (a Spearman on fewer rows says little)")
+    return n
 
 
 def register(subparsers) -> None:
@@ -104,6 +113,9 @@ def register(subparsers) -> None:
     p.add_argument("--response-rate", type=float, default=None,
                    help="share of rows with the target's response, 0 < r <= 1 (joint rounds; "
                         "default: the public rows' fill rate over round.toml's targets, else 1)")
+    p.add_argument("--test-rows", type=int, default=100,
+                   help="held-out rows the gain is measured on (default 100): the band is "
+                        "one round's gain on that many rows, so it is wider for fewer")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=run)
@@ -330,6 +342,7 @@ def run(args) -> int:
                                 neighbouring=args.neighbouring,
                                 xtx_sensitivity=args.xtx_sensitivity, budget_split=split,
                                 n_datasets=args.datasets, n_noise=args.noise_draws,
+                                n_test=_test_rows(args.test_rows),
                                 seed=args.seed, aggregation=_aggregation(args, config),
                                 fit=posterior_fit(on_refusal="skip" if targets >= 1 else
                                                   "fallback")
@@ -386,7 +399,10 @@ def format_plan(result: dict) -> str:
             f"{r['spearman_nonprivate']['mean']:>11.3f}   {g['mean']:+.3f} [{g['q10']:+.3f}, {g['q90']:+.3f}]"
             f"   {g['p_positive']:>8.2f}")
     lines += ["", "Held-out Spearman on auxiliary data shaped like the public rows (dpfed.auxiliary: "
-              "independent columns with the public frequencies, a modest linear signal)."]
+              "independent columns with the public frequencies, a modest linear signal).",
+              f"[10%, 90%]: one round's gain on {result['n_test']} held-out rows; the "
+              "populations' band widened by margins calibrated on realised rounds "
+              "(dpfed_apps.forecast_calibration; docs/evaluation.md)."]
     if joint:
         m = result["targets"]
         lines.append(
