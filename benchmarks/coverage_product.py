@@ -172,6 +172,8 @@ def set_design_sd(rule: str) -> None:
         na.COUNT_IN_LIKELIHOOD = rule.endswith("+c")
         rule = rule[:-2]
     base, plus_n = rule.removesuffix("+n"), rule.endswith("+n")
+    if base != "product" and not base.startswith("wishart"):
+        na.DESIGN_PRIOR_WISHART = False    # the rules below are the per-entry (older) prior's
     if base == "se":
         na.design_prior = design_prior_se
     elif base.startswith("wishart"):   # "wishart0.3": DESIGN_PRIOR_WISHART, share 0.3
