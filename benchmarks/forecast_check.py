@@ -329,7 +329,8 @@ def main(argv=None) -> int:
                     help="only summarise earlier --json files: the conformal margin of the "
                          "gain band (dpfed_apps.forecast_calibration) pooled over them, and "
                          "each data set's coverage under the margin fitted on the others")
-    ap.add_argument("--calibrate-variant", default="closed_form/default")
+    ap.add_argument("--calibrate-variant", default="closed_form/default",
+                    help="--calibrate: the variant whose populations' band is calibrated")
     ap.add_argument("--seed", type=int, default=0, help="UCI and synth splits' seed")
     ap.add_argument("--gdsc-repeat", type=int, default=0,
                     help="GDSC: the evaluation protocol's repeat whose split is used")
