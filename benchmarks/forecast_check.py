@@ -207,10 +207,9 @@ def read_rounds(path, variant: str) -> dict:
     every = {}
     lines = [ln for ln in text.splitlines() if ln and not ln.startswith("#")]
     for row in csv.DictReader(lines):
-        band = (float(row["lower"]), float(row["upper"]))
         every.setdefault(row["data"], []).append(
-            {"realised": float(row["realised"]), variant + ":populations": band,
-             variant: (None, *band)})
+            {"realised": float(row["realised"]),
+             variant + ":populations": (float(row["lower"]), float(row["upper"]))})
     return every
 
 

@@ -50,7 +50,7 @@ import numpy as np
 from dpfed.auxiliary import AuxiliarySource
 from dpfed.preprocess import Preprocessing
 
-from dpfed_apps.forecast_calibration import GAIN_BAND_MARGINS, widen_band
+from dpfed_apps.forecast_calibration import GAIN_BAND_MARGINS, checked_margins, widen_band
 
 __all__ = ["NoiseScales", "Mechanism", "closed_form_fit", "posterior_fit", "simulate_release",
            "score_cell", "forecast_round", "DEFAULT_RIDGE_C", "summarise",
@@ -641,8 +641,8 @@ def forecast_round(*, x_public, y_public, n_per_site, epsilons: Sequence[float],
     else:
         split0 = tuple(budget_split) if budget_split is not None else default_split(neighbouring)
     eps_list = [float(e) for e in epsilons]
-    margins = widen_band({}, GAIN_BAND_MARGINS if band_margins is None else band_margins)[
-        "band_margins"]          # checked here, before anything is simulated
+    # Checked here, before anything is simulated.
+    margins = checked_margins(GAIN_BAND_MARGINS if band_margins is None else band_margins)
     if not eps_list or any(not (math.isfinite(e) and e > 0) for e in eps_list):
         raise ValueError("epsilons must be finite and > 0")
     results = []

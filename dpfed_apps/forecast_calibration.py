@@ -88,12 +88,18 @@ def band_coverage(realised, lower, upper, margins: tuple[float, float]) -> float
     return float(np.mean((below <= margins[0]) & (above <= margins[1])))
 
 
-def widen_band(gain: dict, margins: tuple[float, float]) -> dict:
-    """The gain summary with its [q10, q90] widened to [q10 - Q_lo, q90 + Q_hi]; the
-    populations' own quantiles kept as q10_populations / q90_populations."""
+def checked_margins(margins) -> tuple[float, float]:
+    """(Q_lo, Q_hi) as floats; raises unless both are finite and together widen the band."""
     lo_m, hi_m = (float(m) for m in margins)
     if not all(math.isfinite(m) for m in (lo_m, hi_m)) or lo_m + hi_m < 0:
         raise ValueError("band margins must be finite and widen the band (Q_lo + Q_hi >= 0)")
+    return lo_m, hi_m
+
+
+def widen_band(gain: dict, margins: tuple[float, float]) -> dict:
+    """The gain summary with its [q10, q90] widened to [q10 - Q_lo, q90 + Q_hi]; the
+    populations' own quantiles kept as q10_populations / q90_populations."""
+    lo_m, hi_m = checked_margins(margins)
     out = dict(gain)
     out["q10_populations"], out["q90_populations"] = gain.get("q10"), gain.get("q90")
     out["band_margins"] = [lo_m, hi_m]

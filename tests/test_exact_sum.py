@@ -190,24 +190,36 @@ def test_statistics_upper_values_round_trip_keeps_every_bit():
         Statistics.from_upper(2, 3, np.zeros(5))
 
 
-def test_running_total_survives_a_restart(federation):
-    """Two releases before a restart, one after: the total the model is fitted on (rebuilt
-    from the store, then updated) equals the exact sum of all three plus the public data."""
-    from dpfed.v1 import dpfed_pb2 as pb
+def _two_of_three_accepted(federation):
+    """A round of quorum 3 with public statistics, two of its three releases accepted."""
     public = public_statistics(seed=9, n=10)
     federation.start_round(federation.spec(quorum=3, public=public))
     releases = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(federation.SITES)}
     for site in federation.SITES[:2]:
         assert federation.stub.Contribute(federation.contribution(site, "r1", releases[site])).accepted
-    federation.stop()
+    return public, releases
+
+
+def _restart_and_finish(federation, public, releases):
+    """Start the (stopped) aggregator: its total is the exact sum of the two accepted releases
+    and the public data; the third release completes the round with the exact sum of all."""
+    from dpfed.v1 import dpfed_pb2 as pb
     federation.start()
     assert federation.manager.aggregated_statistics("r1") == exact_sum(
         [releases[s] for s in federation.SITES[:2]] + [public])
     last = federation.SITES[2]
     assert federation.stub.Contribute(federation.contribution(last, "r1", releases[last])).accepted
     assert federation.coordinator.wait("r1", 60, poll_s=0.05).state == pb.RoundStatus.DONE
+    assert federation.manager.aggregated_statistics("r1") == exact_sum([*releases.values(), public])
+
+
+def test_running_total_survives_a_restart(federation):
+    """Two releases before a restart, one after: the total the model is fitted on (rebuilt
+    from the store, then updated) equals the exact sum of all three plus the public data."""
+    public, releases = _two_of_three_accepted(federation)
+    federation.stop()
+    _restart_and_finish(federation, public, releases)
     expected = [*releases.values(), public]
-    assert federation.manager.aggregated_statistics("r1") == exact_sum(expected)
     for j in range(3):
         assert federation.manager.aggregated_statistics("r1").xty[j] == _exact(
             [p.xty[j] for p in expected])
@@ -285,12 +297,7 @@ def test_running_total_survives_a_crash_mid_round(federation):
     from the envelopes; the round then completes with the exact sum of all three."""
     import shutil
     import sqlite3
-    from dpfed.v1 import dpfed_pb2 as pb
-    public = public_statistics(seed=9, n=10)
-    federation.start_round(federation.spec(quorum=3, public=public))
-    releases = {s: random_statistics(seed=i, n=40 + i) for i, s in enumerate(federation.SITES)}
-    for site in federation.SITES[:2]:
-        assert federation.stub.Contribute(federation.contribution(site, "r1", releases[site])).accepted
+    public, releases = _two_of_three_accepted(federation)
     db = federation.tmp / "agg.sqlite"
     snapshot = federation.tmp / "snapshot"
     snapshot.mkdir()
@@ -306,10 +313,4 @@ def test_running_total_survives_a_crash_mid_round(federation):
     assert raw.execute("SELECT site_id, statistics FROM contributions ORDER BY site_id").fetchall() \
         == [(s, b"") for s in sorted(federation.SITES[:2])]
     raw.close()
-    federation.start()
-    assert federation.manager.aggregated_statistics("r1") == exact_sum(
-        [releases[s] for s in federation.SITES[:2]] + [public])
-    last = federation.SITES[2]
-    assert federation.stub.Contribute(federation.contribution(last, "r1", releases[last])).accepted
-    assert federation.coordinator.wait("r1", 60, poll_s=0.05).state == pb.RoundStatus.DONE
-    assert federation.manager.aggregated_statistics("r1") == exact_sum([*releases.values(), public])
+    _restart_and_finish(federation, public, releases)
