@@ -245,7 +245,12 @@ def run_cell(d, n, eps, k, reps, unit_names, seed=0, draws=1000):
                 failed += 1
     out = {}
     for key, a in acc.items():
+        # Monte Carlo standard error of cov_pop: the problems are independent, a problem's
+        # d coefficients are not (they share the release), so over per-problem means.
+        per_problem = np.mean(a["hit_pop"], axis=1) if a["hit_pop"] else np.array([np.nan])
         out[key] = {"cov": float(np.mean(a["hit"])), "cov_pop": float(np.mean(a["hit_pop"])),
+                    "cov_pop_se": float(np.std(per_problem, ddof=1) / np.sqrt(per_problem.size))
+                    if per_problem.size > 1 else float("nan"),
                     "cov_gen": float(np.mean(a["hit_gen"])),
                     "width": float(np.mean(a["w"])),
                     "ratio": float(np.mean(a["w"]) / np.mean(a["w0"])),
@@ -284,11 +289,13 @@ def main(argv=None) -> int:
         line = f"| {d} | {n} | {eps:g} | {k} |"
         for u in units:
             a, p = res[(u, "aware")], res[(u, "plugin")]
-            line += (f" {a['cov_pop']:.3f} ({a['cov']:.3f}; {a['cov_gen']:.3f}) | {a['width']:.2f} "
+            line += (f" {a['cov_pop']:.3f} +- {a['cov_pop_se']:.3f} ({a['cov']:.3f}; "
+                     f"{a['cov_gen']:.3f}) | {a['width']:.2f} "
                      f"(x{a['ratio']:.2f}) | {p['cov_pop']:.3f} ({p['cov']:.3f}) | "
                      f"{a['cov_free']:.3f} |")
         print(line + f" {failed} |", flush=True)
-    print(f"{args.reps} problems per cell; {time.time() - t0:.0f} s")
+    print(f"{args.reps} problems per cell (+- a Monte Carlo standard error over problems); "
+          f"{time.time() - t0:.0f} s")
     return 0
 
 
