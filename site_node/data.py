@@ -379,19 +379,18 @@ def audit_rows(table: Table, columns, *, id_column: str | None = None,
                     by_column=by_column, numbers=numbers if keep_numbers else None)
 
 
-def select_round_data(table: Table, features: list[str], target: str,
-                      config: DataConfig, *, require_ids: bool = False) -> RoundData:
-    """x (features in the given order) and y (target) for one round, as float arrays.
+def _checked_round_columns(table: Table, columns: list[str], config: DataConfig,
+                           require_ids: bool) -> dict[str, str]:
+    """The file column of each spec column a round asks for (``{spec name: file column}``),
+    after the column checks ``select_round_data`` and ``select_joint_round_data`` share.
 
-    Rows with a missing target are dropped; rows with any other problem are left out, one row
-    at a time (module docstring, ``audit_rows``), and counted in ``left_out``. Only a fault of
-    the file or of the columns the round asks for raises DataError.
-
-    ``require_ids`` (a per-patient budget, site_node.patients): every parsed row must carry
-    its own patient id; a missing or repeated id raises DataError (``require_patient_ids``)
-    instead of leaving rows out, and ``RoundData.ids`` holds the used rows' ids.
+    Raises DataError when a column is missing (the public reason names the spec's column
+    names only, never the site's mapping), when a column is not unique, when the round asks
+    for the id column (never a feature or a target, even with allowed_features = ["*"]),
+    and, with ``require_ids`` (a per-patient budget), when there is no id column or a row's
+    id is missing or repeated (``require_patient_ids``).
     """
-    names = {name: config.column_for(name) for name in [*features, target]}
+    names = {name: config.column_for(name) for name in columns}
     missing = [n for n, c in names.items() if c not in table.columns]
     if missing:
         mapped = [f"{n!r}" + (f" (file column {names[n]!r})" if names[n] != n else "")
@@ -411,6 +410,32 @@ def select_round_data(table: Table, features: list[str], target: str,
             raise DataError("a per-patient budget needs data.id_column",
                             "the site's per-patient budget has no id column")
         require_patient_ids(table, config.id_column, config.log_patient_ids)
+    return names
+
+
+def _used_ids(table: Table, config: DataConfig, keep) -> tuple:
+    """The normalised patient ids of the used rows ``keep`` (``RoundData.ids``); () without
+    an id column."""
+    if not config.id_column:
+        return ()
+    from site_node.patients import normalise_id
+    id_values = table.columns[config.id_column]
+    return tuple(normalise_id(id_values[i]) for i in keep)
+
+
+def select_round_data(table: Table, features: list[str], target: str,
+                      config: DataConfig, *, require_ids: bool = False) -> RoundData:
+    """x (features in the given order) and y (target) for one round, as float arrays.
+
+    Rows with a missing target are dropped; rows with any other problem are left out, one row
+    at a time (module docstring, ``audit_rows``), and counted in ``left_out``. Only a fault of
+    the file or of the columns the round asks for raises DataError.
+
+    ``require_ids`` (a per-patient budget, site_node.patients): every parsed row must carry
+    its own patient id; a missing or repeated id raises DataError (``require_patient_ids``)
+    instead of leaving rows out, and ``RoundData.ids`` holds the used rows' ids.
+    """
+    names = _checked_round_columns(table, [*features, target], config, require_ids)
     audit = round_audit(table, features, target, config, keep_numbers=True)
     columns = [audit.numbers[names[f]] for f in features]
     y_values = audit.numbers[names[target]]
@@ -418,11 +443,7 @@ def select_round_data(table: Table, features: list[str], target: str,
     x = np.array([[values[i] for values in columns] for i in keep],
                  dtype=np.float64).reshape(len(keep), len(features))
     y = np.array([y_values[i] for i in keep], dtype=np.float64)
-    ids = ()
-    if config.id_column:
-        from site_node.patients import normalise_id
-        id_values = table.columns[config.id_column]
-        ids = tuple(normalise_id(id_values[i]) for i in keep)
+    ids = _used_ids(table, config, keep)
     return RoundData(x=x, y=y, dropped_missing_target=audit.missing_target, rows=keep,
                      first_line=table.first_line,
                      left_out=audit.left_out - audit.missing_target, ids=ids)
@@ -440,35 +461,14 @@ def select_joint_round_data(table: Table, features: list[str], targets: list[str
     spec's column names, never a value; the id column is never a feature or a target.
     ``RoundData.dropped_missing_target`` counts the used rows' missing response cells (for
     the site's own log)."""
-    names = {name: config.column_for(name) for name in [*features, *targets]}
-    missing = [n for n, c in names.items() if c not in table.columns]
-    if missing:
-        mapped = [f"{n!r}" + (f" (file column {names[n]!r})" if names[n] != n else "")
-                  for n in missing]
-        raise DataError(f"{table.path}: missing column(s) {', '.join(mapped)}",
-                        f"column(s) not available at the site: "
-                        f"{', '.join(repr(n) for n in missing)}")
-    table.check_unique(set(names.values()) | ({config.id_column} if config.id_column else set()))
-    if config.id_column and config.id_column in names.values():
-        raise DataError(f"{table.path}: the round asks for the id column "
-                        f"{config.id_column!r} as a feature or target; it is never released",
-                        "the round asks for the site's id column, which is never released")
-    if require_ids:
-        if not config.id_column:
-            raise DataError("a per-patient budget needs data.id_column",
-                            "the site's per-patient budget has no id column")
-        require_patient_ids(table, config.id_column, config.log_patient_ids)
+    _checked_round_columns(table, [*features, *targets], config, require_ids)
     feature_columns = [config.column_for(f) for f in features]
     audit = audit_rows(table, feature_columns, id_column=config.id_column, keep_numbers=True)
     keep = audit.used
     x = np.array([[audit.numbers[c][i] for c in feature_columns] for i in keep],
                  dtype=np.float64).reshape(len(keep), len(features))
     y = _response_block(table, [config.column_for(t) for t in targets], keep)
-    ids = ()
-    if config.id_column:
-        from site_node.patients import normalise_id
-        id_values = table.columns[config.id_column]
-        ids = tuple(normalise_id(id_values[i]) for i in keep)
+    ids = _used_ids(table, config, keep)
     return RoundData(x=x, y=y, dropped_missing_target=int(np.isnan(y).sum()), rows=keep,
                      first_line=table.first_line, left_out=audit.left_out, ids=ids)
 
