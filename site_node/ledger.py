@@ -542,15 +542,22 @@ class PrivacyLedger:
         return [event_from_json(ev, eps) for eps, ev in self._conn.execute(
             "SELECT epsilon, event FROM debits WHERE scope = 'all' ORDER BY id")]
 
-    def _histories(self, patients) -> dict[str, list[PrivacyEvent]]:
-        """Each patient's events: the debits of scope 'all' and those that included them."""
-        common = self._all_scope_events()
-        out = {p: list(common) for p in patients}
+    def _fill_wanted(self, patients) -> None:
+        """The temporary table ``wanted`` holds ``patients`` (each once, in sorted order), for
+        the queries of ``_histories``, ``_pure_spent`` and ``_renyi_spent`` to join the
+        inclusions against, inside the caller's transaction; each caller empties it again
+        (``DELETE FROM temp.wanted``) after its query."""
         self._conn.execute("CREATE TEMP TABLE IF NOT EXISTS wanted(patient TEXT PRIMARY KEY) "
                            "WITHOUT ROWID")
         self._conn.execute("DELETE FROM temp.wanted")
         self._conn.executemany("INSERT OR IGNORE INTO temp.wanted(patient) VALUES(?)",
-                               ((p,) for p in sorted(out)))
+                               ((p,) for p in sorted(patients)))
+
+    def _histories(self, patients) -> dict[str, list[PrivacyEvent]]:
+        """Each patient's events: the debits of scope 'all' and those that included them."""
+        common = self._all_scope_events()
+        out = {p: list(common) for p in patients}
+        self._fill_wanted(out)
         events: dict[int, PrivacyEvent] = {}
         for patient, debit_id, eps, ev in self._conn.execute(
                 "SELECT i.patient, d.id, d.epsilon, d.event FROM inclusions i "
@@ -574,11 +581,7 @@ class PrivacyLedger:
         common = float(self._conn.execute("SELECT COALESCE(SUM(epsilon), 0) FROM debits "
                                           "WHERE scope = 'all'").fetchone()[0])
         out = dict.fromkeys(patients, common)
-        self._conn.execute("CREATE TEMP TABLE IF NOT EXISTS wanted(patient TEXT PRIMARY KEY) "
-                           "WITHOUT ROWID")
-        self._conn.execute("DELETE FROM temp.wanted")
-        self._conn.executemany("INSERT OR IGNORE INTO temp.wanted(patient) VALUES(?)",
-                               ((p,) for p in sorted(out)))
+        self._fill_wanted(out)
         for patient, spent in self._conn.execute(
                 "SELECT i.patient, SUM(d.epsilon) FROM inclusions i "
                 "JOIN temp.wanted w ON w.patient = i.patient JOIN debits d ON d.id = i.debit_id "
@@ -607,11 +610,7 @@ class PrivacyLedger:
                            "r REAL NOT NULL)")
         self._conn.execute("DELETE FROM temp.debit_rdp")
         self._conn.executemany("INSERT INTO temp.debit_rdp(id, r) VALUES(?, ?)", per_debit)
-        self._conn.execute("CREATE TEMP TABLE IF NOT EXISTS wanted(patient TEXT PRIMARY KEY) "
-                           "WITHOUT ROWID")
-        self._conn.execute("DELETE FROM temp.wanted")
-        self._conn.executemany("INSERT OR IGNORE INTO temp.wanted(patient) VALUES(?)",
-                               ((p,) for p in sorted(out)))
+        self._fill_wanted(out)
         for patient, spent in self._conn.execute(
                 "SELECT i.patient, SUM(r.r) FROM inclusions i "
                 "JOIN temp.wanted w ON w.patient = i.patient "
