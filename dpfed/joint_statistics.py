@@ -34,7 +34,7 @@ import numpy as np
 from dpfed.joint_sensitivity import JointLayout
 from dpfed.noise import EXACT, NoiseDescription
 from dpfed.statistics import (MAX_DIMENSION, Statistics, StatisticsError, clipped_features,
-                              symmetric_gram)
+                              radd_from_zero, summed_noise, symmetric_gram)
 
 __all__ = ["JointStatistics", "JointStatisticsError", "joint_exact_statistics",
            "PublicTargets", "public_targets", "MAX_TARGETS"]
@@ -147,16 +147,12 @@ class JointStatistics:
             raise JointStatisticsError(
                 f"cannot add joint statistics of (d, m) = ({self.dim}, {self.targets}) and "
                 f"({other.dim}, {other.targets})")
-        noise = (None if self.noise is None or other.noise is None
-                 else self.noise + other.noise)
+        noise = summed_noise(self.noise, other.noise)
         return JointStatistics(self.xtx + other.xtx, self.n_x + other.n_x,
                                self.xty + other.xty, self.yty + other.yty,
                                self.n + other.n, noise)
 
-    def __radd__(self, other):
-        if isinstance(other, int) and other == 0:
-            return self
-        return NotImplemented
+    __radd__ = radd_from_zero
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, JointStatistics):

@@ -39,6 +39,22 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def summed_noise(a: NoiseDescription | None,
+                 b: NoiseDescription | None) -> NoiseDescription | None:
+    """The noise description of a sum of two statistics (``Statistics`` and
+    ``dpfed.joint_statistics.JointStatistics``): unknown (None) when either part's is unknown,
+    else the two added (``NoiseDescription.__add__``)."""
+    return None if a is None or b is None else a + b
+
+
+def radd_from_zero(self, other):
+    """``__radd__`` of ``Statistics`` and ``dpfed.joint_statistics.JointStatistics``: lets
+    sum() start from 0; any other left operand is NotImplemented."""
+    if isinstance(other, int) and other == 0:
+        return self
+    return NotImplemented
+
+
 @dataclass(frozen=True, eq=False)
 class Statistics:
     """Immutable sufficient statistics ``(xtx, xty, yty, n)`` of one or more data sets.
@@ -126,16 +142,11 @@ class Statistics:
             return NotImplemented
         if other.dim != self.dim:
             raise StatisticsError(f"cannot add statistics of dimension {self.dim} and {other.dim}")
-        noise = (None if self.noise is None or other.noise is None
-                 else self.noise + other.noise)
+        noise = summed_noise(self.noise, other.noise)
         return Statistics(self.xtx + other.xtx, self.xty + other.xty, self.yty + other.yty,
                           self.n + other.n, noise)
 
-    def __radd__(self, other):
-        # Lets sum() start from 0.
-        if isinstance(other, int) and other == 0:
-            return self
-        return NotImplemented
+    __radd__ = radd_from_zero
 
     def __eq__(self, other) -> bool:
         if not isinstance(other, Statistics):
