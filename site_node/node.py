@@ -221,6 +221,27 @@ class SiteNode:
         return PatientSelection(usable, [keys[i] for i in np.flatnonzero(usable)],
                                 [keys[i] for i in left], budget, event)
 
+    @staticmethod
+    def round_preprocessing(spec: pb.RoundSpec, *, joint: bool = False) -> Preprocessing:
+        """The round's public pre-processing (``spec.preprocessing``; module docstring, step
+        4), for the independent and the secure release alike. A joint round pre-processes the
+        features only: its y_mean is not used (0), each response is standardised by its
+        TargetSpec."""
+        pre = spec.preprocessing
+        return Preprocessing(tuple(pre.x_mean), 0.0 if joint else pre.y_mean,
+                             pre.normalize_rows, source=spec.public_source or "coordinator",
+                             x_scale=tuple(pre.x_scale))
+
+    def single_target_rows(self, round_id: str, spec: pb.RoundSpec, data,
+                           preprocessing: Preprocessing) -> "PatientSelection":
+        """The rows a single-target release uses (independent or secure): those the row-wise
+        rules keep, i.e. finite after ``preprocessing`` (site_node.rows; the count left out
+        goes to the site's own log only), then the per-patient filter at the round's epsilon
+        (``select_patients``), in that order."""
+        usable = finite_after_preprocessing(preprocessing, data.x, data.y)
+        log_left_out(round_id, spec.target, data, int((~usable).sum()))
+        return self.select_patients(round_id, data, usable, float(spec.epsilon))
+
     # -- one round ---------------------------------------------------------------------------
     def consent(self, envelope: pb.SignedEnvelope) -> pb.SignedEnvelope:
         """The consent phase: a signed PhaseMessage("consent") if this site would release for
@@ -384,12 +405,8 @@ class SiteNode:
         if spec.targets:
             return self._release_joint(spec, spec_digest, data, calibration)
         pre = spec.preprocessing
-        preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
-                                      source=spec.public_source or "coordinator",
-                                      x_scale=tuple(pre.x_scale))
-        usable = finite_after_preprocessing(preprocessing, data.x, data.y)
-        log_left_out(round_id, spec.target, data, int((~usable).sum()))
-        selection = self.select_patients(round_id, data, usable, float(spec.epsilon))
+        preprocessing = self.round_preprocessing(spec)
+        selection = self.single_target_rows(round_id, spec, data, preprocessing)
         usable = selection.usable
         try:
             x, y = preprocessing.apply(data.x[usable], data.y[usable])
@@ -470,10 +487,7 @@ class SiteNode:
         with the calibration's event (PureDP(eps) or Gaussian(mu)), one release, the noisy
         n_x compared with min_n, and the debit + stored answer in one ledger transaction."""
         round_id = spec.round_id
-        pre = spec.preprocessing
-        preprocessing = Preprocessing(tuple(pre.x_mean), 0.0, pre.normalize_rows,
-                                      source=spec.public_source or "coordinator",
-                                      x_scale=tuple(pre.x_scale))
+        preprocessing = self.round_preprocessing(spec, joint=True)
         zeros = np.zeros(data.x.shape[0])
         usable = finite_after_preprocessing(preprocessing, data.x, zeros)
         if data.left_out or not usable.all() or data.dropped_missing_target:

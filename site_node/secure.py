@@ -44,7 +44,7 @@ import numpy as np
 
 from dpfed import secure_round
 from dpfed.noise import to_proto as noise_to_proto
-from dpfed.preprocess import NonFiniteRow, Preprocessing
+from dpfed.preprocess import NonFiniteRow
 from dpfed.secagg.errors import SecAggError
 from dpfed.secagg.exact import (JointExactStatistics, joint_exact_statistics, quantize,
                                 quantum_exponents)
@@ -119,6 +119,25 @@ class SecureSite:
         log.warning("refused secure round %s: %s", spec.round_id, reason)
         self._rounds.pop(spec.round_id, None)
         return self.node.refusal(spec.round_id, spec_digest, reason)
+
+    def _check_policy(self, spec: pb.RoundSpec) -> None:
+        """The site's policy check of ``spec`` at the "keys" and "release" notices
+        (``site_policy.check_spec`` with the ledger's spend and total as they are now); raises
+        PolicyViolation."""
+        node = self.node
+        site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
+                               spent=node.ledger.spent,
+                               total=node.ledger.total_epsilon, now_ms=now_ms())
+
+    def _refuse_unanswerable(self, spec: pb.RoundSpec, spec_digest: str,
+                             exc: site_policy.PolicyViolation | DataError) -> pb.SignedEnvelope:
+        """The refusal of a round the site's policy or data cannot answer: a PolicyViolation's
+        text is the public reason; a DataError's full detail stays in the site's log and only
+        its ``public_reason`` leaves."""
+        if isinstance(exc, site_policy.PolicyViolation):
+            return self._refuse(spec, spec_digest, str(exc))
+        log.error("refused round %s: %s", spec.round_id, exc)
+        return self._refuse(spec, spec_digest, exc.public_reason)
 
     def forget_finished(self, now_ms: int) -> None:
         """Drop the in-memory state (secrets) of rounds past their deadline."""
@@ -214,9 +233,7 @@ class SecureSite:
         advertise this round's public keys."""
         node = self.node
         try:
-            site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
-                                   spent=node.ledger.spent,
-                                   total=node.ledger.total_epsilon, now_ms=now_ms())
+            self._check_policy(spec)
         except site_policy.PolicyViolation as exc:
             return self._refuse(spec, spec_digest, str(exc))
         if node.ledger.get_release(spec.round_id) is not None:
@@ -283,29 +300,20 @@ class SecureSite:
         if state.secure.joint:
             return self._release_joint(state, notice)
         try:
-            site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
-                                   spent=node.ledger.spent,
-                                   total=node.ledger.total_epsilon, now_ms=now_ms())
+            self._check_policy(spec)
             neighbouring, _ = site_policy.round_mechanism(spec)
             data = node.data.load_round_data(node.config.data, spec.feature_names,
                                              spec.target, require_ids=node.per_patient)
-        except site_policy.PolicyViolation as exc:
-            return self._refuse(spec, spec_digest, str(exc))
-        except DataError as exc:
-            log.error("refused round %s: %s", rid, exc)
-            return self._refuse(spec, spec_digest, exc.public_reason)
+        except (site_policy.PolicyViolation, DataError) as exc:
+            return self._refuse_unanswerable(spec, spec_digest, exc)
         pre = spec.preprocessing
-        preprocessing = Preprocessing(tuple(pre.x_mean), pre.y_mean, pre.normalize_rows,
-                                      source=spec.public_source or "coordinator",
-                                      x_scale=tuple(pre.x_scale))
+        preprocessing = node.round_preprocessing(spec)
         # Row-wise rules only: every usable row is used, however many (no cap, and never a
         # refusal that would say how many rows the site has). The statistics are exact
         # integers of the quantised rows (dpfed.secagg.exact): no float error to bound, so
-        # max_site_rows only sizes the fixed-point grid.
-        usable = finite_after_preprocessing(preprocessing, data.x, data.y)
-        log_left_out(rid, spec.target, data, int((~usable).sum()))
-        # The per-patient filter (SiteNode.select_patients): before the exact statistics.
-        selection = node.select_patients(rid, data, usable, float(spec.epsilon))
+        # max_site_rows only sizes the fixed-point grid. Then the per-patient filter
+        # (SiteNode.select_patients): before the exact statistics.
+        selection = node.single_target_rows(rid, spec, data, preprocessing)
         usable = selection.usable
         try:
             x, y = preprocessing.apply(data.x[usable], data.y[usable])
@@ -369,21 +377,14 @@ class SecureSite:
         rid = spec.round_id
         calibration = state.secure.calibration
         try:
-            site_policy.check_spec(spec, node.config.policy, site_id=node.site_id,
-                                   spent=node.ledger.spent,
-                                   total=node.ledger.total_epsilon, now_ms=now_ms())
+            self._check_policy(spec)
             data = node.data.load_joint_round_data(node.config.data, spec.feature_names,
                                                    [t.name for t in spec.targets],
                                                    require_ids=node.per_patient)
-        except site_policy.PolicyViolation as exc:
-            return self._refuse(spec, spec_digest, str(exc))
-        except DataError as exc:
-            log.error("refused round %s: %s", rid, exc)
-            return self._refuse(spec, spec_digest, exc.public_reason)
+        except (site_policy.PolicyViolation, DataError) as exc:
+            return self._refuse_unanswerable(spec, spec_digest, exc)
         pre = spec.preprocessing
-        preprocessing = Preprocessing(tuple(pre.x_mean), 0.0, pre.normalize_rows,
-                                      source=spec.public_source or "coordinator",
-                                      x_scale=tuple(pre.x_scale))
+        preprocessing = node.round_preprocessing(spec, joint=True)
         zeros = np.zeros(data.x.shape[0])
         usable = finite_after_preprocessing(preprocessing, data.x, zeros)
         log_left_out(rid, "response", data, int((~usable).sum()))
