@@ -36,7 +36,8 @@ from dpfed_apps.simulation.federation import (COORDINATOR_ID, FederationFailed,
                                               FederationLayout, LocalFederation, _tls_table,
                                               free_port, write_aggregator)
 from dpfed_apps.simulation.problem import site_ids, split_rows
-from dpfed_apps.simulation.run import SimulationOptions, _stderr_progress, secure_plan
+from dpfed_apps.simulation.run import (SimulationOptions, _stderr_progress, connected_coordinator,
+                                       round_result, secure_plan)
 from dpfed.tomlwriter import to_toml
 
 
@@ -140,15 +141,8 @@ def run_joint_simulation(options: SimulationOptions, *, targets: str | int,
             failed = True
             from coordinator.client import Coordinator
             from coordinator.roundspec import build_round_spec
-            from dpfed.v1 import dpfed_pb2 as pb
-            from dpfed.wire.signing import SigningKey
             federation.ready(timeout_s=options.startup_timeout_s)
-            coordinator = Coordinator(federation.address,
-                                      SigningKey.load(layout.signing_key(COORDINATOR_ID)),
-                                      COORDINATOR_ID, layout.tls(COORDINATOR_ID),
-                                      site_keys=layout.site_keys,
-                                      aggregator_key=layout.aggregator_key)
-            federation.wait_sites_connected(coordinator, options.startup_timeout_s)
+            coordinator = connected_coordinator(options, federation, Coordinator)
             spec = build_round_spec(config, base_dir=layout.root)
             progress(f"starting joint round: {len(columns)} targets, {mechanism}, eps "
                      f"{options.epsilon}" + (f", delta {delta:g}" if delta else "")
@@ -156,14 +150,8 @@ def run_joint_simulation(options: SimulationOptions, *, targets: str | int,
                      f"{aggregation} aggregation")
             status = coordinator.start_round(spec)
             status = coordinator.wait(status.round_id, options.round_timeout_s, poll_s=0.1)
-            if status.state != pb.RoundStatus.DONE:
-                raise FederationFailed(f"round {status.round_id} ended "
-                                       f"{pb.RoundStatus.State.Name(status.state)}: "
-                                       f"{status.message}")
-            result = coordinator.result(status.round_id)
+            result = round_result(coordinator, status.round_id, status, progress)
             released = [c.site_id for c in status.contributions]
-            progress(f"round {status.round_id} done in {status.round_seconds:.2f} s "
-                     f"(+ fit {status.fit_seconds:.1f} s)")
             failed = False
             federation.terminate()
     except FederationFailed as exc:

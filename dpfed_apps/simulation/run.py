@@ -256,18 +256,9 @@ def _run_round(options: SimulationOptions, federation: LocalFederation, data: _D
     """Connect as the coordinator once every site is, start the round and wait for it;
     (the sites' left-out rows, round_id, final status, RoundResult). FederationFailed if it
     did not end DONE."""
-    from dpfed.wire.signing import SigningKey
-
     layout, problem, config = federation.layout, data.problem, plan.config
     Coordinator, build_round_spec = _import_coordinator()
-    # site_keys, aggregator_key: the CA's record of the sites' and the aggregator's
-    # identity keys, which a secure round's spec pins (never the aggregator's word).
-    coordinator = Coordinator(federation.address,
-                              SigningKey.load(layout.signing_key(COORDINATOR_ID)),
-                              COORDINATOR_ID, layout.tls(COORDINATOR_ID),
-                              site_keys=layout.site_keys,
-                              aggregator_key=layout.aggregator_key)
-    federation.wait_sites_connected(coordinator, options.startup_timeout_s)
+    coordinator = connected_coordinator(options, federation, Coordinator)
     spec = build_round_spec(config, base_dir=layout.root)
     progress(f"starting round: target {problem.target}, eps {options.epsilon} per site, "
              f"bounds x {config['x_bound']:.3g}, y {config['y_bound']:.3g}, fit "
@@ -282,6 +273,34 @@ def _run_round(options: SimulationOptions, federation: LocalFederation, data: _D
     left_out = {name: site_left_out(layout, name, problem) for name in data.names}
     # Polled every 50 ms (GetRound is a read): the round and fit take a few tenths.
     status = coordinator.wait(round_id, options.round_timeout_s, poll_s=0.05)
+    result = round_result(coordinator, round_id, status, progress)
+    if hold is not None:
+        hold(federation, coordinator, round_id, plan.forecast)
+    return left_out, round_id, status, result
+
+
+def connected_coordinator(options: SimulationOptions, federation: LocalFederation,
+                          Coordinator):
+    """The coordinator's client (``Coordinator``: coordinator.client's class) with the
+    federation's coordinator key and TLS identity, once every site is connected (a plain or a
+    joint simulated round)."""
+    from dpfed.wire.signing import SigningKey
+
+    layout = federation.layout
+    # site_keys, aggregator_key: the CA's record of the sites' and the aggregator's
+    # identity keys, which a secure round's spec pins (never the aggregator's word).
+    coordinator = Coordinator(federation.address,
+                              SigningKey.load(layout.signing_key(COORDINATOR_ID)),
+                              COORDINATOR_ID, layout.tls(COORDINATOR_ID),
+                              site_keys=layout.site_keys,
+                              aggregator_key=layout.aggregator_key)
+    federation.wait_sites_connected(coordinator, options.startup_timeout_s)
+    return coordinator
+
+
+def round_result(coordinator, round_id: str, status, progress: Progress):
+    """The RoundResult of round ``round_id``, whose final status is ``status`` (its round
+    time and fit time go to ``progress``); FederationFailed if it did not end DONE."""
     from dpfed.v1 import dpfed_pb2 as pb
 
     if status.state != pb.RoundStatus.DONE:
@@ -290,9 +309,7 @@ def _run_round(options: SimulationOptions, federation: LocalFederation, data: _D
     result = coordinator.result(round_id)
     progress(f"round {round_id} done in {status.round_seconds:.2f} s "
              f"(+ fit {status.fit_seconds:.1f} s)")
-    if hold is not None:
-        hold(federation, coordinator, round_id, plan.forecast)
-    return left_out, round_id, status, result
+    return result
 
 
 def _scores(options: SimulationOptions, data: _Data, result) -> tuple:
