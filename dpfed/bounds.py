@@ -316,22 +316,39 @@ def choose_bounds(n: int, d: int, epsilon: float, *, budget_split=None,
     if cache_dir is not None:
         key_text, digest = _cache_key(**params)
         path = Path(cache_dir) / f"bounds-{digest}.json"
-        if path.exists():
-            try:
-                stored = json.loads(path.read_text())
-                if stored.get("key") == key_text:
-                    return BoundsChoice.from_json(stored["result"])
-            except (ValueError, KeyError, TypeError):
-                pass  # corrupt or foreign file: recompute and overwrite
+        stored = _stored_choice(path, key_text)
+        if stored is not None:
+            return stored
     result = _choose_cached(**params)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"key": key_text, "result": result.to_json()})
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bounds-", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(payload)
-        os.replace(tmp, path)
+        _store_choice(path, key_text, result)
     return result
+
+
+def _stored_choice(path: Path, key_text: str) -> BoundsChoice | None:
+    """The choice stored in the cache file ``path`` for ``key_text`` (``_cache_key``); None
+    when there is no file, or it is corrupt or holds another key (the caller then searches
+    and overwrites it)."""
+    if not path.exists():
+        return None
+    try:
+        stored = json.loads(path.read_text())
+        if stored.get("key") == key_text:
+            return BoundsChoice.from_json(stored["result"])
+    except (ValueError, KeyError, TypeError):
+        pass  # corrupt or foreign file: recompute and overwrite
+    return None
+
+
+def _store_choice(path: Path, key_text: str, result: BoundsChoice) -> None:
+    """Write ``result`` for ``key_text`` to the cache file ``path``: to a temporary file
+    first, then renamed over it, so a reader never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = json.dumps({"key": key_text, "result": result.to_json()})
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bounds-", suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(payload)
+    os.replace(tmp, path)
 
 
 def _clear_caches():
@@ -571,15 +588,10 @@ def _choose_auxiliary(n, d, epsilon, *, budget_split, omegas, n_datasets, n_nois
     if key_text in _AUX_CACHE:
         return _AUX_CACHE[key_text]
     path = Path(cache_dir) / f"bounds-{digest}.json" if cache_dir is not None else None
-    if path is not None and path.exists():
-        try:
-            stored = json.loads(path.read_text())
-            if stored.get("key") == key_text:
-                result = BoundsChoice.from_json(stored["result"])
-                _AUX_CACHE[key_text] = result
-                return result
-        except (ValueError, KeyError, TypeError):
-            pass
+    stored = _stored_choice(path, key_text) if path is not None else None
+    if stored is not None:
+        _AUX_CACHE[key_text] = stored
+        return stored
     result = _search_auxiliary(n=int(n), d=int(d), epsilon=float(epsilon), omegas=om,
                                splits=splits, neighbouring=neighbouring,
                                xtx_sensitivity=xtx_sensitivity, ridge=ridge, ridge_cs=cs,
@@ -587,12 +599,7 @@ def _choose_auxiliary(n, d, epsilon, *, budget_split, omegas, n_datasets, n_nois
                                n_test=int(n_test), seed=int(seed), source=auxiliary)
     _AUX_CACHE[key_text] = result
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        payload = json.dumps({"key": key_text, "result": result.to_json()})
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".bounds-", suffix=".tmp")
-        with os.fdopen(fd, "w") as fh:
-            fh.write(payload)
-        os.replace(tmp, path)
+        _store_choice(path, key_text, result)
     return result
 
 
