@@ -254,12 +254,8 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
     x_norm_bound = check_norm_bound(x_norm_bound)
     x, y = _data_shapes(x, y)
     d = x.shape[1]
-    cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
-                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
-                            x_norm_bound=x_norm_bound)
-    noise = expected_noise(d, epsilon, x_bound, y_bound, budget_split,
-                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
-                           x_norm_bound=x_norm_bound)
+    cal, noise = _calibration(d, epsilon, x_bound, y_bound, budget_split, neighbouring,
+                              xtx_sensitivity, x_norm_bound)
     # Raises on NaN/inf before any noise is drawn.
     sxx, sxy, syy = clipped_statistics(x, y, x_bound, y_bound, x_norm_bound)
     iu = np.triu_indices(d)
@@ -279,6 +275,21 @@ def release_statistics(x, y, *, epsilon: float, x_bound: float, y_bound: float,
         return stats
     return stats, _info(cal, epsilon, x_bound, y_bound, budget_split, n[0], d,
                         (eps_xx, eps_xy, eps_yy, eps_n))
+
+
+def _calibration(d: int, epsilon: float, x_bound: float, y_bound: float, budget_split,
+                 neighbouring: str, xtx_sensitivity: str, x_norm_bound: float | None):
+    """The noise calibration of one release (``dpfed.sensitivity.noise_calibration``: each
+    part's sensitivity and epsilon share) and the noise description its statistics carry
+    (``dpfed.sensitivity.expected_noise``), from the same arguments so that the two agree;
+    ``release_statistics`` and ``release_many`` both use it. Draws nothing."""
+    cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
+                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                            x_norm_bound=x_norm_bound)
+    noise = expected_noise(d, epsilon, x_bound, y_bound, budget_split,
+                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
+                           x_norm_bound=x_norm_bound)
+    return cal, noise
 
 
 def _data_shapes(x, y) -> tuple[np.ndarray, np.ndarray]:
@@ -354,12 +365,8 @@ def release_many(blocks, *, epsilon: float, x_bound: float, y_bound: float,
     if any(x.shape[1] != d for x, _ in shaped):
         raise ValueError("every block must have the same number of columns d, got "
                          f"{sorted({x.shape[1] for x, _ in shaped})}")
-    cal = noise_calibration(d, epsilon, x_bound, y_bound, budget_split,
-                            neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
-                            x_norm_bound=x_norm_bound)
-    noise = expected_noise(d, epsilon, x_bound, y_bound, budget_split,
-                           neighbouring=neighbouring, xtx_sensitivity=xtx_sensitivity,
-                           x_norm_bound=x_norm_bound)
+    cal, noise = _calibration(d, epsilon, x_bound, y_bound, budget_split, neighbouring,
+                              xtx_sensitivity, x_norm_bound)
     # All data validated and reduced before the first noise is drawn.
     exact = [clipped_statistics(x, y, x_bound, y_bound, x_norm_bound) for x, y in shaped]
     iu = np.triu_indices(d)
