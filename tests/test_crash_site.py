@@ -12,10 +12,7 @@ never under-counts: spent == releases x epsilon == epsilon of the one release.
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
@@ -26,20 +23,12 @@ from coordinator.client import Coordinator
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.signing import SigningKey
 from site_node.ledger import PrivacyLedger
+from tests.processes import site_process, stop_processes
 from tests.test_site_node import make_spec, write_site
 
 pytestmark = pytest.mark.slow
 
 EPSILON = 1.0
-
-
-def _site_process(config_path, crash_at: str | None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "DPFED_TEST_CRASH_AT"}
-    if crash_at:
-        env["DPFED_TEST_CRASH_AT"] = crash_at
-    return subprocess.Popen([sys.executable, "-m", "dpfed_apps.cli", "--log-level", "INFO", "site",
-                             "serve", "--config", str(config_path)], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
 @pytest.fixture
@@ -60,13 +49,7 @@ def setup(tmp_path):
     coordinator = Coordinator(f"127.0.0.1:{port}", coordinator_key, "coordinator")
     procs = []
     yield config_path, agg, coordinator, procs
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    stop_processes(procs)
     coordinator.close()
     agg.stop(0)
 
@@ -81,7 +64,7 @@ def _start_round(coordinator, quorum=1):
 def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
     config_path, agg, coordinator, procs = setup
     _start_round(coordinator)
-    first = _site_process(config_path, crash_at)
+    first = site_process(config_path, crash_at)
     procs.append(first)
     assert first.wait(20) == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
 
@@ -102,7 +85,7 @@ def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
     else:
         assert len(held) == 1 and held[0].envelope == stored_envelope
 
-    second = _site_process(config_path, None)
+    second = site_process(config_path, None)
     procs.append(second)
     status = coordinator.wait("crash-1", 60, poll_s=0.1)
     assert status.state == pb.RoundStatus.DONE, status.message

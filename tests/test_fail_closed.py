@@ -27,6 +27,7 @@ from aggregator.server import AggregatorServer
 from coordinator.client import Coordinator
 from dpfed.v1 import dpfed_pb2 as pb
 from site_node.ledger import PrivacyLedger
+from tests.processes import stop_processes
 from tests.test_site_node import make_spec, write_site
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,17 +48,6 @@ def _serve(config_path: Path, log_path: Path) -> subprocess.Popen:
     log = log_path.open("wb")
     return subprocess.Popen(_dpfed("site", "serve", "--config", str(config_path)),
                             env=_env(), stdout=log, stderr=subprocess.STDOUT)
-
-
-def _stop(procs) -> None:
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
 
 
 def _until(check, timeout: float, what: str):
@@ -165,7 +155,7 @@ def test_two_processes_of_one_kit_get_one_stream_and_release_once(tmp_path, capl
         assert coordinator.wait("dup-2", 60, poll_s=0.1).state == pb.RoundStatus.DONE
         assert releases("site") == ["dup-1", "dup-2"] and releases("copy") == []
     finally:
-        _stop(procs.values())
+        stop_processes(procs.values(), reap_killed=True)
         coordinator.close()
         agg.stop(0)
 
@@ -314,7 +304,7 @@ min_n = 20
         _no_sentinel(out.getvalue(), "round status output")
     finally:
         if proc is not None:
-            _stop([proc])
+            stop_processes([proc], reap_killed=True)
         coordinator.close()
         agg.stop(0)
     text = site_log.read_text()

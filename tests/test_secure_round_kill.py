@@ -13,10 +13,8 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -25,6 +23,7 @@ import pytest
 from dpfed.secagg import fixedpoint as fp
 from dpfed.v1 import dpfed_pb2 as pb
 from site_node.ledger import PrivacyLedger
+from tests.processes import site_process, stop_processes
 from tests.secure_federation import EPSILON, SecureFed, SiteDriver, notice_phase
 from tests.test_crash_aggregator import AggregatorProcess
 
@@ -34,12 +33,7 @@ FINAL = (pb.RoundStatus.DONE, pb.RoundStatus.FAILED)
 
 
 def _site_process(fed, site, crash_at=None) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k != "DPFED_TEST_CRASH_AT"}
-    if crash_at:
-        env["DPFED_TEST_CRASH_AT"] = crash_at
-    return subprocess.Popen([sys.executable, "-m", "dpfed_apps.cli", "--log-level", "INFO", "site",
-                             "serve", "--config", str(fed.write_config(site))], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return site_process(fed.write_config(site), crash_at)
 
 
 def _ledger(fed, site):
@@ -53,13 +47,7 @@ def sites_as_processes(tmp_path):
     fed.start_aggregator()
     procs = []
     yield fed, procs
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
+    stop_processes(procs)
     fed.stop()
 
 
