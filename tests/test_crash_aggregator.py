@@ -9,6 +9,7 @@ SIGTERM exits cleanly with the round state kept.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -90,6 +91,31 @@ def fed_keys(tmp_path):
     return fed
 
 
+@contextlib.contextmanager
+def _aggregator(fed: Federation, tmp_path):
+    """An AggregatorProcess on ``fed``'s keys, started; SIGKILLed on the way out if the test
+    left it running (an assertion failed before its own stop)."""
+    agg = AggregatorProcess(fed, tmp_path)
+    agg.start()
+    try:
+        yield agg
+    finally:
+        if agg.proc.poll() is None:
+            agg.proc.kill()
+
+
+def _coordinator(agg: AggregatorProcess, fed: Federation):
+    from coordinator.client import Coordinator
+    return Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
+
+
+def _round_started(agg: AggregatorProcess, fed: Federation, spec) -> tuple:
+    """Start the round ``spec`` on ``agg``: (the coordinator's client, the spec's digest)."""
+    coord = _coordinator(agg, fed)
+    coord.start_round(spec)
+    return coord, coord.status(spec.round_id).spec_digest
+
+
 def _stubs(port):
     from coordinator.client import Coordinator
     from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
@@ -98,14 +124,9 @@ def _stubs(port):
 
 
 def test_aggregator_killed_mid_round_loses_and_duplicates_nothing(fed_keys, tmp_path):
-    from coordinator.client import Coordinator
     fed = fed_keys
-    agg = AggregatorProcess(fed, tmp_path)
-    agg.start()
-    try:
-        coord = Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
-        coord.start_round(fed.spec("r1", quorum=3, deadline_s=120))
-        digest = coord.status("r1").spec_digest
+    with _aggregator(fed, tmp_path) as agg:
+        coord, digest = _round_started(agg, fed, fed.spec("r1", quorum=3, deadline_s=120))
         ch, stub = _stubs(agg.port)
         stub.SendPhase(fed.consent("site-a", "r1", digest=digest), timeout=5)
         stub.SendPhase(fed.consent("site-b", "r1", digest=digest), timeout=5)
@@ -114,7 +135,7 @@ def test_aggregator_killed_mid_round_loses_and_duplicates_nothing(fed_keys, tmp_
         agg.kill()                                   # in the consent phase: 2 of 3 consented
 
         agg.start()
-        coord = Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
+        coord = _coordinator(agg, fed)
         status = coord.status("r1")
         assert status.state == pb.RoundStatus.CONSENT
         assert list(status.consented) == ["site-a", "site-b"] and not status.contributions
@@ -130,7 +151,7 @@ def test_aggregator_killed_mid_round_loses_and_duplicates_nothing(fed_keys, tmp_
         agg.kill()                                   # mid-round: 2 of quorum 3 accepted
 
         agg.start()                                  # same state file, same port
-        coord = Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
+        coord = _coordinator(agg, fed)
         status = coord.status("r1")
         assert status.state == pb.RoundStatus.RELEASE
         assert [c.site_id for c in status.contributions] == ["site-a", "site-b"]
@@ -146,9 +167,6 @@ def test_aggregator_killed_mid_round_loses_and_duplicates_nothing(fed_keys, tmp_
         ch.close()
         coord.close()
         assert agg.stop() == 0                        # SIGTERM: clean exit
-    finally:
-        if agg.proc.poll() is None:
-            agg.proc.kill()
     store = RoundStore(tmp_path / "agg.sqlite")
     held = {c.site_id: c.statistics for c in store.contributions("r1")}
     store.close()
@@ -156,14 +174,9 @@ def test_aggregator_killed_mid_round_loses_and_duplicates_nothing(fed_keys, tmp_
 
 
 def test_deadline_passing_while_down_fails_naming_missing_sites(fed_keys, tmp_path):
-    from coordinator.client import Coordinator
     fed = fed_keys
-    agg = AggregatorProcess(fed, tmp_path)
-    agg.start()
-    try:
-        coord = Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
-        coord.start_round(fed.spec("r2", quorum=2, deadline_s=2.0))
-        digest = coord.status("r2").spec_digest
+    with _aggregator(fed, tmp_path) as agg:
+        coord, digest = _round_started(agg, fed, fed.spec("r2", quorum=2, deadline_s=2.0))
         ch, stub = _stubs(agg.port)
         for s in fed.SITES:
             stub.SendPhase(fed.consent(s, "r2", digest=digest), timeout=5)
@@ -174,16 +187,13 @@ def test_deadline_passing_while_down_fails_naming_missing_sites(fed_keys, tmp_pa
         agg.kill()
         time.sleep(2.5)                               # the deadline passes while it is down
         agg.start()
-        coord = Coordinator(f"127.0.0.1:{agg.port}", fed.coordinator_key, "coord")
+        coord = _coordinator(agg, fed)
         status = coord.wait("r2", 10, poll_s=0.1)
         assert status.state == pb.RoundStatus.FAILED
         assert "site-b" in status.message and "site-c" in status.message
         assert [c.site_id for c in status.contributions] == ["site-a"]
         coord.close()
         assert agg.stop() == 0
-    finally:
-        if agg.proc.poll() is None:
-            agg.proc.kill()
 
 
 def test_silent_site_does_not_block_a_round_at_quorum(federation):
