@@ -146,6 +146,16 @@ def _exact_logp_grad(u, xtx, xty, yty, n, const, g):
 
 
 @_jit
+def _na_scratch(d):
+    """The work arrays ``_na_parts`` fills and ``_cholesky`` factors into, for d features:
+    (r, c, low, ab, rb, cu), allocated once per call of the value functions (once per batch
+    in ``_na_logp_batch_basis``, reused row after row)."""
+    k = d + 1
+    return (np.empty(k), np.empty((k, k)), np.empty((k, k)), np.empty(d), np.empty(d),
+            np.empty(k))
+
+
+@_jit
 def _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vmat, vxy, vyy, vn, mc, r, c, ab, rb, cu):
     """Residual ``r`` and the lower triangle of the covariance ``c`` of the noise-aware
     likelihood at u (``noise_aware._likelihood_parts``); also fills Abar beta, Rxx beta and
@@ -276,12 +286,7 @@ def _na_logp_grad_basis(u, rxx, rxy, ryy, n, abar, vxx, vmat, vxy, vyy, vn, mc,
     """``_na_logp_grad`` in the inputs' own basis."""
     d = rxy.shape[0]
     k = d + 1
-    r = np.empty(k)
-    c = np.empty((k, k))
-    low = np.empty((k, k))
-    ab = np.empty(d)
-    rb = np.empty(d)
-    cu = np.empty(k)
+    r, c, low, ab, rb, cu = _na_scratch(d)
     s = _na_parts(u, rxx, rxy, ryy, n, abar, vxx, vmat, vxy, vyy, vn, mc, r, c, ab, rb, cu)
     if not _cholesky(c, low):
         for i in range(k):
@@ -476,12 +481,7 @@ def _na_logp_batch_basis(us, rxx, rxy, ryy, n, abar, vxx, vmat, vxy, vyy, vn, mc
     m = us.shape[0]
     d = rxy.shape[0]
     k = d + 1
-    r = np.empty(k)
-    c = np.empty((k, k))
-    low = np.empty((k, k))
-    ab = np.empty(d)
-    rb = np.empty(d)
-    cu = np.empty(k)
+    r, c, low, ab, rb, cu = _na_scratch(d)
     base = -0.5 * k * _LOG_2PI
     for row in range(m):
         u = us[row]
