@@ -23,7 +23,8 @@ from coordinator.client import Coordinator
 from dpfed.v1 import dpfed_pb2 as pb
 from dpfed.wire.signing import SigningKey
 from site_node.ledger import PrivacyLedger
-from tests.processes import site_process, stop_processes
+from tests.processes import site_process as _site_process  # also test_shutdown's
+from tests.processes import stop_processes
 from tests.test_site_node import make_spec, write_site
 
 pytestmark = pytest.mark.slow
@@ -64,7 +65,7 @@ def _start_round(coordinator, quorum=1):
 def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
     config_path, agg, coordinator, procs = setup
     _start_round(coordinator)
-    first = site_process(config_path, crash_at)
+    first = _site_process(config_path, crash_at)
     procs.append(first)
     assert first.wait(20) == -signal.SIGKILL, first.stderr.read().decode()[-2000:]
 
@@ -85,7 +86,7 @@ def test_site_killed_mid_release_resends_the_stored_bytes(setup, crash_at):
     else:
         assert len(held) == 1 and held[0].envelope == stored_envelope
 
-    second = site_process(config_path, None)
+    second = _site_process(config_path, None)
     procs.append(second)
     status = coordinator.wait("crash-1", 60, poll_s=0.1)
     assert status.state == pb.RoundStatus.DONE, status.message
