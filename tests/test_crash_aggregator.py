@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -117,7 +116,6 @@ def _round_started(agg: AggregatorProcess, fed: Federation, spec) -> tuple:
 
 
 def _stubs(port):
-    from coordinator.client import Coordinator
     from dpfed.v1 import dpfed_pb2_grpc as pb_grpc
     ch = grpc.insecure_channel(f"127.0.0.1:{port}")
     return ch, pb_grpc.AggregatorStub(ch)

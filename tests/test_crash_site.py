@@ -21,9 +21,8 @@ from aggregator.config import config_from_dict
 from aggregator.server import AggregatorServer
 from coordinator.client import Coordinator
 from dpfed.v1 import dpfed_pb2 as pb
-from dpfed.wire.signing import SigningKey
 from site_node.ledger import PrivacyLedger
-from tests.processes import site_process as _site_process  # also test_shutdown's
+from tests.processes import site_process as _site_process
 from tests.processes import stop_processes
 from tests.test_site_node import make_spec, write_site
 

@@ -137,7 +137,8 @@ def test_site_sigterm_mid_contribute_records_the_ack_and_exits_0(tmp_path):
     from aggregator.server import AggregatorServer
     from coordinator.client import Coordinator
     from site_node.ledger import PrivacyLedger
-    from tests.test_crash_site import EPSILON, _site_process
+    from tests.processes import site_process
+    from tests.test_crash_site import EPSILON
     from tests.test_site_node import make_spec, write_site
 
     (tmp_path / "site").mkdir()
@@ -158,7 +159,7 @@ def test_site_sigterm_mid_contribute_records_the_ack_and_exits_0(tmp_path):
         with Coordinator(f"127.0.0.1:{port}", coordinator_key, "coordinator") as coord:
             coord.start_round(make_spec("stop-1", epsilon=EPSILON, quorum=1,
                                         deadline_unix_ms=int(time.time() * 1000) + 60_000))
-            site = _site_process(config_path, None)
+            site = site_process(config_path, None)
             lines: queue.Queue = queue.Queue()
             threading.Thread(target=lambda: [lines.put(x) for x in site.stderr], daemon=True).start()
             assert hold.arrived.wait(20), "the site's Contribute never reached the aggregator"

@@ -207,7 +207,7 @@ def format_joint_report(r: dict) -> str:
              f"test; d = {len(r['features'])}; bounds x {r['x_bound']:g}, y {r['y_bound']:g} "
              f"public sds; released: {', '.join(r['released'])}"
              + (f"; refused: {', '.join(r['refused'])}" if r["refused"] else ""),
-             f"held-out Spearman of the posterior means, median over targets: "
+             "held-out Spearman of the posterior means, median over targets: "
              + (f"{r['median_spearman']:+.3f}" if r["median_spearman"] is not None else "n/a"),
              f"round {r['timings']['round_s']:.2f} s, fit {r['timings']['fit_s']:.1f} s, total "
              f"{r['timings']['total_s']:.1f} s",
