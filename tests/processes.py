@@ -23,9 +23,9 @@ def site_process(config_path, crash_at: str | None = None) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def stop_processes(procs, *, reap_killed: bool = False) -> None:
+def stop_processes(procs) -> None:
     """SIGTERM each process still running and wait up to 10 s for it; SIGKILL one that did
-    not stop (``reap_killed``: and wait for it, so no zombie is left)."""
+    not stop, and wait for it, so no zombie is left."""
     for p in procs:
         if p.poll() is None:
             p.send_signal(signal.SIGTERM)
@@ -33,5 +33,4 @@ def stop_processes(procs, *, reap_killed: bool = False) -> None:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
-                if reap_killed:
-                    p.wait()
+                p.wait()

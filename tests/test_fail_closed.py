@@ -155,7 +155,7 @@ def test_two_processes_of_one_kit_get_one_stream_and_release_once(tmp_path, capl
         assert coordinator.wait("dup-2", 60, poll_s=0.1).state == pb.RoundStatus.DONE
         assert releases("site") == ["dup-1", "dup-2"] and releases("copy") == []
     finally:
-        stop_processes(procs.values(), reap_killed=True)
+        stop_processes(procs.values())
         coordinator.close()
         agg.stop(0)
 
@@ -304,7 +304,7 @@ min_n = 20
         _no_sentinel(out.getvalue(), "round status output")
     finally:
         if proc is not None:
-            stop_processes([proc], reap_killed=True)
+            stop_processes([proc])
         coordinator.close()
         agg.stop(0)
     text = site_log.read_text()
